@@ -1,0 +1,71 @@
+package weir
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/weir-dev/weir/internal/hitters"
+)
+
+// Hitter is one entry of a top-identities list: a rule and an identity, with
+// a decayed count of its recent rejections (an estimate that never
+// undercounts; counts halve every minute).
+type Hitter struct {
+	Rule     string  `json:"rule"`
+	Identity string  `json:"identity"`
+	Count    float64 `json:"count"`
+}
+
+// TopThrottled returns the identities most rejected recently, per rule,
+// highest first.
+func (n *Node) TopThrottled() []Hitter { return toHitters(n.throttled.Top(n.now())) }
+
+// TopShadowRejected returns the identities that shadow rules would have
+// rejected most recently, highest first.
+func (n *Node) TopShadowRejected() []Hitter { return toHitters(n.shadowed.Top(n.now())) }
+
+func toHitters(es []hitters.Entry) []Hitter {
+	out := make([]Hitter, 0, len(es))
+	for _, e := range es {
+		rule, id, _ := strings.Cut(e.Key, " ")
+		out = append(out, Hitter{Rule: rule, Identity: id, Count: e.Count})
+	}
+	return out
+}
+
+// adminReport is the JSON served by AdminHandler.
+type adminReport struct {
+	Status         Status       `json:"status"`
+	Counts         []RuleCounts `json:"counts"`
+	TopThrottled   []Hitter     `json:"top_throttled"`
+	TopShadow      []Hitter     `json:"top_shadow_rejected"`
+	KeyStoreCounts []StoreStats `json:"stores"`
+}
+
+// AdminHandler serves, as JSON on GET, the node's rule status, the decision
+// counts per rule, the top throttled identities, the top identities shadow
+// rules would have rejected, and the key stores' sizes. Mount it where only
+// operators reach it: it names identities.
+func (n *Node) AdminHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeProblem(w, http.StatusMethodNotAllowed, problem{Title: "Method Not Allowed", Status: http.StatusMethodNotAllowed,
+				Detail: "the admin report is read-only: use GET"})
+			return
+		}
+		rep := adminReport{
+			Status:         n.Status(),
+			Counts:         n.Counts(),
+			TopThrottled:   n.TopThrottled(),
+			TopShadow:      n.TopShadowRejected(),
+			KeyStoreCounts: n.stores.stats(),
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	})
+}

@@ -1,0 +1,151 @@
+package bucket
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// TAT is the state of one GCRA bucket: its theoretical arrival time in
+// nanoseconds on the caller's clock. The zero TAT (any TAT <= now) is a full
+// bucket, which equals no entry. A TAT far in the future is a bucket in debt.
+type TAT int64
+
+// Idle reports whether the bucket is full at now (tat <= now), so the entry
+// can be dropped.
+func (t *TAT) Idle(now int64) bool { return int64(*t) <= now }
+
+// GCRA is a token bucket implemented as the generic cell rate algorithm: one
+// token is earned every emission interval T and at most Burst tokens are held.
+//
+// A request of cost c at now computes newTAT = max(tat, now) + c·T and passes
+// iff newTAT − now <= Burst·T; so over any interval of length Δ at most
+// Burst + Δ/T tokens pass (the reference of docs/overshoot.md).
+//
+// Edge cases: cost 0 is a peek (it reports, and never changes the state);
+// a negative cost is treated as 0; cost > Burst is rejected with RetryAfter
+// Never. If now goes backwards the bucket simply looks emptier: a clock step
+// back can only reject more, never admit more. The bucket can go into debt
+// (see Charge): tat may lie arbitrarily far in the future, debt is never
+// capped and is paid back by refill. Times must stay below about 2^62 ns.
+//
+// The zero GCRA is not valid; use NewGCRA. A GCRA is immutable and safe for
+// concurrent use.
+type GCRA struct {
+	t     int64   // emission interval, ns (>= 1)
+	burst int64   // capacity, tokens (>= 1)
+	tau   int64   // burst * t, ns
+	inv   float64 // 1/t, for a division-free Remaining (corrected exactly)
+}
+
+// NewGCRA returns a GCRA admitting limit tokens per window with capacity
+// burst. The emission interval is T = ceil(window/limit) ns, rounded up so
+// the rule never admits more than stated. It returns an error naming the bad
+// parameter if limit < 1, window <= 0, limit exceeds the window in ns (T would
+// be below 1 ns), burst < 1, or burst·T overflows.
+func NewGCRA(limit int64, window time.Duration, burst int64) (GCRA, error) {
+	switch {
+	case limit < 1:
+		return GCRA{}, fmt.Errorf("bucket: gcra limit %d: must be >= 1", limit)
+	case window <= 0:
+		return GCRA{}, fmt.Errorf("bucket: gcra window %v: must be > 0", window)
+	case limit > int64(window):
+		return GCRA{}, fmt.Errorf("bucket: gcra limit %d: exceeds the window %v in nanoseconds", limit, window)
+	case burst < 1:
+		return GCRA{}, fmt.Errorf("bucket: gcra burst %d: must be >= 1", burst)
+	}
+	t := (int64(window) + limit - 1) / limit
+	if burst > math.MaxInt64/4/t {
+		return GCRA{}, fmt.Errorf("bucket: gcra burst %d: burst×interval overflows", burst)
+	}
+	return GCRA{t: t, burst: burst, tau: burst * t, inv: 1 / float64(t)}, nil
+}
+
+// Interval returns the emission interval T: one token is earned every T.
+func (g GCRA) Interval() time.Duration { return time.Duration(g.t) }
+
+// Burst returns the capacity in tokens.
+func (g GCRA) Burst() int64 { return g.burst }
+
+// Step decides a request of cost tokens at now and charges *s when it passes.
+// See GCRA for the edge cases.
+func (g *GCRA) Step(s *TAT, now, cost int64) Decision {
+	if cost > 0 && cost <= g.burst { // the hot path, kept small
+		n := satAdd(max(int64(*s), now), cost*g.t)
+		if used := n - now; used <= g.tau {
+			*s = TAT(n)
+			return Decision{Allowed: true, Limit: g.burst, Remaining: g.tokens(g.tau - used), Reset: time.Duration(used)}
+		}
+	}
+	d, n := g.decide(int64(*s), now, cost)
+	if d.Allowed && cost > 0 {
+		*s = TAT(n)
+	}
+	return d
+}
+
+// Peek reports what Step with cost 0 would: Allowed is false only when the
+// bucket is in debt (then RetryAfter is the time until it is out of debt).
+func (g *GCRA) Peek(s TAT, now int64) Decision {
+	d, _ := g.decide(int64(s), now, 0)
+	return d
+}
+
+// Charge charges cost tokens unconditionally: the bucket can go into debt,
+// tat may go arbitrarily far into the future and is never capped (it
+// saturates at math.MaxInt64 rather than overflow). The cluster's owner uses
+// it to account for spend that other nodes already admitted. A cost <= 0
+// changes nothing.
+func (g *GCRA) Charge(s *TAT, now, cost int64) {
+	if cost <= 0 {
+		return
+	}
+	*s = TAT(satAdd(max(int64(*s), now), satMul(cost, g.t)))
+}
+
+func (g *GCRA) decide(tat, now, cost int64) (Decision, int64) {
+	base := max(tat, now)
+	d := Decision{Limit: g.burst}
+	cost = max(cost, 0)
+	if cost > g.burst {
+		d.Remaining = g.remaining(base - now)
+		d.Reset = time.Duration(base - now)
+		d.RetryAfter = Never
+		return d, tat
+	}
+	n := satAdd(base, cost*g.t)
+	if n-now > g.tau {
+		d.Remaining = g.remaining(base - now)
+		d.Reset = time.Duration(base - now)
+		d.RetryAfter = time.Duration(n - now - g.tau)
+		return d, tat
+	}
+	d.Allowed = true
+	d.Remaining = g.remaining(n - now)
+	d.Reset = time.Duration(n - now)
+	return d, n
+}
+
+// remaining is the whole number of tokens left when the bucket is spent by
+// "used" ns (tat − now).
+func (g *GCRA) remaining(used int64) int64 {
+	free := g.tau - used
+	if free <= 0 {
+		return 0
+	}
+	return g.tokens(free)
+}
+
+// tokens is ⌊x/T⌋ for 0 <= x <= Burst·T, by a float multiply corrected to
+// the exact integer quotient (a hardware divide costs more than the rest of
+// Step).
+func (g *GCRA) tokens(x int64) int64 {
+	q := int64(float64(x) * g.inv)
+	for q > 0 && q*g.t > x {
+		q--
+	}
+	for (q+1)*g.t <= x {
+		q++
+	}
+	return q
+}

@@ -1,0 +1,381 @@
+package weir
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+// engine is one rule set compiled for deciding: immutable, swapped whole on
+// every reload, so a decision sees one consistent version.
+type engine struct {
+	set   *quota.Set
+	rules []crule
+}
+
+type engineHolder struct{ p atomic.Pointer[engine] }
+
+func (h *engineHolder) load() *engine   { return h.p.Load() }
+func (h *engineHolder) store(e *engine) { h.p.Store(e) }
+
+// crule is one compiled rule.
+type crule struct {
+	r          *quota.Rule
+	salt       uint64 // mixed with the identity hash so rules never share a key
+	base       limitSpec
+	overrides  map[string]*limitSpec
+	tiers      map[string]*limitSpec
+	penalty    *bucket.Penalty
+	penaltyRec *bucket.PenaltyRecorder
+	stats      *ruleStats
+}
+
+// limitSpec is a rule's limits for one class of identity (the rule itself,
+// an override, a tier) and the limiter enforcing them.
+type limitSpec struct {
+	lim    limiter
+	limit  int64
+	burst  int64
+	window time.Duration
+}
+
+// install compiles set and makes it the one in force.
+func (n *Node) install(set *quota.Set) {
+	e := &engine{set: set, rules: make([]crule, set.Len())}
+	for i := range e.rules {
+		r := set.Rule(i)
+		c := &e.rules[i]
+		c.r = r
+		c.salt = n.hasher.Sum("rule\x00" + r.ID)
+		c.stats = n.statsFor(r.ID)
+		// NewSet validated the rule, so building its limiters cannot fail;
+		// a failure here is a bug in the validation, reported loudly.
+		spec, err := n.stores.spec(r, r.Limit, r.Burst)
+		if err != nil {
+			panic(fmt.Sprintf("weir: rule %q passed validation but does not compile: %v", r.ID, err))
+		}
+		c.base = spec
+		if len(r.Overrides) > 0 {
+			c.overrides = make(map[string]*limitSpec, len(r.Overrides))
+			for _, o := range r.Overrides {
+				l, b := r.LimitsFor(o.Identity, "")
+				s, err := n.stores.spec(r, l, b)
+				if err != nil {
+					panic(fmt.Sprintf("weir: rule %q override %q does not compile: %v", r.ID, o.Identity, err))
+				}
+				c.overrides[o.Identity] = &s
+			}
+		}
+		if len(r.Tiers) > 0 {
+			c.tiers = make(map[string]*limitSpec, len(r.Tiers))
+			for _, t := range r.Tiers {
+				l, b := r.LimitsFor("", t.Name)
+				s, err := n.stores.spec(r, l, b)
+				if err != nil {
+					panic(fmt.Sprintf("weir: rule %q tier %q does not compile: %v", r.ID, t.Name, err))
+				}
+				c.tiers[t.Name] = &s
+			}
+		}
+		if r.Penalty != nil {
+			p, err := bucket.NewPenalty(bucket.PenaltyConfig{Threshold: r.Penalty.After, Window: r.Penalty.Within, Base: r.Penalty.Base, Max: r.Penalty.Max})
+			if err != nil {
+				panic(fmt.Sprintf("weir: rule %q penalty does not compile: %v", r.ID, err))
+			}
+			c.penalty = &p
+			rec := p.Recorder()
+			c.penaltyRec = &rec
+		}
+	}
+	n.eng.store(e)
+	n.metrics.version.Store(set.Version())
+}
+
+// specFor returns the limits that apply to identity under tier.
+func (c *crule) specFor(identity, tier string) *limitSpec {
+	if c.overrides != nil {
+		if s, ok := c.overrides[identity]; ok {
+			return s
+		}
+	}
+	if c.tiers != nil && tier != "" {
+		if s, ok := c.tiers[tier]; ok {
+			return s
+		}
+	}
+	return &c.base
+}
+
+// identity walks the rule's key chain: the first source with a value wins.
+// A chain that yields nothing, or a global rule, counts under "".
+func (c *crule) identity(req *Request) string {
+	for _, k := range c.r.Key {
+		switch k.Kind {
+		case quota.KeyHeader:
+			if v := req.Header[k.Name]; len(v) > 0 && v[0] != "" {
+				return v[0]
+			}
+		case quota.KeyUser:
+			if req.User != "" {
+				return req.User
+			}
+		case quota.KeyIP:
+			if req.ClientIP != "" {
+				return req.ClientIP
+			}
+		case quota.KeyGlobal:
+			return ""
+		}
+	}
+	return ""
+}
+
+// pending is one rule's part of a request while it is being decided.
+type pending struct {
+	order int // position among the request's rules
+	c     *crule
+	spec  *limitSpec
+	id    string
+	key   uint64
+	cost  int64
+}
+
+// latencySampleMask samples one decision in 64 for the latency histogram.
+const latencySampleMask = 63
+
+// Allow decides one request against every rule that applies to it. All
+// enforced rules must pass; when several apply, a request that one of them
+// rejects charges none of them. Shadow rules are charged as if enforced but
+// never reject. Allow never blocks on I/O and is safe for concurrent use.
+func (n *Node) Allow(ctx context.Context, req Request) Decision {
+	sampled := rand.Uint32()&latencySampleMask == 0
+	var t0 time.Time
+	if sampled {
+		t0 = time.Now()
+	}
+	d := n.allow(&req)
+	d.finish()
+	if sampled {
+		n.metrics.observeLatency(time.Since(t0))
+	}
+	return d
+}
+
+func (n *Node) allow(req *Request) Decision {
+	e := n.eng.load()
+	d := Decision{Allowed: true, limiting: -1}
+	var mbuf [16]int
+	idx := e.set.Match(req.Method, req.Path, mbuf[:0])
+	now := n.now()
+	d.now = now
+	d.At = time.Unix(0, now)
+	if len(idx) == 0 {
+		return d
+	}
+
+	var pbuf [8]pending
+	ps := pbuf[:0]
+	enforced := 0
+	for _, i := range idx {
+		c := &e.rules[i]
+		id := c.identity(req)
+		if len(id) > n.maxID {
+			d.Allowed = false
+			d.Err = fmt.Errorf("%w: rule %s: %d bytes, the cap is %d", ErrIdentityTooLong, c.r.ID, len(id), n.maxID)
+			return d
+		}
+		cost := req.Cost
+		if cost <= 0 {
+			cost = c.r.CostFor(req.Method)
+		}
+		ps = append(ps, pending{order: len(ps), c: c, spec: c.specFor(id, req.Tier), id: id, key: bucket.Mix(c.salt, n.hasher.Sum(id)), cost: cost})
+		if !c.r.Shadow {
+			enforced++
+		}
+	}
+
+	// With several enforced rules, look before charging: a request that one
+	// rule rejects must not spend the others' tokens. (Between the look and
+	// the charge another request may spend a bucket; then the charge rejects
+	// and the rules charged before it keep the charge. That race costs
+	// tokens, never admits too many.)
+	if enforced > 1 {
+		for i := range ps {
+			p := &ps[i]
+			if p.c.r.Shadow {
+				continue
+			}
+			if bd, locked := n.peek(p, now); !bd.Allowed {
+				n.rejectAll(&d, ps, now, i, bd, locked)
+				return d
+			}
+		}
+	}
+	for i := range ps {
+		if !ps[i].c.r.Shadow {
+			n.record(&d, &ps[i], now)
+		}
+	}
+	n.shadows(&d, ps, now)
+	return d
+}
+
+// shadows decides the shadow rules of a request once the enforced ones have:
+// charged as if enforced when the request is admitted, only looked at when
+// it is not (an enforced shadow rule would not have been charged either).
+func (n *Node) shadows(d *Decision, ps []pending, now int64) {
+	for i := range ps {
+		p := &ps[i]
+		if !p.c.r.Shadow {
+			continue
+		}
+		if d.Allowed {
+			n.record(d, p, now)
+			continue
+		}
+		bd, locked := n.peek(p, now)
+		n.report(d, p, bd, locked, now, false)
+	}
+}
+
+// peek evaluates p without charging anything.
+func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
+	if p.c.penalty != nil {
+		if bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0); !bd.Allowed {
+			return bd, true
+		}
+	}
+	return p.spec.lim.peek(p.key, now, p.cost), false
+}
+
+// rejectAll reports a request that enforced rule ps[first] rejects on look.
+// Nothing is charged: rules that would pass report their state as it stands.
+func (n *Node) rejectAll(d *Decision, ps []pending, now int64, first int, firstDec bucket.Decision, firstLocked bool) {
+	for i := range ps {
+		p := &ps[i]
+		switch {
+		case p.c.r.Shadow:
+		case i == first:
+			n.report(d, p, firstDec, firstLocked, now, false)
+		default:
+			bd, locked := n.peek(p, now)
+			if bd.Allowed {
+				bd = p.spec.lim.peek(p.key, now, 0)
+				bd.Allowed = true
+			}
+			n.report(d, p, bd, locked, now, false)
+		}
+	}
+	n.shadows(d, ps, now)
+}
+
+// record charges p and reports the outcome into d.
+func (n *Node) record(d *Decision, p *pending, now int64) {
+	if p.c.penalty != nil {
+		if bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0); !bd.Allowed {
+			n.report(d, p, bd, true, now, true)
+			return
+		}
+	}
+	n.report(d, p, p.spec.lim.take(p.key, now, p.cost), false, now, true)
+}
+
+// report turns one rule's bucket decision into the request's result. A
+// rejection is always counted (and fed to the penalty box and the
+// heavy-hitter sketches); an admission only when it was charged, so a rule
+// that a request passed but another rule rejected counts nothing.
+func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, now int64, charged bool) {
+	c := p.c
+	r := RuleResult{
+		Rule:       c.r.ID,
+		Identity:   p.id,
+		Algorithm:  c.r.Algorithm,
+		Mode:       c.r.Mode,
+		Limit:      p.spec.limit,
+		Window:     p.spec.window,
+		Burst:      p.spec.burst,
+		Cost:       p.cost,
+		Allowed:    bd.Allowed,
+		Shadow:     c.r.Shadow,
+		Locked:     locked,
+		Remaining:  bd.Remaining,
+		Reset:      bd.Reset,
+		RetryAfter: bd.RetryAfter,
+		Delay:      bd.Delay,
+		key:        p.key,
+		charged:    charged,
+		order:      p.order,
+	}
+	if rel, ok := p.spec.lim.(releaser); ok {
+		r.release = rel
+	}
+	stripe := p.key
+	switch {
+	case bd.Allowed:
+		if charged {
+			c.stats.allowed.add(stripe)
+		}
+	case c.r.Shadow:
+		r.Allowed = true
+		r.ShadowRejected = true
+		c.stats.shadow.add(stripe)
+		n.shadowed.Add(now, c.r.ID+" "+p.id, 1)
+	default:
+		d.Allowed = false
+		c.stats.rejected.add(stripe)
+		n.throttled.Add(now, c.r.ID+" "+p.id, 1)
+		if c.penalty != nil && !locked {
+			if bl := n.stores.penalty.Apply(p.key, now, c.penaltyRec, 1); !bl.Allowed {
+				c.stats.lockouts.add(stripe)
+			}
+		}
+	}
+	if r.Allowed && !r.Shadow && r.Delay > d.Delay {
+		d.Delay = r.Delay
+	}
+	d.add(r)
+}
+
+// Check charges cost to key under one rule, the way a gateway asks "may this
+// key spend cost now?" outside HTTP. cost <= 0 means the rule's cost. It
+// returns ErrUnknownRule for an id not in the rule set in force, and
+// ErrIdentityTooLong for an oversized key.
+func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (CheckResult, error) {
+	e := n.eng.load()
+	i, ok := e.set.Lookup(ruleID)
+	if !ok {
+		return CheckResult{}, fmt.Errorf("%w: %q (rule set version %d)", ErrUnknownRule, ruleID, e.set.Version())
+	}
+	if len(key) > n.maxID {
+		return CheckResult{}, fmt.Errorf("%w: %d bytes, the cap is %d", ErrIdentityTooLong, len(key), n.maxID)
+	}
+	c := &e.rules[i]
+	if cost <= 0 {
+		cost = c.r.Cost
+	}
+	p := pending{c: c, spec: c.specFor(key, ""), id: key, key: bucket.Mix(c.salt, n.hasher.Sum(key)), cost: cost}
+	now := n.now()
+	d := Decision{Allowed: true, limiting: -1, now: now}
+	n.record(&d, &p, now)
+	r := d.Results()[0]
+	if r.release != nil && r.charged && r.Allowed && !r.ShadowRejected {
+		// Check has no request end to release at; a concurrency slot taken
+		// here is released at once, so Check only tells whether one is free.
+		r.release.release(p.key, now, cost)
+	}
+	return CheckResult{
+		Allowed:        r.Allowed,
+		ShadowRejected: r.ShadowRejected,
+		Remaining:      r.Remaining,
+		ResetAt:        time.Unix(0, now).Add(r.Reset),
+		RetryAfter:     r.RetryAfter,
+		Limit:          r.Limit,
+		Window:         r.Window,
+		Burst:          r.Burst,
+	}, nil
+}

@@ -1,0 +1,25 @@
+module github.com/weir-dev/weir
+
+go 1.26.0
+
+require (
+	github.com/fsnotify/fsnotify v1.9.0
+	github.com/prometheus/client_golang v1.23.2
+	go.uber.org/goleak v1.3.0
+	go.yaml.in/yaml/v3 v3.0.4
+	golang.org/x/time v0.16.0
+	pgregory.net/rapid v1.2.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/kr/text v0.2.0 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.2 // indirect
+	github.com/prometheus/common v0.66.1 // indirect
+	github.com/prometheus/procfs v0.16.1 // indirect
+	go.yaml.in/yaml/v2 v2.4.2 // indirect
+	golang.org/x/sys v0.35.0 // indirect
+	google.golang.org/protobuf v1.36.8 // indirect
+)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package hitters
+
+const raceEnabled = false

@@ -1,0 +1,197 @@
+package weir
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+)
+
+// Middleware wraps next with rate limiting. For every request it derives
+// the identities (API key header, user, client IP through trusted proxies),
+// decides with Allow, and sets on every response:
+//
+//   - X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset (unix
+//     seconds) for the most restrictive rule;
+//   - RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-10)
+//     for every rule that applied.
+//
+// A rejected request gets 429, Retry-After in whole seconds rounded up, and
+// an application/problem+json body naming the violated rules; next is not
+// called. A request whose identity is longer than Config.MaxIdentityBytes
+// gets 400. A leaky-bucket rule's delay is waited out (or the request's
+// context ends it) before next is called. Concurrency slots are released when
+// next returns.
+func (n *Node) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := n.RequestFromHTTP(r)
+		d := n.Allow(r.Context(), req)
+		defer d.Done()
+		if d.Err != nil {
+			writeProblem(w, http.StatusBadRequest, problem{
+				Title:  "Bad Request",
+				Status: http.StatusBadRequest,
+				Detail: d.Err.Error(),
+			})
+			return
+		}
+		writeHeaders(w.Header(), &d)
+		if !d.Allowed {
+			writeRejection(w, &d)
+			return
+		}
+		if d.Delay > 0 {
+			t := time.NewTimer(d.Delay)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// RequestFromHTTP fills a Request from an HTTP request: method, path,
+// headers, the client IP (X-Forwarded-For and Forwarded are believed only
+// from Config.TrustedProxies), and the user and tier from Config.UserFunc
+// and Config.TierFunc.
+func (n *Node) RequestFromHTTP(r *http.Request) Request {
+	req := Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
+	if ip, err := n.ip.ClientIP(r.RemoteAddr, r.Header); err == nil {
+		req.ClientIP = ip.String()
+	} else if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		req.ClientIP = host
+	} else {
+		req.ClientIP = r.RemoteAddr
+	}
+	if n.cfg.UserFunc != nil {
+		req.User = n.cfg.UserFunc(r)
+	}
+	if n.cfg.TierFunc != nil {
+		req.Tier = n.cfg.TierFunc(r)
+	}
+	return req
+}
+
+// cleanPath returns p in the canonical form rules are matched against, so
+// that "/a/../search" or "//search" cannot slip past a "/search" rule. It
+// allocates only for a path that needs cleaning.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' || strings.Contains(p, "//") || strings.Contains(p, "/.") {
+		c := path.Clean("/" + p)
+		if c != "/" && strings.HasSuffix(p, "/") {
+			c += "/"
+		}
+		return c
+	}
+	return p
+}
+
+// ceilSeconds rounds a duration up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// writeHeaders sets the rate-limit fields of a decision on h.
+func writeHeaders(h http.Header, d *Decision) {
+	lim, ok := d.Limiting()
+	if !ok {
+		return
+	}
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(lim.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(lim.Remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(time.Duration(d.At.UnixNano())+lim.Reset), 10))
+
+	var policy, state strings.Builder
+	for i, r := range d.Results() {
+		if i > 0 {
+			policy.WriteString(", ")
+			state.WriteString(", ")
+		}
+		// Rule ids are restricted to [A-Za-z0-9_.:-], so they need no
+		// escaping inside a structured-field string.
+		policy.WriteString(`"` + r.Rule + `";q=` + strconv.FormatInt(r.Limit, 10) +
+			";w=" + strconv.FormatInt(max(ceilSeconds(r.Window), 1), 10))
+		state.WriteString(`"` + r.Rule + `";r=` + strconv.FormatInt(r.Remaining, 10) +
+			";t=" + strconv.FormatInt(ceilSeconds(r.Reset), 10))
+	}
+	h.Set("RateLimit-Policy", policy.String())
+	h.Set("RateLimit", state.String())
+}
+
+// problem is an RFC 9457 problem details body.
+type problem struct {
+	Type     string          `json:"type"`
+	Title    string          `json:"title"`
+	Status   int             `json:"status"`
+	Detail   string          `json:"detail,omitempty"`
+	Violated []violatedRule  `json:"violated_rules,omitempty"`
+	Retry    *retryAfterBody `json:"retry_after_seconds,omitempty"`
+}
+
+type retryAfterBody = int64
+
+type violatedRule struct {
+	Rule              string `json:"rule"`
+	Limit             int64  `json:"limit"`
+	Window            string `json:"window"`
+	Burst             int64  `json:"burst"`
+	Cost              int64  `json:"cost"`
+	RetryAfterSeconds *int64 `json:"retry_after_seconds,omitempty"`
+	Never             bool   `json:"never,omitempty"`
+	LockedOut         bool   `json:"locked_out,omitempty"`
+}
+
+func writeProblem(w http.ResponseWriter, status int, p problem) {
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeRejection answers a rejected request: 429, Retry-After, and a
+// problem body naming every violated rule.
+func writeRejection(w http.ResponseWriter, d *Decision) {
+	p := problem{Title: "Too Many Requests", Status: http.StatusTooManyRequests}
+	var names []string
+	for _, r := range d.Results() {
+		if r.Allowed {
+			continue
+		}
+		v := violatedRule{Rule: r.Rule, Limit: r.Limit, Window: r.Window.String(), Burst: r.Burst, Cost: r.Cost, LockedOut: r.Locked}
+		if r.RetryAfter == bucket.Never {
+			v.Never = true
+		} else {
+			s := ceilSeconds(r.RetryAfter)
+			v.RetryAfterSeconds = &s
+		}
+		p.Violated = append(p.Violated, v)
+		names = append(names, r.Rule)
+	}
+	ra := d.RetryAfter()
+	if ra != bucket.Never {
+		s := max(ceilSeconds(ra), 1)
+		w.Header().Set("Retry-After", strconv.FormatInt(s, 10))
+		p.Retry = &s
+		p.Detail = "rate limit exceeded: " + strings.Join(names, ", ")
+	} else {
+		p.Detail = "the request costs more than the burst of " + strings.Join(names, ", ") + " allows; it can never pass"
+	}
+	writeProblem(w, http.StatusTooManyRequests, p)
+}

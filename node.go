@@ -1,0 +1,341 @@
+// Package weir is an embedded rate limiter for Go API gateways.
+//
+// A gateway creates a Node from a Config (rules inline or from a watched YAML
+// file), then either wraps its handlers with Node.Middleware or asks
+// Node.Allow / Node.Check directly. Every decision is local to the process: a
+// map access and a short critical section, with no network call. The cluster
+// and lease work (cluster/, lease/) build the distributed modes on top of the
+// same decision path.
+//
+//	n, err := weir.New(weir.Config{RulesFile: "rules.yaml"})
+//	if err != nil { ... }
+//	defer n.Close()
+//	http.ListenAndServe(addr, n.Middleware(upstream))
+package weir
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/clientip"
+	"github.com/weir-dev/weir/internal/hitters"
+	"github.com/weir-dev/weir/quota"
+)
+
+// DefaultMaxIdentityBytes is the longest identity a rule accepts when
+// Config.MaxIdentityBytes is zero.
+const DefaultMaxIdentityBytes = 1024
+
+// ErrIdentityTooLong is reported (in Decision.Err, and as a 400 by the
+// middleware) when a request's identity for some rule is longer than
+// Config.MaxIdentityBytes. Such a request is not admitted and charges nothing.
+var ErrIdentityTooLong = errors.New("weir: identity too long")
+
+// ErrUnknownRule is returned by Check for a rule id that the rule set in force
+// does not contain.
+var ErrUnknownRule = errors.New("weir: unknown rule")
+
+// ErrClosed is returned by calls on a Node after Close.
+var ErrClosed = errors.New("weir: node closed")
+
+// Config configures a Node. The zero Config is valid: a node with no rules,
+// which admits everything. Every field is optional.
+type Config struct {
+	// RulesFile is a YAML rule file (see docs/rules.md). It is watched: a
+	// valid change takes effect within about a second; an invalid one is
+	// logged, counted and ignored, keeping the last good set in force. When it
+	// cannot be read or parsed at start, the node enforces DefaultRules and
+	// says so (log, the weir_rules_defaults_active metric, Status).
+	RulesFile string
+
+	// Rules are used when RulesFile is empty.
+	Rules []quota.Rule
+
+	// DefaultRules are the safe defaults enforced while RulesFile is
+	// unreadable or invalid at start. Empty means no rule applies then.
+	DefaultRules []quota.Rule
+
+	// ReloadPoll is how often the rule file is re-read as a fallback to file
+	// system notifications. Zero means 5 seconds.
+	ReloadPoll time.Duration
+
+	// Clock is the time source. Nil means the system clock (wall time
+	// advanced monotonically).
+	Clock Clock
+
+	// Registerer receives weir's Prometheus metrics. Nil registers nothing
+	// (the metrics are still kept and served by AdminHandler's JSON).
+	Registerer prometheus.Registerer
+
+	// Logger receives reloads, rule errors and fail-open events. Nil means a
+	// logger that discards everything.
+	Logger *slog.Logger
+
+	// TrustedProxies are the CIDRs or addresses whose X-Forwarded-For and
+	// Forwarded headers are believed when the middleware derives a client IP.
+	// Empty means the client IP is always the connection's peer address.
+	TrustedProxies []string
+
+	// UserFunc returns the authenticated user of a request for rules keyed
+	// on "user". Nil means no request has a user.
+	UserFunc func(*http.Request) string
+
+	// TierFunc returns the caller's tier (for rules with tiers). Nil means no
+	// tier.
+	TierFunc func(*http.Request) string
+
+	// MaxKeys caps the live keys of each algorithm's store. At the cap full
+	// buckets are evicted first; evicting a partly spent one forgives it and
+	// is counted. Zero means 10 000 000.
+	MaxKeys int
+
+	// MaxIdentityBytes caps the length of an identity. Longer identities are
+	// refused with ErrIdentityTooLong (400 from the middleware). Zero means
+	// DefaultMaxIdentityBytes.
+	MaxIdentityBytes int
+
+	// HashSeed, when non-zero, makes identity hashing deterministic across
+	// processes (for the simulator and reproducible tests). Zero draws a
+	// random per-process seed, which defeats chosen-collision attacks.
+	HashSeed uint64
+
+	// TopK is the length of the top throttled identities lists. Zero means 20.
+	TopK int
+}
+
+// Node is one weir limiter. It is safe for concurrent use by many goroutines.
+type Node struct {
+	cfg     Config
+	now     func() int64
+	log     *slog.Logger
+	hasher  bucket.Hasher
+	stores  *stores
+	ip      *clientip.Resolver
+	metrics *metrics
+	maxID   int
+
+	throttled *hitters.Sketch
+	shadowed  *hitters.Sketch
+
+	holder  *quota.Holder
+	watcher *quota.Watcher
+	eng     engineHolder
+
+	mu           sync.Mutex // guards closed and the rule-stats registry
+	closed       bool
+	ruleStats    map[string]*ruleStats
+	usingDefault bool
+	lastErr      error
+}
+
+// New validates cfg, loads the rules and returns a running Node. The error
+// names the Config field that is wrong.
+func New(cfg Config) (*Node, error) {
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("weir: Config.MaxKeys: must not be negative, got %d", cfg.MaxKeys)
+	}
+	if cfg.MaxIdentityBytes < 0 {
+		return nil, fmt.Errorf("weir: Config.MaxIdentityBytes: must not be negative, got %d", cfg.MaxIdentityBytes)
+	}
+	if cfg.ReloadPoll < 0 {
+		return nil, fmt.Errorf("weir: Config.ReloadPoll: must not be negative, got %v", cfg.ReloadPoll)
+	}
+	if cfg.TopK < 0 {
+		return nil, fmt.Errorf("weir: Config.TopK: must not be negative, got %d", cfg.TopK)
+	}
+	if cfg.RulesFile != "" && len(cfg.Rules) > 0 {
+		return nil, errors.New("weir: Config.Rules and Config.RulesFile are exclusive: set one")
+	}
+	ip, err := clientip.NewResolver(cfg.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("weir: Config.TrustedProxies: %w", err)
+	}
+	n := &Node{
+		cfg:       cfg,
+		now:       clockNanos(cfg.Clock),
+		log:       cfg.Logger,
+		ip:        ip,
+		maxID:     cfg.MaxIdentityBytes,
+		ruleStats: make(map[string]*ruleStats),
+	}
+	if n.log == nil {
+		n.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if n.maxID == 0 {
+		n.maxID = DefaultMaxIdentityBytes
+	}
+	if cfg.HashSeed != 0 {
+		n.hasher = bucket.NewSeededHasher(cfg.HashSeed)
+	} else {
+		n.hasher = bucket.NewHasher()
+	}
+	maxKeys := cfg.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = 10_000_000
+	}
+	if n.stores, err = newStores(maxKeys); err != nil {
+		return nil, fmt.Errorf("weir: Config.MaxKeys: %w", err)
+	}
+	topK := cfg.TopK
+	if topK == 0 {
+		topK = 20
+	}
+	n.throttled = hitters.New(hitters.Config{K: topK, Seed: 1})
+	n.shadowed = hitters.New(hitters.Config{K: topK, Seed: 2})
+	n.metrics = newMetrics(n)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(n.metrics); err != nil {
+			return nil, fmt.Errorf("weir: Config.Registerer: %w", err)
+		}
+	}
+
+	if err := n.loadInitialRules(); err != nil {
+		n.unregister()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) unregister() {
+	if n.cfg.Registerer != nil {
+		n.cfg.Registerer.Unregister(n.metrics)
+	}
+}
+
+// loadInitialRules installs the first rule set and starts the file watcher.
+func (n *Node) loadInitialRules() error {
+	if n.cfg.RulesFile == "" {
+		set, err := quota.NewSet(n.cfg.Rules, 1)
+		if err != nil {
+			return fmt.Errorf("weir: Config.Rules: %w", err)
+		}
+		n.holder = quota.NewHolder(set)
+		n.install(set)
+		return nil
+	}
+	if _, err := quota.NewSet(n.cfg.DefaultRules, 1); err != nil {
+		return fmt.Errorf("weir: Config.DefaultRules: %w", err)
+	}
+	set, loadErr := quota.LoadOrDefault(n.cfg.RulesFile, n.cfg.DefaultRules)
+	if set == nil {
+		return fmt.Errorf("weir: Config.RulesFile: %w", loadErr)
+	}
+	n.holder = quota.NewHolder(set)
+	if loadErr != nil {
+		n.mu.Lock()
+		n.usingDefault = true
+		n.lastErr = loadErr
+		n.mu.Unlock()
+		n.metrics.reloadErrors.Inc()
+		n.log.Error("rule file unreadable at start: enforcing the default rules",
+			"file", n.cfg.RulesFile, "err", loadErr, "default_rules", len(n.cfg.DefaultRules))
+	}
+	n.install(set)
+	w, err := quota.WatchFile(context.Background(), n.cfg.RulesFile,
+		quota.WatchOptions{Holder: n.holder, PollInterval: n.cfg.ReloadPoll}, n.onReload, n.onReloadError)
+	if err != nil {
+		return fmt.Errorf("weir: Config.RulesFile: watching: %w", err)
+	}
+	n.watcher = w
+	return nil
+}
+
+func (n *Node) onReload(set *quota.Set) {
+	n.mu.Lock()
+	wasDefault := n.usingDefault
+	n.usingDefault = false
+	n.lastErr = nil
+	n.mu.Unlock()
+	n.install(set)
+	n.log.Info("rules reloaded", "file", n.cfg.RulesFile, "version", set.Version(), "rules", set.Len(), "left_defaults", wasDefault)
+}
+
+func (n *Node) onReloadError(err error) {
+	n.mu.Lock()
+	n.lastErr = err
+	n.mu.Unlock()
+	n.metrics.reloadErrors.Inc()
+	n.log.Error("rule reload failed: keeping the last good rule set", "file", n.cfg.RulesFile, "err", err,
+		"version", n.holder.Current().Version())
+}
+
+// SetRules validates rules and, when valid, installs them as a new version.
+// When invalid, the error names every problem and the rules in force stay.
+// It is how an admin API or a control plane changes rules without a file.
+func (n *Node) SetRules(rules []quota.Rule) error {
+	if n.isClosed() {
+		return ErrClosed
+	}
+	set, err := n.holder.Apply(rules)
+	if err != nil {
+		n.metrics.reloadErrors.Inc()
+		return err
+	}
+	n.mu.Lock()
+	n.usingDefault = false
+	n.mu.Unlock()
+	n.install(set)
+	return nil
+}
+
+// Rules returns the rule set in force.
+func (n *Node) Rules() *quota.Set { return n.eng.load().set }
+
+// Status is a snapshot of a node's rule state.
+type Status struct {
+	// RulesVersion is the version of the rule set in force.
+	RulesVersion uint64 `json:"rules_version"`
+	// RulesDigest identifies the rule set's content.
+	RulesDigest string `json:"rules_digest"`
+	// UsingDefaultRules is true while the node enforces Config.DefaultRules
+	// because its rule file could not be loaded at start.
+	UsingDefaultRules bool `json:"using_default_rules"`
+	// LastReloadError is the last failed reload, cleared by a good one.
+	LastReloadError string `json:"last_reload_error,omitempty"`
+}
+
+// Status reports the rule state of the node.
+func (n *Node) Status() Status {
+	set := n.eng.load().set
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault}
+	if n.lastErr != nil {
+		st.LastReloadError = n.lastErr.Error()
+	}
+	return st
+}
+
+func (n *Node) isClosed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.closed
+}
+
+// Close stops the rule watcher and unregisters the metrics. Decisions after
+// Close still work on the last rule set (a gateway draining its requests is
+// not refused), but SetRules returns ErrClosed. Close is idempotent.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	var err error
+	if n.watcher != nil {
+		err = n.watcher.Close()
+	}
+	n.unregister()
+	return err
+}

@@ -1,0 +1,627 @@
+package weir_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock is a manually advanced clock, safe for concurrent use.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_800_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func parseRules(t *testing.T, y string) []quota.Rule {
+	t.Helper()
+	rules, err := quota.Parse("test.yaml", []byte(y))
+	if err != nil {
+		t.Fatalf("parse rules: %v", err)
+	}
+	return rules
+}
+
+func newNode(t *testing.T, cfg weir.Config) *weir.Node {
+	t.Helper()
+	n, err := weir.New(cfg)
+	if err != nil {
+		t.Fatalf("weir.New: %v", err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+const searchRule = `
+rules:
+  - id: search
+    match: {prefix: /search}
+    key: [header:X-API-Key, ip]
+    limit: 100
+    window: 1m
+    burst: 20
+`
+
+// TestBurstExample is DESIGN.md's burst example through the node: a client at
+// 100/min with burst 20 may send 20 at once, the 21st is rejected with a
+// retry-after of 600 ms, then exactly one passes every 600 ms.
+func TestBurstExample(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: clk.Now})
+	req := weir.Request{Method: "GET", Path: "/search", Header: http.Header{"X-Api-Key": {"k1"}}}
+	ctx := context.Background()
+	for i := range 20 {
+		if d := n.Allow(ctx, req); !d.Allowed {
+			t.Fatalf("request %d of the burst rejected", i+1)
+		}
+	}
+	d := n.Allow(ctx, req)
+	if d.Allowed {
+		t.Fatal("21st request admitted")
+	}
+	if got := d.RetryAfter(); got != 600*time.Millisecond {
+		t.Fatalf("retry-after = %v, want 600ms", got)
+	}
+	for step := range 50 {
+		clk.Advance(599 * time.Millisecond)
+		if n.Allow(ctx, req).Allowed {
+			t.Fatalf("step %d: admitted before 600ms elapsed", step)
+		}
+		clk.Advance(time.Millisecond)
+		if !n.Allow(ctx, req).Allowed {
+			t.Fatalf("step %d: rejected at 600ms", step)
+		}
+		if n.Allow(ctx, req).Allowed {
+			t.Fatalf("step %d: two admitted in one 600ms slot", step)
+		}
+	}
+	// Another key has its own bucket.
+	other := req
+	other.Header = http.Header{"X-Api-Key": {"k2"}}
+	if !n.Allow(ctx, other).Allowed {
+		t.Fatal("an unrelated key was rejected")
+	}
+}
+
+func TestMiddlewareHeadersAndRejection(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: per-key
+    match: {prefix: /api}
+    key: [header:X-API-Key, ip]
+    limit: 10
+    window: 1s
+    burst: 3
+  - id: global
+    match: {prefix: /api}
+    limit: 1000
+    window: 1s
+`), Clock: clk.Now})
+	var upstream atomic.Int64
+	h := n.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstream.Add(1)
+		w.WriteHeader(http.StatusOK)
+	}))
+	do := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", "/api/x", nil)
+		r.Header.Set("X-API-Key", "alice")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	for i := range 3 {
+		w := do()
+		if w.Code != 200 {
+			t.Fatalf("request %d: status %d", i, w.Code)
+		}
+		if got, want := w.Header().Get("X-RateLimit-Remaining"), string(rune('0'+2-i)); got != want {
+			t.Errorf("request %d: X-RateLimit-Remaining = %q, want %q", i, got, want)
+		}
+	}
+	w := do()
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("4th request: status %d, want 429", w.Code)
+	}
+	if upstream.Load() != 3 {
+		t.Fatalf("upstream called %d times, want 3 (never for a rejected request)", upstream.Load())
+	}
+	hdr := w.Header()
+	if got := hdr.Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After = %q, want 1 (100ms rounded up)", got)
+	}
+	if got := hdr.Get("X-RateLimit-Limit"); got != "10" {
+		t.Errorf("X-RateLimit-Limit = %q, want 10", got)
+	}
+	if got := hdr.Get("X-RateLimit-Remaining"); got != "0" {
+		t.Errorf("X-RateLimit-Remaining = %q, want 0", got)
+	}
+	wantReset := clk.Now().Add(300 * time.Millisecond)
+	if got, want := hdr.Get("X-RateLimit-Reset"), itoa(ceilUnix(wantReset)); got != want {
+		t.Errorf("X-RateLimit-Reset = %q, want %q", got, want)
+	}
+	if got, want := hdr.Get("RateLimit-Policy"), `"per-key";q=10;w=1, "global";q=1000;w=1`; got != want {
+		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
+	}
+	if got, want := hdr.Get("RateLimit"), `"per-key";r=0;t=1, "global";r=997;t=1`; got != want {
+		t.Errorf("RateLimit = %q, want %q", got, want)
+	}
+	if got := hdr.Get("Content-Type"); got != "application/problem+json" {
+		t.Errorf("Content-Type = %q", got)
+	}
+	var body struct {
+		Status   int    `json:"status"`
+		Title    string `json:"title"`
+		Detail   string `json:"detail"`
+		Violated []struct {
+			Rule string `json:"rule"`
+		} `json:"violated_rules"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("problem body: %v: %s", err, w.Body.String())
+	}
+	if body.Status != 429 || len(body.Violated) != 1 || body.Violated[0].Rule != "per-key" {
+		t.Errorf("problem body = %+v", body)
+	}
+	// The rejected request charged no other rule: the global bucket still
+	// shows 997 left (3 admitted), not 996, and counts 3 admissions.
+	counts := map[string]weir.RuleCounts{}
+	for _, c := range n.Counts() {
+		counts[c.Rule] = c
+	}
+	if c := counts["per-key"]; c.Allowed != 3 || c.Rejected != 1 {
+		t.Errorf("per-key counts = %+v", c)
+	}
+	if c := counts["global"]; c.Allowed != 3 || c.Rejected != 0 {
+		t.Errorf("global counts = %+v", c)
+	}
+	clk.Advance(100 * time.Millisecond)
+	if w := do(); w.Code != 200 {
+		t.Fatalf("after the retry-after: status %d", w.Code)
+	}
+}
+
+func itoa(v int64) string { return strings.TrimSpace(jsonNum(v)) }
+
+func jsonNum(v int64) string { b, _ := json.Marshal(v); return string(b) }
+
+func ceilUnix(t time.Time) int64 {
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
+func TestTrustedProxies(t *testing.T) {
+	clk := newFakeClock()
+	rules := parseRules(t, `
+rules:
+  - id: per-ip
+    key: [ip]
+    limit: 1
+    window: 1h
+`)
+	cases := []struct {
+		name    string
+		trusted []string
+		remote  string
+		xff     string
+		wantIP  string
+	}{
+		{"untrusted peer cannot pick its IP", nil, "203.0.113.9:5000", "198.51.100.1", "203.0.113.9"},
+		{"trusted proxy is believed", []string{"10.0.0.0/8"}, "10.1.2.3:5000", "198.51.100.1", "198.51.100.1"},
+		{"spoofed left entries are skipped", []string{"10.0.0.0/8"}, "10.1.2.3:5000", "1.1.1.1, 198.51.100.1", "198.51.100.1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, weir.Config{Rules: rules, Clock: clk.Now, TrustedProxies: tc.trusted})
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = tc.remote
+			r.Header.Set("X-Forwarded-For", tc.xff)
+			if got := n.RequestFromHTTP(r).ClientIP; got != tc.wantIP {
+				t.Fatalf("client IP = %q, want %q", got, tc.wantIP)
+			}
+		})
+	}
+	if _, err := weir.New(weir.Config{TrustedProxies: []string{"not-an-ip"}}); err == nil || !strings.Contains(err.Error(), "TrustedProxies") {
+		t.Fatalf("bad trusted proxy: err = %v, want one naming Config.TrustedProxies", err)
+	}
+}
+
+func TestShadowNeverRejects(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: trial
+    key: [header:X-API-Key]
+    limit: 2
+    window: 1m
+    shadow: true
+`), Clock: clk.Now})
+	req := weir.Request{Method: "GET", Path: "/", Header: http.Header{"X-Api-Key": {"bob"}}}
+	shadowRejected := 0
+	for range 10 {
+		d := n.Allow(context.Background(), req)
+		if !d.Allowed {
+			t.Fatal("a shadow rule rejected a request")
+		}
+		if r, _ := d.Limiting(); r.ShadowRejected {
+			shadowRejected++
+		}
+	}
+	if shadowRejected != 8 {
+		t.Fatalf("shadow would-be rejections = %d, want 8", shadowRejected)
+	}
+	c := n.Counts()
+	if len(c) != 1 || c[0].ShadowRejected != 8 || c[0].Allowed != 2 || c[0].Rejected != 0 {
+		t.Fatalf("counts = %+v", c)
+	}
+	top := n.TopShadowRejected()
+	if len(top) == 0 || top[0].Identity != "bob" || top[0].Rule != "trial" {
+		t.Fatalf("top shadow-rejected = %+v", top)
+	}
+	if len(n.TopThrottled()) != 0 {
+		t.Fatalf("shadow rejections leaked into the throttled list: %+v", n.TopThrottled())
+	}
+}
+
+func TestIdentityPolicy(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: per-key
+    key: [header:X-API-Key]
+    limit: 1
+    window: 1h
+`), Clock: clk.Now, MaxIdentityBytes: 64})
+	h := n.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-API-Key", strings.Repeat("k", 65))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "identity too long") {
+		t.Fatalf("oversized identity: %d %s", w.Code, w.Body.String())
+	}
+	d := n.Allow(context.Background(), weir.Request{Method: "GET", Path: "/", Header: r.Header})
+	if !errors.Is(d.Err, weir.ErrIdentityTooLong) || d.Allowed {
+		t.Fatalf("Allow: %+v", d.Err)
+	}
+	// No identity at all: every such request shares the rule's "" bucket.
+	anon := weir.Request{Method: "GET", Path: "/"}
+	if !n.Allow(context.Background(), anon).Allowed {
+		t.Fatal("first anonymous request rejected")
+	}
+	if n.Allow(context.Background(), anon).Allowed {
+		t.Fatal("anonymous requests do not share a bucket")
+	}
+}
+
+func TestPenaltyBox(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: login
+    key: [ip]
+    limit: 1
+    window: 1s
+    penalty: {after: 3, within: 1m, base: 10s, max: 40s}
+`), Clock: clk.Now})
+	req := weir.Request{Method: "POST", Path: "/login", ClientIP: "198.51.100.7"}
+	ctx := context.Background()
+	if !n.Allow(ctx, req).Allowed {
+		t.Fatal("first request rejected")
+	}
+	for range 3 {
+		if n.Allow(ctx, req).Allowed {
+			t.Fatal("over-limit request admitted")
+		}
+	}
+	// Three rejections within a minute: locked out for 10s even though the
+	// bucket itself has refilled after 1s.
+	clk.Advance(2 * time.Second)
+	d := n.Allow(ctx, req)
+	if d.Allowed {
+		t.Fatal("admitted during the lockout")
+	}
+	if r, _ := d.Limiting(); !r.Locked || r.RetryAfter <= 0 || r.RetryAfter > 10*time.Second {
+		t.Fatalf("lockout result = %+v", r)
+	}
+	clk.Advance(10 * time.Second)
+	if !n.Allow(ctx, req).Allowed {
+		t.Fatal("still rejected after the lockout ended")
+	}
+}
+
+func TestConcurrencyReleasedByMiddleware(t *testing.T) {
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: inflight
+    key: [header:X-API-Key]
+    algorithm: concurrency
+    limit: 2
+    window: 1m
+`)})
+	release := make(chan struct{})
+	entered := make(chan struct{}, 2)
+	h := n.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	get := func() int {
+		r, _ := http.NewRequest("GET", srv.URL, nil)
+		r.Header.Set("X-API-Key", "c")
+		resp, err := srv.Client().Do(r)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); codes <- get() }()
+	}
+	<-entered
+	<-entered
+	if c := get(); c != http.StatusTooManyRequests {
+		t.Fatalf("third concurrent request: %d, want 429", c)
+	}
+	close(release)
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != 200 {
+			t.Fatalf("held request finished with %d", c)
+		}
+	}
+	if c := get(); c != 200 {
+		t.Fatalf("after release: %d, want 200 (slots given back)", c)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: clk.Now})
+	ctx := context.Background()
+	r, err := n.Check(ctx, "k", "search", 5)
+	if err != nil || !r.Allowed || r.Remaining != 15 || r.Limit != 100 || r.Burst != 20 {
+		t.Fatalf("Check = %+v, %v", r, err)
+	}
+	if !r.ResetAt.Equal(clk.Now().Add(3 * time.Second)) {
+		t.Fatalf("ResetAt = %v, want now+3s", r.ResetAt)
+	}
+	r, _ = n.Check(ctx, "k", "search", 16)
+	if r.Allowed || r.RetryAfter != 600*time.Millisecond {
+		t.Fatalf("over-spend = %+v", r)
+	}
+	r, _ = n.Check(ctx, "k", "search", 21)
+	if r.Allowed || r.RetryAfter != bucket.Never {
+		t.Fatalf("cost above burst = %+v, want RetryAfter Never", r)
+	}
+	if _, err := n.Check(ctx, "k", "nope", 1); !errors.Is(err, weir.ErrUnknownRule) {
+		t.Fatalf("unknown rule: %v", err)
+	}
+}
+
+func TestRuleFileReload(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	write := func(s string) {
+		t.Helper()
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(searchRule)
+	reg := prometheus.NewRegistry()
+	n := newNode(t, weir.Config{RulesFile: path, ReloadPoll: 50 * time.Millisecond, Registerer: reg})
+	if v := n.Status().RulesVersion; v != 1 {
+		t.Fatalf("initial version %d", v)
+	}
+	write(strings.Replace(searchRule, "limit: 100", "limit: 200", 1))
+	waitFor(t, func() bool { return n.Status().RulesVersion == 2 })
+	if r, _ := n.Check(context.Background(), "k", "search", 1); r.Limit != 200 {
+		t.Fatalf("reloaded limit = %d", r.Limit)
+	}
+	write(strings.Replace(searchRule, "window: 1m", "window: -1m", 1))
+	waitFor(t, func() bool { return n.Status().LastReloadError != "" })
+	st := n.Status()
+	if st.RulesVersion != 2 || !strings.Contains(st.LastReloadError, "rules.yaml:") || !strings.Contains(st.LastReloadError, "window") {
+		t.Fatalf("after a bad reload: %+v", st)
+	}
+	if r, _ := n.Check(context.Background(), "k", "search", 1); r.Limit != 200 {
+		t.Fatalf("bad reload changed the rules: limit %d", r.Limit)
+	}
+	if got := gatherValue(t, reg, "weir_rules_reload_errors_total", nil); got < 1 {
+		t.Fatalf("reload errors metric = %v", got)
+	}
+	if got := gatherValue(t, reg, "weir_rules_version", nil); got != 2 {
+		t.Fatalf("version metric = %v", got)
+	}
+}
+
+func TestDefaultRulesWhenFileUnreadable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing.yaml")
+	defaults := parseRules(t, `
+rules:
+  - id: safe-default
+    key: [ip]
+    limit: 1
+    window: 1h
+`)
+	n := newNode(t, weir.Config{RulesFile: path, DefaultRules: defaults, ReloadPoll: 50 * time.Millisecond})
+	st := n.Status()
+	if !st.UsingDefaultRules || st.LastReloadError == "" {
+		t.Fatalf("status = %+v, want defaults in force and the error said", st)
+	}
+	req := weir.Request{Method: "GET", Path: "/", ClientIP: "192.0.2.1"}
+	if !n.Allow(context.Background(), req).Allowed || n.Allow(context.Background(), req).Allowed {
+		t.Fatal("the default rule is not enforced")
+	}
+	if err := os.WriteFile(path, []byte(searchRule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !n.Status().UsingDefaultRules })
+	if _, ok := n.Rules().Lookup("search"); !ok {
+		t.Fatal("the file's rules did not replace the defaults")
+	}
+}
+
+func TestSetRulesRejectsBadRulesAtomically(t *testing.T) {
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule)})
+	bad := parseRules(t, searchRule)
+	bad = append(bad, quota.Rule{ID: "search", Limit: 1, Window: time.Second})
+	if err := n.SetRules(bad); err == nil {
+		t.Fatal("duplicate ids accepted")
+	}
+	if n.Rules().Len() != 1 || n.Status().RulesVersion != 1 {
+		t.Fatal("a rejected rule set was half-applied")
+	}
+}
+
+func TestMetricsRegistered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: clk.Now, Registerer: reg})
+	req := weir.Request{Method: "GET", Path: "/search", ClientIP: "192.0.2.1"}
+	for range 25 {
+		n.Allow(context.Background(), req)
+	}
+	if got := gatherValue(t, reg, "weir_decisions_total", map[string]string{"rule": "search", "outcome": "allowed"}); got != 20 {
+		t.Fatalf("allowed = %v", got)
+	}
+	if got := gatherValue(t, reg, "weir_decisions_total", map[string]string{"rule": "search", "outcome": "rejected"}); got != 5 {
+		t.Fatalf("rejected = %v", got)
+	}
+	if got := gatherValue(t, reg, "weir_keys_live", map[string]string{"store": "gcra"}); got != 1 {
+		t.Fatalf("keys live = %v", got)
+	}
+	n.Close()
+	if _, err := weir.New(weir.Config{Registerer: reg}); err != nil {
+		t.Fatalf("a closed node's metrics were not unregistered: %v", err)
+	}
+}
+
+func TestAdminHandler(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: clk.Now})
+	req := weir.Request{Method: "GET", Path: "/search", ClientIP: "192.0.2.66"}
+	for range 30 {
+		n.Allow(context.Background(), req)
+	}
+	w := httptest.NewRecorder()
+	n.AdminHandler().ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	var rep struct {
+		TopThrottled []weir.Hitter `json:"top_throttled"`
+		Status       weir.Status   `json:"status"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.TopThrottled) != 1 || rep.TopThrottled[0].Identity != "192.0.2.66" || rep.TopThrottled[0].Count < 10 {
+		t.Fatalf("top throttled = %+v", rep.TopThrottled)
+	}
+	w = httptest.NewRecorder()
+	n.AdminHandler().ServeHTTP(w, httptest.NewRequest("POST", "/", nil))
+	if w.Code != http.StatusMethodNotAllowed {
+		t.Fatalf("POST: %d", w.Code)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	cases := []struct {
+		cfg  weir.Config
+		want string
+	}{
+		{weir.Config{MaxKeys: -1}, "Config.MaxKeys"},
+		{weir.Config{MaxIdentityBytes: -1}, "Config.MaxIdentityBytes"},
+		{weir.Config{Rules: []quota.Rule{{ID: "x"}}}, "Config.Rules"},
+		{weir.Config{RulesFile: "a.yaml", Rules: []quota.Rule{{ID: "x", Limit: 1, Window: time.Second}}}, "exclusive"},
+	}
+	for _, tc := range cases {
+		if _, err := weir.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func gatherValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue metric
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
+}

@@ -1,0 +1,397 @@
+package quota
+
+import (
+	"math/bits"
+	"strings"
+	"time"
+)
+
+// Algorithm names the limiting algorithm of a rule. The zero value "" means
+// AlgorithmGCRA. "token_bucket" is accepted as an alias and normalised to
+// "gcra" (GCRA is an exact token bucket without a refill timer).
+type Algorithm string
+
+// The algorithms a rule may use.
+const (
+	// AlgorithmGCRA is the generic cell rate algorithm: a token bucket of
+	// Burst tokens refilled at Limit per Window. The default.
+	AlgorithmGCRA Algorithm = "gcra"
+	// AlgorithmTokenBucket is an alias of AlgorithmGCRA, normalised away.
+	AlgorithmTokenBucket Algorithm = "token_bucket"
+	// AlgorithmFixedWindow admits Limit per aligned Window.
+	AlgorithmFixedWindow Algorithm = "fixed_window"
+	// AlgorithmSlidingWindow weights the previous window's count (sliding counter).
+	AlgorithmSlidingWindow Algorithm = "sliding_window"
+	// AlgorithmSlidingLog keeps one timestamp per admission; Limit is capped
+	// at MaxSlidingLogLimit.
+	AlgorithmSlidingLog Algorithm = "sliding_log"
+	// AlgorithmLeakyBucket queues requests up to MaxDelay and releases them
+	// at Limit per Window.
+	AlgorithmLeakyBucket Algorithm = "leaky_bucket"
+	// AlgorithmConcurrency limits requests in flight to Limit; Window bounds
+	// how long a slot may be held.
+	AlgorithmConcurrency Algorithm = "concurrency"
+)
+
+// MaxSlidingLogLimit is the largest Limit (and override or tier limit) a
+// sliding_log rule may have: the log holds one timestamp per admission.
+const MaxSlidingLogLimit = 10000
+
+// Mode says where a rule's decisions are made (DESIGN.md, "Accuracy").
+// The zero value "" means ModeShared for GCRA rules and ModeLocal for the
+// other algorithms.
+type Mode string
+
+// The modes a rule may use.
+const (
+	// ModeShared is the two-tier mode: nodes admit within a slack and sync
+	// with the identity's owner. GCRA only.
+	ModeShared Mode = "shared"
+	// ModeExact sends every admission to the identity's owner.
+	ModeExact Mode = "exact"
+	// ModeLocal enforces the rule per node only.
+	ModeLocal Mode = "local"
+)
+
+// Scope says whether a limit is per region or shared by all regions.
+// The zero value "" means ScopeRegion.
+type Scope string
+
+// The scopes a rule may use.
+const (
+	// ScopeRegion applies the limit in each region separately. The default.
+	ScopeRegion Scope = "region"
+	// ScopeGlobal leases each region a share of one global limit. GCRA only.
+	ScopeGlobal Scope = "global"
+)
+
+// OnFailure says what a node does when it cannot reach the identity's owner.
+// The zero value "" means OnFailureLocal.
+type OnFailure string
+
+// The failure policies a rule may use.
+const (
+	// OnFailureLocal enforces limit ÷ live nodes on this node. The default.
+	OnFailureLocal OnFailure = "local"
+	// OnFailureOpen admits the request.
+	OnFailureOpen OnFailure = "open"
+	// OnFailureClosed rejects the request.
+	OnFailureClosed OnFailure = "closed"
+)
+
+// KeyKind names where an identity comes from.
+type KeyKind string
+
+// The key kinds a KeySource may have.
+const (
+	// KeyHeader takes the identity from the request header named by
+	// KeySource.Name (canonicalised, e.g. "X-Api-Key").
+	KeyHeader KeyKind = "header"
+	// KeyUser takes the identity from a function the caller supplies
+	// (an authenticated user id, for example).
+	KeyUser KeyKind = "user"
+	// KeyIP takes the identity from the client IP.
+	KeyIP KeyKind = "ip"
+	// KeyGlobal yields one constant identity: one bucket for all requests.
+	// It never yields an empty value, so it may only be last in a chain.
+	KeyGlobal KeyKind = "global"
+)
+
+// KeySource is one link of a rule's identity chain. Name is the header name
+// for KeyHeader and must be empty for the other kinds.
+type KeySource struct {
+	Kind KeyKind
+	Name string
+}
+
+// String returns the YAML form: "header:X-Api-Key", "user", "ip", "global".
+func (k KeySource) String() string {
+	if k.Kind == KeyHeader {
+		return "header:" + k.Name
+	}
+	return string(k.Kind)
+}
+
+// Match selects the requests a rule applies to. At most one of Path, Prefix
+// and Pattern may be set; when none is, the rule applies to every path.
+// Paths are compared as given: the caller should pass a cleaned URL path
+// (path.Clean), or "/a/../search" will not match prefix "/search".
+type Match struct {
+	// Path matches one exact path, e.g. "/login".
+	Path string
+	// Prefix matches a path prefix on segment boundaries: "/search" matches
+	// "/search", "/search/" and "/search/x" but not "/searchx". A trailing
+	// "/" is ignored ("/search/" ≡ "/search"); "/" matches every path.
+	Prefix string
+	// Pattern matches segment by segment: "/v1/users/{id}/orders", where
+	// "{name}" matches exactly one non-empty segment and a final "*" matches
+	// the rest of the path, including nothing ("/files/*" matches "/files").
+	Pattern string
+	// Methods lists the HTTP methods the rule applies to, compared without
+	// regard to case and normalised to upper case; empty means all methods.
+	Methods []string
+}
+
+// Override gives one identity (a customer's API key, say) its own limits.
+// A zero Limit or Burst inherits the value that would apply without the
+// override (the tier's, else the rule's).
+type Override struct {
+	Identity string
+	Limit    int64
+	Burst    int64
+}
+
+// Tier gives identities of a named tier (supplied by the caller, e.g. from
+// the customer's plan) their own limits. Limit must be positive; a zero
+// Burst inherits the rule's burst.
+type Tier struct {
+	Name  string
+	Limit int64
+	Burst int64
+}
+
+// Penalty locks an identity out after repeated rejections: After rejections
+// within Within lock it out for Base, doubling on each repeat, capped at Max.
+// A zero Within means DefaultPenaltyWithin.
+type Penalty struct {
+	After  int64
+	Within time.Duration
+	Base   time.Duration
+	Max    time.Duration
+}
+
+// Defaults applied by NewSet to fields left at their zero value.
+const (
+	// DefaultAccuracy is the fraction of the limit a cluster may overshoot.
+	DefaultAccuracy = 0.05
+	// DefaultPenaltyWithin is the default Penalty.Within.
+	DefaultPenaltyWithin = time.Minute
+	// DefaultCost is the default Rule.Cost.
+	DefaultCost = 1
+)
+
+// Rule is one rate limit: Limit requests (tokens) per Window per identity,
+// with bursts of up to Burst, on the requests Match selects. Zero values of
+// optional fields mean their documented defaults; NewSet fills them in.
+type Rule struct {
+	// ID names the rule in errors, metrics and headers; required, matching
+	// ^[a-zA-Z0-9_.:-]{1,128}$ and unique within a set.
+	ID string
+	// Description is free text for humans (valid UTF-8).
+	Description string
+	// Match selects the requests; the zero Match selects all of them.
+	Match Match
+	// Key is the identity chain: the first source that yields a non-empty
+	// value is the identity. Empty means one global bucket ([global]).
+	Key []KeySource
+	// Limit is the number of tokens per Window; required, positive, and at
+	// most one per nanosecond of Window.
+	Limit int64
+	// Window is the period Limit is counted over; required, positive.
+	Window time.Duration
+	// Burst is the most tokens that may be spent at once; zero means Limit.
+	Burst int64
+	// Cost is the tokens one request spends; zero means 1. At most Burst.
+	Cost int64
+	// CostByMethod overrides Cost per HTTP method (keys upper-cased); every
+	// value is in [1, Burst].
+	CostByMethod map[string]int64
+	// Algorithm is the limiting algorithm; "" means gcra.
+	Algorithm Algorithm
+	// Mode says where decisions are made; "" means shared for gcra, local
+	// for the other algorithms.
+	Mode Mode
+	// Durable keeps the counters in the Raft lease group (gcra only, not
+	// with mode local).
+	Durable bool
+	// Scope is region (default) or global (gcra only).
+	Scope Scope
+	// OnFailure is the policy when the owner is unreachable; "" means local.
+	OnFailure OnFailure
+	// Accuracy is the fraction of the limit the cluster may overshoot, in
+	// (0, 0.5]; zero means DefaultAccuracy (0.05).
+	Accuracy float64
+	// Shadow makes the rule never reject; would-be rejections are counted.
+	Shadow bool
+	// MaxDelay is, for leaky_bucket only, the longest a request may queue;
+	// zero means (Burst-1) × Window/Limit.
+	MaxDelay time.Duration
+	// Overrides are per-identity limits; identities are unique.
+	Overrides []Override
+	// Tiers are per-tier limits; names are unique.
+	Tiers []Tier
+	// Penalty, when not nil, locks out identities that keep being rejected.
+	Penalty *Penalty
+}
+
+// CostFor returns the tokens a request with the given method spends: the
+// CostByMethod entry for the method (looked up as given, then upper-cased),
+// else Cost, else 1.
+func (r Rule) CostFor(method string) int64 {
+	if len(r.CostByMethod) > 0 {
+		if c, ok := r.CostByMethod[method]; ok {
+			return c
+		}
+		if hasLower(method) {
+			if c, ok := r.CostByMethod[strings.ToUpper(method)]; ok {
+				return c
+			}
+		}
+	}
+	if r.Cost <= 0 {
+		return DefaultCost
+	}
+	return r.Cost
+}
+
+// maxCost returns the largest cost any request can have under r.
+func (r Rule) maxCost() int64 {
+	c := r.CostFor("")
+	for _, v := range r.CostByMethod {
+		c = max(c, v)
+	}
+	return c
+}
+
+func hasLower(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'a' <= s[i] && s[i] <= 'z' {
+			return true
+		}
+	}
+	return false
+}
+
+// effectiveBurst returns Burst, or Limit when Burst is zero.
+func (r Rule) effectiveBurst() int64 {
+	if r.Burst == 0 {
+		return r.Limit
+	}
+	return r.Burst
+}
+
+// LimitsFor returns the limit (per Window) and burst for an identity in a
+// tier: an Override for the identity beats a Tier of that name, which beats
+// the rule; zero fields of an override or tier inherit from the next level.
+// It scans Overrides and Tiers linearly; Set.LimitsFor uses an index.
+func (r Rule) LimitsFor(identity, tier string) (limit, burst int64) {
+	var ov *Override
+	for i := range r.Overrides {
+		if r.Overrides[i].Identity == identity {
+			ov = &r.Overrides[i]
+			break
+		}
+	}
+	var tr *Tier
+	if tier != "" {
+		for i := range r.Tiers {
+			if r.Tiers[i].Name == tier {
+				tr = &r.Tiers[i]
+				break
+			}
+		}
+	}
+	return r.resolveLimits(ov, tr)
+}
+
+func (r Rule) resolveLimits(ov *Override, tr *Tier) (limit, burst int64) {
+	limit, burst = r.Limit, r.effectiveBurst()
+	if tr != nil {
+		if tr.Limit > 0 {
+			limit = tr.Limit
+		}
+		if tr.Burst > 0 {
+			burst = tr.Burst
+		}
+	}
+	if ov != nil {
+		if ov.Limit > 0 {
+			limit = ov.Limit
+		}
+		if ov.Burst > 0 {
+			burst = ov.Burst
+		}
+	}
+	return limit, burst
+}
+
+// defaultMaxDelay returns (burst-1) × window/limit, saturating at the
+// largest Duration. limit and burst must be positive.
+func defaultMaxDelay(burst, limit int64, window time.Duration) time.Duration {
+	if burst <= 1 || limit <= 0 || window <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(burst-1), uint64(window))
+	if hi >= uint64(limit) {
+		return time.Duration(1<<63 - 1)
+	}
+	q, _ := bits.Div64(hi, lo, uint64(limit))
+	if q > 1<<63-1 {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Duration(q)
+}
+
+// normalize returns a deep copy of r with defaults filled in and names in
+// canonical form. r must be valid.
+func normalize(r Rule) Rule {
+	n := r
+	switch n.Algorithm {
+	case "", AlgorithmTokenBucket:
+		n.Algorithm = AlgorithmGCRA
+	}
+	if n.Mode == "" {
+		if n.Algorithm == AlgorithmGCRA {
+			n.Mode = ModeShared
+		} else {
+			n.Mode = ModeLocal
+		}
+	}
+	if n.Scope == "" {
+		n.Scope = ScopeRegion
+	}
+	if n.OnFailure == "" {
+		n.OnFailure = OnFailureLocal
+	}
+	n.Burst = r.effectiveBurst()
+	if n.Cost == 0 {
+		n.Cost = DefaultCost
+	}
+	if n.Accuracy == 0 {
+		n.Accuracy = DefaultAccuracy
+	}
+	if n.Algorithm == AlgorithmLeakyBucket && n.MaxDelay == 0 {
+		n.MaxDelay = defaultMaxDelay(n.Burst, n.Limit, n.Window)
+	}
+	n.Match = normalizeMatch(r.Match)
+	if len(r.Key) == 0 {
+		n.Key = []KeySource{{Kind: KeyGlobal}}
+	} else {
+		n.Key = make([]KeySource, len(r.Key))
+		for i, k := range r.Key {
+			n.Key[i] = normalizeKey(k)
+		}
+	}
+	n.CostByMethod = nil
+	if len(r.CostByMethod) > 0 {
+		n.CostByMethod = make(map[string]int64, len(r.CostByMethod))
+		for m, c := range r.CostByMethod {
+			n.CostByMethod[strings.ToUpper(m)] = c
+		}
+	}
+	n.Overrides, n.Tiers = nil, nil
+	if len(r.Overrides) > 0 {
+		n.Overrides = append([]Override(nil), r.Overrides...)
+	}
+	if len(r.Tiers) > 0 {
+		n.Tiers = append([]Tier(nil), r.Tiers...)
+	}
+	if r.Penalty != nil {
+		p := *r.Penalty
+		if p.Within == 0 {
+			p.Within = DefaultPenaltyWithin
+		}
+		n.Penalty = &p
+	}
+	return n
+}
