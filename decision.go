@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
-	"github.com/weir-dev/weir/quota"
 )
 
 // Request is what Node.Allow needs to know about one request. The middleware
@@ -36,9 +35,6 @@ type RuleResult struct {
 	// Identity is the key the rule counted the request under ("" for a
 	// global rule or a request with no identity for the rule).
 	Identity string
-	// Algorithm and Mode are the rule's.
-	Algorithm quota.Algorithm
-	Mode      quota.Mode
 	// Limit per Window, and Burst, after per-identity overrides and tiers.
 	Limit  int64
 	Window time.Duration
@@ -65,12 +61,12 @@ type RuleResult struct {
 	// releasing bookkeeping for concurrency rules.
 	release releaser
 	key     uint64
+	order   int32
 	charged bool
-	order   int
 }
 
 // inlineResults is how many rule results a Decision holds without allocating.
-const inlineResults = 4
+const inlineResults = 3
 
 // Decision is the outcome of Node.Allow for every rule that applies to a
 // request. All must pass. Keep it by value; its methods take a pointer.

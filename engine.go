@@ -152,13 +152,13 @@ const latencySampleMask = 63
 // enforced rules must pass; when several apply, a request that one of them
 // rejects charges none of them. Shadow rules are charged as if enforced but
 // never reject. Allow never blocks on I/O and is safe for concurrent use.
-func (n *Node) Allow(ctx context.Context, req Request) Decision {
+func (n *Node) Allow(ctx context.Context, req Request) (d Decision) {
 	sampled := rand.Uint32()&latencySampleMask == 0
 	var t0 time.Time
 	if sampled {
 		t0 = time.Now()
 	}
-	d := n.allow(&req)
+	n.allow(&req, &d)
 	d.finish()
 	if sampled {
 		n.metrics.observeLatency(time.Since(t0))
@@ -166,19 +166,20 @@ func (n *Node) Allow(ctx context.Context, req Request) Decision {
 	return d
 }
 
-func (n *Node) allow(req *Request) Decision {
+// allow decides req into d, which is zero.
+func (n *Node) allow(req *Request, d *Decision) {
 	e := n.eng.load()
-	d := Decision{Allowed: true, limiting: -1}
+	d.Allowed, d.limiting = true, -1
 	var mbuf [16]int
 	idx := e.set.Match(req.Method, req.Path, mbuf[:0])
 	now := n.now()
 	d.now = now
 	d.At = time.Unix(0, now)
 	if len(idx) == 0 {
-		return d
+		return
 	}
 
-	var pbuf [8]pending
+	var pbuf [inlineResults]pending
 	ps := pbuf[:0]
 	enforced := 0
 	for _, i := range idx {
@@ -187,7 +188,7 @@ func (n *Node) allow(req *Request) Decision {
 		if len(id) > n.maxID {
 			d.Allowed = false
 			d.Err = fmt.Errorf("%w: rule %s: %d bytes, the cap is %d", ErrIdentityTooLong, c.r.ID, len(id), n.maxID)
-			return d
+			return
 		}
 		cost := req.Cost
 		if cost <= 0 {
@@ -211,18 +212,17 @@ func (n *Node) allow(req *Request) Decision {
 				continue
 			}
 			if bd, locked := n.peek(p, now); !bd.Allowed {
-				n.rejectAll(&d, ps, now, i, bd, locked)
-				return d
+				n.rejectAll(d, ps, now, i, bd, locked)
+				return
 			}
 		}
 	}
 	for i := range ps {
 		if !ps[i].c.r.Shadow {
-			n.record(&d, &ps[i], now)
+			n.record(d, &ps[i], now)
 		}
 	}
-	n.shadows(&d, ps, now)
-	return d
+	n.shadows(d, ps, now)
 }
 
 // shadows decides the shadow rules of a request once the enforced ones have:
@@ -294,8 +294,6 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	r := RuleResult{
 		Rule:       c.r.ID,
 		Identity:   p.id,
-		Algorithm:  c.r.Algorithm,
-		Mode:       c.r.Mode,
 		Limit:      p.spec.limit,
 		Window:     p.spec.window,
 		Burst:      p.spec.burst,
@@ -309,7 +307,7 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 		Delay:      bd.Delay,
 		key:        p.key,
 		charged:    charged,
-		order:      p.order,
+		order:      int32(p.order),
 	}
 	if rel, ok := p.spec.lim.(releaser); ok {
 		r.release = rel

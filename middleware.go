@@ -2,7 +2,6 @@ package weir
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"path"
 	"strconv"
@@ -64,12 +63,11 @@ func (n *Node) Middleware(next http.Handler) http.Handler {
 // and Config.TierFunc.
 func (n *Node) RequestFromHTTP(r *http.Request) Request {
 	req := Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
+	// An unparseable peer address (never from net/http's server, possible
+	// from a hand-made request) yields no client IP rather than an identity
+	// the caller did not mean.
 	if ip, err := n.ip.ClientIP(r.RemoteAddr, r.Header); err == nil {
 		req.ClientIP = ip.String()
-	} else if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		req.ClientIP = host
-	} else {
-		req.ClientIP = r.RemoteAddr
 	}
 	if n.cfg.UserFunc != nil {
 		req.User = n.cfg.UserFunc(r)

@@ -85,6 +85,12 @@ type Config struct {
 	// Empty means the client IP is always the connection's peer address.
 	TrustedProxies []string
 
+	// ForwardedHeader is the forwarding header the trusted proxies write:
+	// "X-Forwarded-For" (the default when empty) or "Forwarded" (RFC 7239).
+	// Only that one is read, so a client cannot slip in the other through a
+	// proxy that passes it on untouched.
+	ForwardedHeader string
+
 	// UserFunc returns the authenticated user of a request for rules keyed
 	// on "user". Nil means no request has a user.
 	UserFunc func(*http.Request) string
@@ -158,6 +164,13 @@ func New(cfg Config) (*Node, error) {
 	ip, err := clientip.NewResolver(cfg.TrustedProxies)
 	if err != nil {
 		return nil, fmt.Errorf("weir: Config.TrustedProxies: %w", err)
+	}
+	fh := cfg.ForwardedHeader
+	if fh == "" {
+		fh = "X-Forwarded-For"
+	}
+	if ip, err = ip.Only(fh); err != nil {
+		return nil, fmt.Errorf("weir: Config.ForwardedHeader: %w", err)
 	}
 	n := &Node{
 		cfg:       cfg,

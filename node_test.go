@@ -236,20 +236,27 @@ rules:
 	cases := []struct {
 		name    string
 		trusted []string
+		header  string
 		remote  string
 		xff     string
+		fwd     string
 		wantIP  string
 	}{
-		{"untrusted peer cannot pick its IP", nil, "203.0.113.9:5000", "198.51.100.1", "203.0.113.9"},
-		{"trusted proxy is believed", []string{"10.0.0.0/8"}, "10.1.2.3:5000", "198.51.100.1", "198.51.100.1"},
-		{"spoofed left entries are skipped", []string{"10.0.0.0/8"}, "10.1.2.3:5000", "1.1.1.1, 198.51.100.1", "198.51.100.1"},
+		{"untrusted peer cannot pick its IP", nil, "", "203.0.113.9:5000", "198.51.100.1", "", "203.0.113.9"},
+		{"trusted proxy is believed", []string{"10.0.0.0/8"}, "", "10.1.2.3:5000", "198.51.100.1", "", "198.51.100.1"},
+		{"spoofed left entries are skipped", []string{"10.0.0.0/8"}, "", "10.1.2.3:5000", "1.1.1.1, 198.51.100.1", "", "198.51.100.1"},
+		{"a client's Forwarded is ignored by default", []string{"10.0.0.0/8"}, "", "10.1.2.3:5000", "198.51.100.1", "for=1.1.1.1", "198.51.100.1"},
+		{"Forwarded when configured", []string{"10.0.0.0/8"}, "Forwarded", "10.1.2.3:5000", "1.1.1.1", "for=198.51.100.2", "198.51.100.2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode(t, weir.Config{Rules: rules, Clock: clk.Now, TrustedProxies: tc.trusted})
+			n := newNode(t, weir.Config{Rules: rules, Clock: clk.Now, TrustedProxies: tc.trusted, ForwardedHeader: tc.header})
 			r := httptest.NewRequest("GET", "/", nil)
 			r.RemoteAddr = tc.remote
 			r.Header.Set("X-Forwarded-For", tc.xff)
+			if tc.fwd != "" {
+				r.Header.Set("Forwarded", tc.fwd)
+			}
 			if got := n.RequestFromHTTP(r).ClientIP; got != tc.wantIP {
 				t.Fatalf("client IP = %q, want %q", got, tc.wantIP)
 			}
@@ -576,6 +583,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}{
 		{weir.Config{MaxKeys: -1}, "Config.MaxKeys"},
 		{weir.Config{MaxIdentityBytes: -1}, "Config.MaxIdentityBytes"},
+		{weir.Config{ForwardedHeader: "X-Real-IP"}, "Config.ForwardedHeader"},
 		{weir.Config{Rules: []quota.Rule{{ID: "x"}}}, "Config.Rules"},
 		{weir.Config{RulesFile: "a.yaml", Rules: []quota.Rule{{ID: "x", Limit: 1, Window: time.Second}}}, "exclusive"},
 	}

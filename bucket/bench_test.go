@@ -114,6 +114,52 @@ func BenchmarkGCRAStore(b *testing.B) {
 	}
 }
 
+// BenchmarkGCRAStoreLF is BenchmarkGCRAStore on the lock-free GCRAStore.
+func BenchmarkGCRAStoreLF(b *testing.B) {
+	for _, sz := range benchSizes {
+		ids := benchIDs(sz.n)
+		mask := sz.n - 1
+		g := benchRule(b)
+		h := NewHasher()
+		b.Run("keys="+sz.name+"/serial", func(b *testing.B) {
+			st, _ := NewGCRAStore(StoreConfig{})
+			now := benchT0
+			for i := range ids { // warm: every key present
+				st.Apply(h.Sum(ids[i]), now, &g, 1)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			denied := 0
+			for i := 0; b.Loop(); i++ {
+				now += 1000
+				if !st.Apply(h.Sum(ids[i&mask]), now, &g, 1).Allowed {
+					denied++
+				}
+			}
+			b.ReportMetric(float64(denied)/float64(b.N), "denied/op")
+		})
+		b.Run("keys="+sz.name+"/parallel", func(b *testing.B) {
+			st, _ := NewGCRAStore(StoreConfig{})
+			for i := range ids {
+				st.Apply(h.Sum(ids[i]), benchT0, &g, 1)
+			}
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				w := int(seq.Add(1))
+				i := w * 7919
+				now := benchT0
+				for pb.Next() {
+					now += 1000
+					st.Apply(h.Sum(ids[i&mask]), now, &g, 1)
+					i++
+				}
+			})
+		})
+	}
+}
+
 func BenchmarkXRate(b *testing.B) {
 	b.Run("AllowN", func(b *testing.B) {
 		lim := rate.NewLimiter(rate.Limit(1e9), 100)
@@ -229,6 +275,7 @@ func BenchmarkStoreMemory(b *testing.B) {
 	ids := benchIDs(1 << 20)
 	g := benchRule(b)
 	h := NewHasher()
+	b.Run("GCRAStore", func(b *testing.B) { benchGCRAStoreMemory(b, ids, &g, h) })
 	var perKey float64
 	for b.Loop() {
 		b.StopTimer()
@@ -239,6 +286,32 @@ func BenchmarkStoreMemory(b *testing.B) {
 		st, _ := NewStore[TAT](StoreConfig{})
 		for _, id := range ids {
 			st.Apply(h.Sum(id), benchT0, &g, 1)
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if n := st.Stats().Live; n != len(ids) {
+			b.Fatalf("live %d, want %d", n, len(ids))
+		}
+		perKey = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(len(ids))
+		runtime.KeepAlive(st)
+		b.StartTimer()
+	}
+	b.ReportMetric(perKey, "bytes/key")
+}
+
+// benchGCRAStoreMemory is BenchmarkStoreMemory's measure for GCRAStore.
+func benchGCRAStoreMemory(b *testing.B, ids []string, g *GCRA, h Hasher) {
+	var perKey float64
+	for b.Loop() {
+		b.StopTimer()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		b.StartTimer()
+		st, _ := NewGCRAStore(StoreConfig{})
+		for _, id := range ids {
+			st.Apply(h.Sum(id), benchT0, g, 1)
 		}
 		b.StopTimer()
 		runtime.GC()

@@ -26,6 +26,25 @@ var ErrInvalidRemoteAddr = errors.New("clientip: invalid remote address")
 // trusts nothing, so its ClientIP is always the peer address.
 type Resolver struct {
 	trusted []netip.Prefix
+	header  string // "" = Forwarded when present, else X-Forwarded-For
+}
+
+// Only returns a copy of r that reads one forwarding header and ignores the
+// other: "X-Forwarded-For" or "Forwarded". Use it when the trusted proxies
+// write only that header, so a client cannot slip the other one past them.
+// Any other name is an error.
+func (r *Resolver) Only(header string) (*Resolver, error) {
+	switch http.CanonicalHeaderKey(header) {
+	case "X-Forwarded-For":
+		header = "X-Forwarded-For"
+	case "Forwarded":
+		header = "Forwarded"
+	default:
+		return nil, fmt.Errorf("clientip: header %q: must be X-Forwarded-For or Forwarded", header)
+	}
+	c := *r
+	c.header = header
+	return &c, nil
 }
 
 // NewResolver returns a Resolver that believes forwarding headers from the
@@ -97,6 +116,12 @@ func (r *Resolver) ClientIP(remoteAddr string, h http.Header) (netip.Addr, error
 	}
 	if !r.Trusted(peer) {
 		return peer, nil
+	}
+	switch r.header {
+	case "Forwarded":
+		return r.walk(peer, h["Forwarded"], true), nil
+	case "X-Forwarded-For":
+		return r.walk(peer, h["X-Forwarded-For"], false), nil
 	}
 	if lines := h["Forwarded"]; len(lines) > 0 {
 		return r.walk(peer, lines, true), nil

@@ -355,3 +355,27 @@ func BenchmarkClientIP(b *testing.B) {
 		})
 	}
 }
+
+func TestOnly(t *testing.T) {
+	r, err := NewResolver([]string{"10.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"Forwarded": {"for=192.0.2.1"}, "X-Forwarded-For": {"192.0.2.2"}}
+	for _, tc := range []struct{ header, want string }{
+		{"x-forwarded-for", "192.0.2.2"},
+		{"Forwarded", "192.0.2.1"},
+	} {
+		o, err := r.Only(tc.header)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := o.ClientIP("10.0.0.1:80", h)
+		if err != nil || got.String() != tc.want {
+			t.Errorf("Only(%q): %v, %v; want %s", tc.header, got, err, tc.want)
+		}
+	}
+	if _, err := r.Only("X-Real-IP"); err == nil {
+		t.Error("Only accepted an unknown header")
+	}
+}
