@@ -45,7 +45,7 @@ func BenchmarkBareKeyed(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := bucket.NewStore[bucket.TAT](bucket.StoreConfig{})
+	st, err := bucket.NewGCRAStore(bucket.StoreConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}

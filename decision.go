@@ -155,9 +155,9 @@ func (d *Decision) finish() {
 	}
 }
 
-func (d *Decision) add(r RuleResult) *RuleResult {
+// next appends a zero result and returns it for filling in place.
+func (d *Decision) next() *RuleResult {
 	if d.more == nil && d.n < inlineResults {
-		d.inline[d.n] = r
 		d.n++
 		return &d.inline[d.n-1]
 	}
@@ -165,7 +165,7 @@ func (d *Decision) add(r RuleResult) *RuleResult {
 		d.more = make([]RuleResult, d.n, d.n*2+2)
 		copy(d.more, d.inline[:d.n])
 	}
-	d.more = append(d.more, r)
+	d.more = append(d.more, RuleResult{})
 	d.n++
 	return &d.more[len(d.more)-1]
 }

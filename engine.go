@@ -39,6 +39,7 @@ type crule struct {
 // an override, a tier) and the limiter enforcing them.
 type limitSpec struct {
 	lim    limiter
+	rel    releaser // lim as a releaser, nil for algorithms that hold nothing
 	limit  int64
 	burst  int64
 	window time.Duration
@@ -291,27 +292,13 @@ func (n *Node) record(d *Decision, p *pending, now int64) {
 // that a request passed but another rule rejected counts nothing.
 func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, now int64, charged bool) {
 	c := p.c
-	r := RuleResult{
-		Rule:       c.r.ID,
-		Identity:   p.id,
-		Limit:      p.spec.limit,
-		Window:     p.spec.window,
-		Burst:      p.spec.burst,
-		Cost:       p.cost,
-		Allowed:    bd.Allowed,
-		Shadow:     c.r.Shadow,
-		Locked:     locked,
-		Remaining:  bd.Remaining,
-		Reset:      bd.Reset,
-		RetryAfter: bd.RetryAfter,
-		Delay:      bd.Delay,
-		key:        p.key,
-		charged:    charged,
-		order:      int32(p.order),
-	}
-	if rel, ok := p.spec.lim.(releaser); ok {
-		r.release = rel
-	}
+	r := d.next()
+	r.Rule = c.r.ID
+	r.Identity = p.id
+	r.Limit, r.Window, r.Burst, r.Cost = p.spec.limit, p.spec.window, p.spec.burst, p.cost
+	r.Allowed, r.Shadow, r.Locked = bd.Allowed, c.r.Shadow, locked
+	r.Remaining, r.Reset, r.RetryAfter, r.Delay = bd.Remaining, bd.Reset, bd.RetryAfter, bd.Delay
+	r.release, r.key, r.order, r.charged = p.spec.rel, p.key, int32(p.order), charged
 	stripe := p.key
 	switch {
 	case bd.Allowed:
@@ -336,7 +323,6 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	if r.Allowed && !r.Shadow && r.Delay > d.Delay {
 		d.Delay = r.Delay
 	}
-	d.add(r)
 }
 
 // Check charges cost to key under one rule, the way a gateway asks "may this

@@ -633,3 +633,63 @@ func gatherValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 	t.Fatalf("metric %s%v not found", name, labels)
 	return 0
 }
+
+func TestLeakyBucketDelays(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: smooth
+    key: [ip]
+    algorithm: leaky_bucket
+    limit: 10
+    window: 1s
+    max_delay: 300ms
+`), Clock: clk.Now})
+	req := weir.Request{Method: "GET", Path: "/", ClientIP: "192.0.2.9"}
+	var delays []time.Duration
+	for range 5 {
+		d := n.Allow(context.Background(), req)
+		if !d.Allowed {
+			delays = append(delays, -1)
+			continue
+		}
+		delays = append(delays, d.Delay)
+	}
+	want := []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond, -1}
+	for i := range want {
+		if delays[i] != want[i] {
+			t.Fatalf("delays = %v, want %v (-1 = rejected)", delays, want)
+		}
+	}
+}
+
+func TestOverridesAndTiers(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, `
+rules:
+  - id: api
+    key: [header:X-API-Key]
+    limit: 2
+    window: 1m
+    overrides: [{identity: acme, limit: 5, burst: 5}]
+    tiers: [{name: gold, limit: 4}]
+`), Clock: clk.Now})
+	count := func(key, tier string) int {
+		admitted := 0
+		for range 10 {
+			if n.Allow(context.Background(), weir.Request{Method: "GET", Path: "/", Header: http.Header{"X-Api-Key": {key}}, Tier: tier}).Allowed {
+				admitted++
+			}
+		}
+		return admitted
+	}
+	if got := count("plain", ""); got != 2 {
+		t.Errorf("rule limit: %d admitted, want 2", got)
+	}
+	if got := count("acme", "gold"); got != 5 {
+		t.Errorf("override: %d admitted, want 5 (an override beats a tier)", got)
+	}
+	if got := count("other", "gold"); got != 2 {
+		t.Errorf("tier: %d admitted, want 2 (the tier's burst defaults to the rule's)", got)
+	}
+}

@@ -44,6 +44,21 @@ func valuePeek[S any](alg bucket.Stepper[S]) func(s S, now, cost int64) bucket.D
 	return func(s S, now, cost int64) bucket.Decision { return alg.Step(&s, now, cost) }
 }
 
+// gcraLimiter is a token bucket in the lock-free GCRA store.
+type gcraLimiter struct {
+	st *bucket.GCRAStore
+	g  bucket.GCRA
+}
+
+func (l *gcraLimiter) take(key uint64, now, cost int64) bucket.Decision {
+	return l.st.Apply(key, now, &l.g, cost)
+}
+
+func (l *gcraLimiter) peek(key uint64, now, cost int64) bucket.Decision {
+	tat, _ := l.st.Peek(key, now)
+	return l.g.Step(&tat, now, cost) // on a copy: nothing is charged
+}
+
 // logLimiter is a sliding log. Its state shares a ring buffer with every
 // copy, so it is peeked under the store's lock rather than on a copy.
 type logLimiter struct {
@@ -83,7 +98,7 @@ func (l *concLimiter) release(key uint64, now, cost int64) { l.st.Apply(key, now
 // rule of that algorithm (keys are mixed with the rule's salt), so a rule
 // costs no memory until its identities do.
 type stores struct {
-	gcra    *bucket.Store[bucket.TAT, *bucket.TAT]
+	gcra    *bucket.GCRAStore
 	fixed   *bucket.Store[bucket.FixedState, *bucket.FixedState]
 	sliding *bucket.Store[bucket.SlidingState, *bucket.SlidingState]
 	log     *bucket.Store[bucket.SlidingLogState, *bucket.SlidingLogState]
@@ -96,7 +111,7 @@ func newStores(maxKeys int) (*stores, error) {
 	cfg := bucket.StoreConfig{MaxKeys: maxKeys}
 	var s stores
 	var err error
-	if s.gcra, err = bucket.NewStore[bucket.TAT](cfg); err != nil {
+	if s.gcra, err = bucket.NewGCRAStore(cfg); err != nil {
 		return nil, err
 	}
 	// The other algorithms are for smaller populations (login attempts,
@@ -162,7 +177,7 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 		if err != nil {
 			return out, err
 		}
-		out.lim = &storeLimiter[bucket.TAT, *bucket.TAT]{st: s.gcra, alg: &g, peekFn: valuePeek[bucket.TAT](&g)}
+		out.lim = &gcraLimiter{st: s.gcra, g: g}
 	case quota.AlgorithmFixedWindow:
 		f, err := bucket.NewFixedWindow(limit, r.Window)
 		if err != nil {
@@ -208,5 +223,6 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 	default:
 		return out, fmt.Errorf("unknown algorithm %q", r.Algorithm)
 	}
+	out.rel, _ = out.lim.(releaser)
 	return out, nil
 }

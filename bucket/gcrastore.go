@@ -101,7 +101,9 @@ package bucket
 // slot layout — hence which spent entry is forgiven at the key cap, and
 // which idle entries the sweep finds first — differs from Store's
 // backward-shift layout. Entries idle at the cap or the sweep are dropped in
-// a possibly different order, which no Decision can observe.
+// a possibly different order (a rebuild also drops the idle entries it
+// copies, counted in Swept), which no Decision can observe; so Stats.Live,
+// Swept and EvictedIdle may differ from Store's for the same sequence.
 
 import (
 	"fmt"
@@ -193,7 +195,7 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 	if t := sh.table.Load(); t != nil {
 		s := t.slots
 		mask := len(s) - 1
-		i := int((h << st.shardBits) >> t.shift)
+		i := int((h << (st.shardBits & 63)) >> (t.shift & 63)) // both < 64: no shift-overflow fixup
 		for {
 			e := &s[i&mask]
 			k := e.key.Load()
@@ -272,7 +274,7 @@ func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
 	}
 	s := t.slots
 	mask := len(s) - 1
-	for i := int((h << st.shardBits) >> t.shift); ; i++ {
+	for i := int((h << (st.shardBits & 63)) >> (t.shift & 63)); ; i++ {
 		e := &s[i&mask]
 		k := e.key.Load()
 		if k == h {
@@ -388,7 +390,7 @@ func (st *GCRAStore) Stats() StoreStats {
 
 // home is the first slot probed for h in t.
 func (st *GCRAStore) home(t *gtable, h uint64) int {
-	return int((h << st.shardBits) >> t.shift)
+	return int((h << (st.shardBits & 63)) >> (t.shift & 63))
 }
 
 // find probes t for h under the shard mutex, where every sealed slot of the

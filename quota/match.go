@@ -278,6 +278,9 @@ func (m *matcher) walk(n *trieNode, rest string, done bool, dst []int, bit uint1
 	if done {
 		return m.add(dst, n.end, bit, method)
 	}
+	if len(n.lit) == 0 && n.param == nil {
+		return dst // a leaf: no deeper rule can match
+	}
 	seg, next, last := rest, "", true
 	if i := strings.IndexByte(rest, '/'); i >= 0 {
 		seg, next, last = rest[:i], rest[i+1:], false

@@ -28,8 +28,8 @@ const (
 	// AlgorithmLeakyBucket queues requests up to MaxDelay and releases them
 	// at Limit per Window.
 	AlgorithmLeakyBucket Algorithm = "leaky_bucket"
-	// AlgorithmConcurrency limits requests in flight to Limit; Window bounds
-	// how long a slot may be held.
+	// AlgorithmConcurrency limits requests in flight to Limit. A slot is
+	// held until the request ends; Window is required but not used by it.
 	AlgorithmConcurrency Algorithm = "concurrency"
 )
 

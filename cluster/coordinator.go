@@ -1,0 +1,783 @@
+package cluster
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+// This file is the two-tier decision core of one node: a pure step machine
+// in the etcd-io/raft style. It holds no goroutines, sockets or clocks: time
+// comes in as an argument, messages come in through Step and go out through
+// Ready, and the adapter (gRPC, memberlist, timers) does the I/O. The
+// simulator in sim/ drives this very code under a virtual clock.
+//
+// The mechanism is DESIGN.md's "shared" mode, rule by rule:
+//
+//   - A node admits locally, with no network call, while its unconfirmed
+//     spend (admitted, not yet acknowledged by the owner) plus the cost fits
+//     in its slack s and its view of the owner's bucket allows it. On first
+//     sight of an identity the view is a full bucket.
+//   - A request that does not fit, and is not known to be rejected, goes to
+//     the owner in the next batch; the owner decides it exactly.
+//   - Every acknowledgement and every decision carries the owner's bucket
+//     state after the charge as a duration (Debt: the owner's TAT minus its
+//     now). The node turns it into its own time on receipt (receive time +
+//     Debt), which is never earlier than the owner's real state, and keeps
+//     the latest of those views. A node never reuses acknowledged slack
+//     before its view says the bucket can pay: the view includes the spend
+//     just acknowledged.
+//   - A node never asks about a request its view says must be rejected: the
+//     owner's real state is at least as spent as the view, so the owner
+//     would reject it too. A hot identity reaches its owner only through
+//     syncs.
+//   - A node syncs an identity when its unsent spend reaches half its slack,
+//     or the sync interval passes with spend unacknowledged; all syncs due
+//     to one owner travel in one message. Reports are cumulative per (node,
+//     identity, rule, generation): a lost or repeated report cannot double
+//     count, and the owner charges only what is new.
+//   - The owner charges every report (bucket.GCRA.Charge) and never caps the
+//     debt: it is paid back by refill.
+//   - A node drops an identity's entry only when its spend is acknowledged
+//     and its view of the owner's bucket is full again.
+//   - Cached views are tied to the ring epoch and the rule version: an
+//     epoch change re-reports unconfirmed spend to the new owner, a rule
+//     change drops the view.
+//
+// "exact" is the same path with a slack of zero and no view: every request
+// of a non-owner goes to the owner, batched. On the owner itself both modes are
+// one map access. "local" rules never reach the coordinator.
+
+// DefaultSyncInterval is how often unacknowledged spend is reported when the
+// half-slack trigger has not fired, when CoordinatorConfig.SyncInterval is 0.
+const DefaultSyncInterval = 100 * time.Millisecond
+
+// DefaultDecideTimeout is how long a forwarded request waits for its owner
+// before the rule's on_failure decides it, when CoordinatorConfig.DecideTimeout
+// is 0.
+const DefaultDecideTimeout = 250 * time.Millisecond
+
+// CoordinatorConfig configures a Coordinator.
+type CoordinatorConfig struct {
+	// Self is this node's member name.
+	Self string
+	// SyncInterval bounds how long spend stays unreported; 0 means
+	// DefaultSyncInterval.
+	SyncInterval time.Duration
+	// DecideTimeout bounds how long a forwarded request waits; 0 means
+	// DefaultDecideTimeout.
+	DecideTimeout time.Duration
+}
+
+// RuleParams is what the coordinator needs of a rule. Build it with
+// NewRuleParams.
+type RuleParams struct {
+	ID        string
+	Version   uint64
+	Mode      quota.Mode
+	OnFailure quota.OnFailure
+	Limit     int64
+	Window    time.Duration
+	Burst     int64
+	Accuracy  float64
+	gcra      bucket.GCRA
+}
+
+// NewRuleParams builds the coordinator's view of a gcra rule in shared or
+// exact mode. version is the rule set's version.
+func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
+	if r.Mode != quota.ModeShared && r.Mode != quota.ModeExact {
+		return RuleParams{}, fmt.Errorf("cluster: rule %q: mode %q is not decided by the coordinator", r.ID, r.Mode)
+	}
+	g, err := bucket.NewGCRA(r.Limit, r.Window, r.Burst)
+	if err != nil {
+		return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
+	}
+	acc := r.Accuracy
+	if acc == 0 {
+		acc = quota.DefaultAccuracy
+	}
+	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
+		Limit: r.Limit, Window: r.Window, Burst: r.Burst, Accuracy: acc, gcra: g}, nil
+}
+
+// Slack returns sᵢ for a region of n live nodes: ⌊a·L ÷ n⌋ tokens for
+// shared rules (DESIGN.md: S = Σ sᵢ ≤ a·L), 0 for exact rules. A slack under
+// one token is 0: every admission then waits for the owner.
+func (p *RuleParams) Slack(n int) int64 {
+	if p.Mode != quota.ModeShared || n <= 0 {
+		return 0
+	}
+	return int64(math.Floor(p.Accuracy * float64(p.Limit) / float64(n)))
+}
+
+// OwnerTable tells who owns an identity. *Ring implements it through
+// RingTable; the simulator may supply its own.
+type OwnerTable interface {
+	// Epoch identifies the membership view; it changes with every change.
+	Epoch() uint64
+	// Len is the number of live members.
+	Len() int
+	// OwnerName is the name of the member that owns identity ("" if none).
+	OwnerName(identity string) string
+}
+
+// Source says how a decision was made.
+type Source uint8
+
+const (
+	// SourceOwner: this node owns the identity and decided on its bucket.
+	SourceOwner Source = iota
+	// SourceSlack: admitted locally within this node's slack.
+	SourceSlack
+	// SourceView: rejected locally because the view of the owner's bucket
+	// says the owner would reject it.
+	SourceView
+	// SourceRemote: decided by the owner over the network.
+	SourceRemote
+	// SourceFailure: the owner was unreachable and the rule's on_failure
+	// decided (Outcome.Degraded is true).
+	SourceFailure
+)
+
+// Outcome is the coordinator's answer to Decide.
+type Outcome struct {
+	// Decision is the decision, when Pending is false.
+	bucket.Decision
+	// Pending is true when the request went to its owner: the decision
+	// arrives later as a Completion with Ticket.
+	Pending bool
+	Ticket  uint64
+	// Source says how the decision was made; Degraded is true when the
+	// owner could not be reached and on_failure decided.
+	Source   Source
+	Degraded bool
+}
+
+// Completion is the late decision of a pending request.
+type Completion struct {
+	Ticket  uint64
+	Outcome Outcome
+}
+
+// Message is everything one node sends another in one batch. Durations are
+// nanoseconds measured on the sender; no field is a point in the sender's
+// clock.
+type Message struct {
+	// Epoch is the sender's ring epoch.
+	Epoch   uint64
+	Syncs   []SyncItem
+	Decides []DecideItem
+	Acks    []AckItem
+	Results []ResultItem
+	// Handoffs carry owner state to a new owner after a ring change.
+	Handoffs []HandoffItem
+}
+
+// Empty reports whether m carries nothing.
+func (m *Message) Empty() bool {
+	return len(m.Syncs)+len(m.Decides)+len(m.Acks)+len(m.Results)+len(m.Handoffs) == 0
+}
+
+// SyncItem reports a node's cumulative spend on an identity under a rule,
+// for one generation of the node's entry.
+type SyncItem struct {
+	Rule     string
+	Identity string
+	Gen      uint64
+	Total    int64
+}
+
+// AckItem acknowledges a SyncItem: the highest Total the owner has charged
+// for (Rule, Identity, Gen), and the owner's bucket after it as Debt
+// (TAT − now in ns; ≤ 0 when full).
+type AckItem struct {
+	Rule     string
+	Identity string
+	Gen      uint64
+	Total    int64
+	Debt     int64
+}
+
+// DecideItem asks the owner to decide a request.
+type DecideItem struct {
+	Ticket   uint64
+	Rule     string
+	Identity string
+	Cost     int64
+}
+
+// ResultItem is the owner's decision of a DecideItem, with its bucket after
+// it as Debt.
+type ResultItem struct {
+	Ticket     uint64
+	Allowed    bool
+	Remaining  int64
+	Reset      int64
+	RetryAfter int64
+	Debt       int64
+}
+
+// HandoffItem hands an identity's bucket (as Debt) to its new owner.
+type HandoffItem struct {
+	Rule     string
+	Identity string
+	Debt     int64
+}
+
+// Envelope is a message and its destination.
+type Envelope struct {
+	To  string
+	Msg Message
+}
+
+// Ready is what the adapter must do after a round of calls: send Messages
+// and hand out Completions.
+type Ready struct {
+	Messages    []Envelope
+	Completions []Completion
+}
+
+type entryKey struct{ rule, identity string }
+
+// ownerEntry is an identity's bucket on its owner, with the last report of
+// every node's current generation.
+type ownerEntry struct {
+	tat     bucket.TAT
+	reports []report
+}
+
+type report struct {
+	node  string
+	gen   uint64
+	total int64
+}
+
+// nodeEntry is what a non-owner knows of an identity it admits for.
+type nodeEntry struct {
+	owner    string
+	epoch    uint64
+	version  uint64
+	gen      uint64
+	spent    int64 // cumulative admitted locally in this generation
+	sent     int64 // highest total reported
+	acked    int64 // highest total acknowledged
+	view     int64 // the owner's TAT as this node sees it (its clock), 0 = full
+	lastSync int64
+	pending  int // forwarded requests awaiting a result
+	fallback bucket.TAT
+}
+
+type pendingReq struct {
+	key      entryKey
+	owner    string
+	cost     int64
+	deadline int64
+}
+
+// Stats are a coordinator's counters.
+type Stats struct {
+	LocalAdmits, ViewRejects, Forwarded, RemoteResults, Degraded uint64
+	SyncsSent, AcksSent, ReportsCharged                          uint64
+	Entries, Owned                                               int
+}
+
+// Coordinator is one node's two-tier decision core. It is not safe for
+// concurrent use: the adapter serialises calls (one goroutine or a mutex).
+type Coordinator struct {
+	cfg      CoordinatorConfig
+	interval int64
+	timeout  int64
+	table    OwnerTable
+	rules    map[string]*RuleParams
+	owned    map[entryKey]*ownerEntry
+	entries  map[entryKey]*nodeEntry
+	pending  map[uint64]*pendingReq
+	down     map[string]bool
+	out      map[string]*Message
+	done     []Completion
+	ticket   uint64
+	gen      uint64
+	stats    Stats
+}
+
+// NewCoordinator returns a coordinator with no rules and no ring.
+func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
+	if cfg.SyncInterval <= 0 {
+		cfg.SyncInterval = DefaultSyncInterval
+	}
+	if cfg.DecideTimeout <= 0 {
+		cfg.DecideTimeout = DefaultDecideTimeout
+	}
+	return &Coordinator{
+		cfg:      cfg,
+		interval: int64(cfg.SyncInterval),
+		timeout:  int64(cfg.DecideTimeout),
+		rules:    map[string]*RuleParams{},
+		owned:    map[entryKey]*ownerEntry{},
+		entries:  map[entryKey]*nodeEntry{},
+		pending:  map[uint64]*pendingReq{},
+		down:     map[string]bool{},
+		out:      map[string]*Message{},
+	}
+}
+
+// SetRules installs the rules the coordinator decides. A rule whose version
+// changed loses its cached views (not its spend, which is still reported).
+func (c *Coordinator) SetRules(rules []RuleParams) {
+	next := make(map[string]*RuleParams, len(rules))
+	for i := range rules {
+		r := rules[i]
+		next[r.ID] = &r
+	}
+	for k, e := range c.entries {
+		if r, ok := next[k.rule]; ok && r.Version != e.version {
+			e.view, e.version = 0, r.Version
+		}
+	}
+	c.rules = next
+}
+
+// Stats returns the coordinator's counters.
+func (c *Coordinator) Stats() Stats {
+	s := c.stats
+	s.Entries, s.Owned = len(c.entries), len(c.owned)
+	return s
+}
+
+func (c *Coordinator) outbox(to string) *Message {
+	m, ok := c.out[to]
+	if !ok {
+		var epoch uint64
+		if c.table != nil {
+			epoch = c.table.Epoch()
+		}
+		m = &Message{Epoch: epoch}
+		c.out[to] = m
+	}
+	return m
+}
+
+func (c *Coordinator) n() int {
+	if c.table == nil {
+		return 1
+	}
+	return max(c.table.Len(), 1)
+}
+
+// Decide decides a request of cost tokens by identity under a shared or
+// exact rule at now. It returns a decision at once, or Pending with a ticket
+// whose Completion comes out of Ready once the owner answers (or the decide
+// timeout passes and on_failure decides).
+func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Outcome, error) {
+	r, ok := c.rules[ruleID]
+	if !ok {
+		return Outcome{}, fmt.Errorf("cluster: unknown rule %q", ruleID)
+	}
+	k := entryKey{ruleID, identity}
+	owner := c.cfg.Self
+	if c.table != nil {
+		if o := c.table.OwnerName(identity); o != "" {
+			owner = o
+		}
+	}
+	if owner == c.cfg.Self {
+		oe := c.owned[k]
+		if oe == nil {
+			oe = &ownerEntry{}
+			c.owned[k] = oe
+		}
+		return Outcome{Decision: r.gcra.Step(&oe.tat, now, cost), Source: SourceOwner}, nil
+	}
+	e := c.entry(k, r, owner)
+	if c.down[owner] {
+		return c.failure(now, r, e, cost), nil
+	}
+	t := r.gcra.Interval().Nanoseconds()
+	tau := t * r.Burst
+	unconf := e.spent - e.acked
+	// The view: the owner's state as last seen plus this node's
+	// unconfirmed spend, which the owner has not charged yet.
+	v := max(e.view, now) + (unconf+cost)*t
+	if cost > r.Burst {
+		return Outcome{Decision: bucket.Decision{Limit: r.Burst, RetryAfter: bucket.Never}, Source: SourceView}, nil
+	}
+	// Exact rules skip the view: the owner decides every request, so that
+	// exact equals the reference bucket fed in the owner's order (the view,
+	// built from receive times, is late by up to a one-way delay and would
+	// reject a request the owner could still admit).
+	if v-now > tau && r.Mode != quota.ModeExact {
+		c.stats.ViewRejects++
+		return Outcome{Source: SourceView, Decision: bucket.Decision{
+			Limit:      r.Burst,
+			Remaining:  max((tau-(v-cost*t-now))/t, 0),
+			Reset:      time.Duration(v - cost*t - now),
+			RetryAfter: time.Duration(v - now - tau),
+		}}, nil
+	}
+	if s := r.Slack(c.n()); unconf+cost <= s {
+		e.spent += cost
+		c.stats.LocalAdmits++
+		if e.spent-e.sent >= max((s+1)/2, 1) {
+			c.sync(now, k, e)
+		}
+		return Outcome{Source: SourceSlack, Decision: bucket.Decision{
+			Allowed:   true,
+			Limit:     r.Burst,
+			Remaining: (tau - (v - now)) / t,
+			Reset:     time.Duration(v - now),
+		}}, nil
+	}
+	// Beyond the slack: the owner decides. Report unsent spend first so it
+	// is charged before this request.
+	if e.spent > e.sent {
+		c.sync(now, k, e)
+	}
+	c.ticket++
+	c.pending[c.ticket] = &pendingReq{key: k, owner: owner, cost: cost, deadline: now + c.timeout}
+	e.pending++
+	c.outbox(owner).Decides = append(c.outbox(owner).Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
+	c.stats.Forwarded++
+	return Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}, nil
+}
+
+// entry returns the node entry of k, creating it or moving it to owner.
+func (c *Coordinator) entry(k entryKey, r *RuleParams, owner string) *nodeEntry {
+	var epoch uint64
+	if c.table != nil {
+		epoch = c.table.Epoch()
+	}
+	e := c.entries[k]
+	if e == nil {
+		c.gen++
+		e = &nodeEntry{owner: owner, epoch: epoch, version: r.Version, gen: c.gen}
+		c.entries[k] = e
+	}
+	return e
+}
+
+// sync queues a cumulative report of k's spend to its owner.
+func (c *Coordinator) sync(now int64, k entryKey, e *nodeEntry) {
+	m := c.outbox(e.owner)
+	m.Syncs = append(m.Syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent})
+	e.sent = e.spent
+	e.lastSync = now
+	c.stats.SyncsSent++
+}
+
+// failure decides by the rule's on_failure while the owner is unreachable.
+func (c *Coordinator) failure(now int64, r *RuleParams, e *nodeEntry, cost int64) Outcome {
+	c.stats.Degraded++
+	o := Outcome{Source: SourceFailure, Degraded: true}
+	switch r.OnFailure {
+	case quota.OnFailureOpen:
+		o.Decision = bucket.Decision{Allowed: true, Limit: r.Burst, Remaining: r.Burst}
+	case quota.OnFailureClosed:
+		o.Decision = bucket.Decision{Limit: r.Burst, RetryAfter: time.Second}
+	default:
+		// local: this node enforces limit ÷ live nodes, with a
+		// proportional burst that still fits the largest cost.
+		n := int64(c.n())
+		lim := max(r.Limit/n, 1)
+		burst := max(r.Burst/n, cost, 1)
+		g, err := bucket.NewGCRA(lim, r.Window, burst)
+		if err != nil {
+			o.Decision = bucket.Decision{Allowed: true}
+			return o
+		}
+		o.Decision = g.Step(&e.fallback, now, cost)
+	}
+	return o
+}
+
+// Step processes one message from peer `from` received at now.
+func (c *Coordinator) Step(now int64, from string, m *Message) {
+	for _, h := range m.Handoffs {
+		k := entryKey{h.Rule, h.Identity}
+		oe := c.owned[k]
+		if oe == nil {
+			oe = &ownerEntry{}
+			c.owned[k] = oe
+		}
+		oe.tat = max(oe.tat, bucket.TAT(now+h.Debt))
+	}
+	for _, s := range m.Syncs {
+		c.charge(now, from, s)
+	}
+	for _, d := range m.Decides {
+		c.decideFor(now, from, d)
+	}
+	for _, a := range m.Acks {
+		c.ack(now, a)
+	}
+	for _, r := range m.Results {
+		c.result(now, r)
+	}
+}
+
+// charge is the owner's side of a sync: charge what is new, acknowledge.
+func (c *Coordinator) charge(now int64, from string, s SyncItem) {
+	k := entryKey{s.Rule, s.Identity}
+	r, ok := c.rules[s.Rule]
+	if !ok {
+		return
+	}
+	oe := c.owned[k]
+	if oe == nil {
+		oe = &ownerEntry{}
+		c.owned[k] = oe
+	}
+	i := slices.IndexFunc(oe.reports, func(p report) bool { return p.node == from })
+	if i < 0 {
+		oe.reports = append(oe.reports, report{node: from})
+		i = len(oe.reports) - 1
+	}
+	p := &oe.reports[i]
+	switch {
+	case s.Gen > p.gen:
+		// A new generation starts from zero: the node only starts one
+		// once the previous generation was fully acknowledged.
+		p.gen, p.total = s.Gen, 0
+		fallthrough
+	case s.Gen == p.gen && s.Total > p.total:
+		r.gcra.Charge(&oe.tat, now, s.Total-p.total)
+		p.total = s.Total
+		c.stats.ReportsCharged++
+	}
+	total := p.total
+	if s.Gen < p.gen {
+		total = s.Total // a stale generation: acknowledge as is, charge nothing
+	}
+	m := c.outbox(from)
+	m.Acks = append(m.Acks, AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: int64(oe.tat) - now})
+	c.stats.AcksSent++
+}
+
+// decideFor is the owner deciding a forwarded request.
+func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
+	res := ResultItem{Ticket: d.Ticket}
+	if r, ok := c.rules[d.Rule]; ok {
+		k := entryKey{d.Rule, d.Identity}
+		oe := c.owned[k]
+		if oe == nil {
+			oe = &ownerEntry{}
+			c.owned[k] = oe
+		}
+		bd := r.gcra.Step(&oe.tat, now, d.Cost)
+		res = ResultItem{Ticket: d.Ticket, Allowed: bd.Allowed, Remaining: bd.Remaining,
+			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(oe.tat) - now}
+	} else {
+		// The owner does not know the rule (rule sets converging):
+		// admit, as a node without the rule would.
+		res.Allowed = true
+	}
+	m := c.outbox(from)
+	m.Results = append(m.Results, res)
+}
+
+// ack is a node receiving an acknowledgement.
+func (c *Coordinator) ack(now int64, a AckItem) {
+	e := c.entries[entryKey{a.Rule, a.Identity}]
+	if e == nil || a.Gen != e.gen || a.Total < e.acked {
+		return // stale: another generation, or older than what we know
+	}
+	e.acked = min(a.Total, e.spent)
+	e.view = max(e.view, now+a.Debt)
+}
+
+// result is a node receiving the owner's decision of a forwarded request.
+func (c *Coordinator) result(now int64, r ResultItem) {
+	p, ok := c.pending[r.Ticket]
+	if !ok {
+		return // timed out already and decided by on_failure
+	}
+	delete(c.pending, r.Ticket)
+	if e := c.entries[p.key]; e != nil {
+		e.pending--
+		e.view = max(e.view, now+r.Debt)
+	}
+	c.stats.RemoteResults++
+	rp := c.rules[p.key.rule]
+	var limit int64
+	if rp != nil {
+		limit = rp.Burst
+	}
+	c.done = append(c.done, Completion{Ticket: r.Ticket, Outcome: Outcome{Source: SourceRemote, Decision: bucket.Decision{
+		Allowed: r.Allowed, Limit: limit, Remaining: r.Remaining,
+		Reset: time.Duration(r.Reset), RetryAfter: time.Duration(r.RetryAfter),
+	}}})
+}
+
+// Tick advances time: it sends reports whose interval passed, decides
+// pending requests whose owner did not answer in time by on_failure, and
+// drops entries that equal no entry.
+func (c *Coordinator) Tick(now int64) {
+	var due []entryKey
+	for k, e := range c.entries {
+		if e.spent > e.acked && now-e.lastSync >= c.interval {
+			due = append(due, k)
+		}
+	}
+	slices.SortFunc(due, cmpKey)
+	for _, k := range due {
+		c.sync(now, k, c.entries[k])
+	}
+	var late []uint64
+	for t, p := range c.pending {
+		if now >= p.deadline {
+			late = append(late, t)
+		}
+	}
+	slices.Sort(late)
+	for _, t := range late {
+		c.expire(now, t)
+	}
+	for k, e := range c.entries {
+		if e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now {
+			delete(c.entries, k)
+		}
+	}
+	for k, oe := range c.owned {
+		if int64(oe.tat) <= now {
+			delete(c.owned, k)
+		}
+	}
+}
+
+func (c *Coordinator) expire(now int64, t uint64) {
+	p := c.pending[t]
+	delete(c.pending, t)
+	e := c.entries[p.key]
+	r := c.rules[p.key.rule]
+	if e == nil || r == nil {
+		c.done = append(c.done, Completion{Ticket: t, Outcome: Outcome{Source: SourceFailure, Degraded: true, Decision: bucket.Decision{Allowed: true}}})
+		return
+	}
+	e.pending--
+	c.done = append(c.done, Completion{Ticket: t, Outcome: c.failure(now, r, e, p.cost)})
+}
+
+func cmpKey(a, b entryKey) int {
+	if c := cmp.Compare(a.rule, b.rule); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.identity, b.identity)
+}
+
+// SetPeerDown marks a peer unreachable (its circuit breaker opened) or back.
+// While it is down, identities it owns are decided by on_failure, and its
+// pending requests are decided so at once.
+func (c *Coordinator) SetPeerDown(now int64, peer string, down bool) {
+	if !down {
+		delete(c.down, peer)
+		return
+	}
+	c.down[peer] = true
+	var ts []uint64
+	for t, p := range c.pending {
+		if p.owner == peer {
+			ts = append(ts, t)
+		}
+	}
+	slices.Sort(ts)
+	for _, t := range ts {
+		c.expire(now, t)
+	}
+}
+
+// SetTable installs a new ring. Unconfirmed spend of identities whose owner
+// changed is reported again, as a new generation, to the new owner (or
+// charged here when this node is the new owner); buckets this node owned and
+// no longer does are handed to their new owner.
+func (c *Coordinator) SetTable(now int64, t OwnerTable) {
+	c.table = t
+	epoch := t.Epoch()
+	var moved []entryKey
+	for k, e := range c.entries {
+		if e.epoch != epoch {
+			moved = append(moved, k)
+		}
+	}
+	slices.SortFunc(moved, cmpKey)
+	for _, k := range moved {
+		e := c.entries[k]
+		owner := t.OwnerName(k.identity)
+		unconf := e.spent - e.acked
+		e.epoch = epoch
+		if owner == e.owner {
+			continue
+		}
+		if owner == c.cfg.Self || owner == "" {
+			if r := c.rules[k.rule]; r != nil && unconf > 0 {
+				oe := c.owned[k]
+				if oe == nil {
+					oe = &ownerEntry{}
+					c.owned[k] = oe
+				}
+				r.gcra.Charge(&oe.tat, now, unconf)
+			}
+			delete(c.entries, k)
+			continue
+		}
+		c.gen++
+		*e = nodeEntry{owner: owner, epoch: epoch, version: e.version, gen: c.gen, spent: unconf,
+			view: e.view, fallback: e.fallback, pending: e.pending}
+		if unconf > 0 {
+			c.sync(now, k, e)
+		}
+	}
+	var handed []entryKey
+	for k := range c.owned {
+		if o := t.OwnerName(k.identity); o != "" && o != c.cfg.Self {
+			handed = append(handed, k)
+		}
+	}
+	slices.SortFunc(handed, cmpKey)
+	for _, k := range handed {
+		oe := c.owned[k]
+		if int64(oe.tat) > now {
+			m := c.outbox(t.OwnerName(k.identity))
+			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
+		}
+		delete(c.owned, k)
+	}
+}
+
+// Ready returns, and forgets, the messages to send (one per destination,
+// sorted by name) and the completions to hand out (in ticket order of
+// arrival).
+func (c *Coordinator) Ready() Ready {
+	var rd Ready
+	if len(c.out) > 0 {
+		names := make([]string, 0, len(c.out))
+		for n := range c.out {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			if m := c.out[n]; !m.Empty() {
+				rd.Messages = append(rd.Messages, Envelope{To: n, Msg: *m})
+			}
+		}
+		clear(c.out)
+	}
+	rd.Completions, c.done = c.done, nil
+	return rd
+}
+
+// OwnerName returns the name of identity's owner, "" on an empty ring. It
+// makes *Ring an OwnerTable.
+func (r *Ring) OwnerName(identity string) string {
+	m, ok := r.Owner(identity)
+	if !ok {
+		return ""
+	}
+	return m.Name
+}
+
+var _ OwnerTable = (*Ring)(nil)
