@@ -33,4 +33,15 @@
 // under the shard lock and returns the Decision by value; for a key already
 // present it allocates nothing. Rule changes need no store migration as long
 // as the state type is the same: the next Apply uses the new parameters.
+//
+// # The GCRA store
+//
+// GCRAStore is the store specialised for the default algorithm: one int64
+// per key, and for a key already present no lock at all, only a
+// compare-and-swap on the key's TAT (inserts, sweeps and rebuilds still take
+// the shard's mutex). Its decisions are identical to Store[TAT]'s, which a
+// differential test checks; use it for GCRA rules on the hot path.
+//
+//	store, err := bucket.NewGCRAStore(bucket.StoreConfig{})
+//	d := store.Apply(key, now, &rule, cost)
 package bucket
