@@ -58,14 +58,7 @@ func newHarness(t *testing.T, n int, oneway time.Duration, rules ...quota.Rule) 
 		t.Fatal(err)
 	}
 	h.ring = ring
-	var params []RuleParams
-	for i := range rules {
-		p, err := NewRuleParams(&rules[i], 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		params = append(params, p)
-	}
+	params := ruleParams(t, rules)
 	for _, name := range h.names {
 		c := NewCoordinator(CoordinatorConfig{Self: name, SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
 		c.SetRules(params)
@@ -196,6 +189,20 @@ func lowerShortfall(admits []admit, rate float64, from, to int64) float64 {
 		}
 	}
 	return worst
+}
+
+// ruleParams builds the coordinator's view of rules at version 1.
+func ruleParams(t *testing.T, rules []quota.Rule) []RuleParams {
+	t.Helper()
+	var params []RuleParams
+	for i := range rules {
+		p, err := NewRuleParams(&rules[i], 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params = append(params, p)
+	}
+	return params
 }
 
 func gcraRule(id string, mode quota.Mode, limit int64, window time.Duration, burst int64) quota.Rule {

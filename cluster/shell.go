@@ -1,0 +1,364 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Shell is the thin adapter around one node's Coordinator: it serialises
+// calls into the core with a mutex, reads the clock, drives Tick with a
+// ticker, sends what Ready returns through a Transport after a short linger
+// (so that everything due to one peer travels in one batch), feeds replies
+// and incoming batches back through Step, hands late decisions to the
+// callers waiting for them, and keeps a circuit breaker per peer. All
+// decisions are made by the Coordinator; the Shell only does I/O.
+type Shell struct {
+	cfg    ShellConfig
+	log    *slog.Logger
+	now    func() int64
+	mu     sync.Mutex // guards coord, waiters, breakers, flushQueued
+	coord  *Coordinator
+	ring   atomic.Pointer[Ring]
+	waits  map[uint64]chan Outcome
+	breaks map[string]*breaker
+	queued bool
+
+	flushC chan struct{}
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+
+	sent, failed atomic.Uint64
+}
+
+// ShellConfig configures a Shell.
+type ShellConfig struct {
+	// Coordinator configures the core (Self is required).
+	Coordinator CoordinatorConfig
+	// Transport carries batches to peers. Required.
+	Transport Transport
+	// Linger is how long a batch waits for more items before it is sent;
+	// zero means 200µs.
+	Linger time.Duration
+	// CallTimeout bounds one exchange with a peer; zero means 200ms.
+	CallTimeout time.Duration
+	// TickInterval is how often the core's Tick runs; zero means 10ms.
+	TickInterval time.Duration
+	// BreakerFailures consecutive failed exchanges open a peer's breaker
+	// (its identities are then decided by on_failure); zero means 3.
+	BreakerFailures int
+	// BreakerCooldown is how long a breaker stays open before one trial
+	// exchange; zero means 1s.
+	BreakerCooldown time.Duration
+	// Clock returns unix nanoseconds; nil means the system clock.
+	Clock func() int64
+	// Logger receives breaker changes; nil discards.
+	Logger *slog.Logger
+}
+
+// breaker is one peer's circuit breaker.
+type breaker struct {
+	failures int
+	openAt   int64 // 0 when closed
+}
+
+// NewShell starts a Shell around a new Coordinator.
+func NewShell(cfg ShellConfig) (*Shell, error) {
+	if cfg.Coordinator.Self == "" {
+		return nil, errors.New("cluster: ShellConfig.Coordinator.Self: required")
+	}
+	if cfg.Transport == nil {
+		return nil, errors.New("cluster: ShellConfig.Transport: required")
+	}
+	if cfg.Linger <= 0 {
+		cfg.Linger = 200 * time.Microsecond
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 200 * time.Millisecond
+	}
+	if cfg.TickInterval <= 0 {
+		cfg.TickInterval = 10 * time.Millisecond
+	}
+	if cfg.BreakerFailures <= 0 {
+		cfg.BreakerFailures = 3
+	}
+	if cfg.BreakerCooldown <= 0 {
+		cfg.BreakerCooldown = time.Second
+	}
+	s := &Shell{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		now:    cfg.Clock,
+		coord:  NewCoordinator(cfg.Coordinator),
+		waits:  map[uint64]chan Outcome{},
+		breaks: map[string]*breaker{},
+		flushC: make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		base := time.Now()
+		wall := base.UnixNano()
+		s.now = func() int64 { return wall + int64(time.Since(base)) }
+	}
+	s.wg.Add(2)
+	go s.ticker()
+	go s.flusher()
+	return s, nil
+}
+
+// SetRules installs the rules the core decides.
+func (s *Shell) SetRules(rules []RuleParams) {
+	s.mu.Lock()
+	s.coord.SetRules(rules)
+	s.mu.Unlock()
+}
+
+// SetRing installs a new ring (after a membership change).
+func (s *Shell) SetRing(r *Ring) {
+	s.mu.Lock()
+	s.ring.Store(r)
+	s.coord.SetTable(s.now(), r)
+	s.mu.Unlock()
+	s.kick()
+}
+
+// Ring returns the ring in force.
+func (s *Shell) Ring() *Ring { return s.ring.Load() }
+
+// Decide decides one request. A decision the core cannot make locally waits
+// for the owner's answer; the core's decide timeout bounds the wait (then
+// on_failure decides), and so does ctx (then the request is decided by
+// on_failure at once, and marked degraded).
+func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64) (Outcome, error) {
+	s.mu.Lock()
+	now := s.now()
+	o, err := s.coord.Decide(now, ruleID, identity, cost)
+	if err != nil || !o.Pending {
+		queued := s.hasOutput()
+		s.mu.Unlock()
+		if queued {
+			s.kick()
+		}
+		return o, err
+	}
+	ch := make(chan Outcome, 1)
+	s.waits[o.Ticket] = ch
+	s.mu.Unlock()
+	s.kick()
+	select {
+	case out := <-ch:
+		return out, nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		delete(s.waits, o.Ticket)
+		s.mu.Unlock()
+		return Outcome{}, ctx.Err()
+	}
+}
+
+// hasOutput reports (under mu) whether a flush would send anything; it is
+// cheap and conservative: any call that may have queued output says yes.
+func (s *Shell) hasOutput() bool { return len(s.coord.out) > 0 || len(s.coord.done) > 0 }
+
+// kick asks the flusher to send after the linger.
+func (s *Shell) kick() {
+	select {
+	case s.flushC <- struct{}{}:
+	default:
+	}
+}
+
+// Handle is the Transport Handler: it steps an incoming batch through the
+// core and returns what the core has for the sender as the reply.
+func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, error) {
+	if s.closed.Load() {
+		return nil, errors.New("cluster: node closed")
+	}
+	s.mu.Lock()
+	s.coord.Step(s.now(), from, m)
+	rd := s.coord.Ready()
+	reply := &Message{}
+	var others []Envelope
+	for _, env := range rd.Messages {
+		if env.To == from {
+			*reply = env.Msg
+		} else {
+			others = append(others, env)
+		}
+	}
+	s.complete(rd.Completions)
+	s.mu.Unlock()
+	for _, env := range others {
+		s.send(env)
+	}
+	return reply, nil
+}
+
+// complete hands completions to their waiters (under mu).
+func (s *Shell) complete(cs []Completion) {
+	for _, c := range cs {
+		if ch, ok := s.waits[c.Ticket]; ok {
+			ch <- c.Outcome
+			delete(s.waits, c.Ticket)
+		}
+	}
+}
+
+func (s *Shell) ticker() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.mu.Lock()
+			now := s.now()
+			s.coord.Tick(now)
+			s.retryBreakers(now)
+			s.mu.Unlock()
+			s.flush()
+		}
+	}
+}
+
+func (s *Shell) flusher() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.flushC:
+			t := time.NewTimer(s.cfg.Linger)
+			select {
+			case <-s.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			s.flush()
+		}
+	}
+}
+
+// flush sends everything the core has queued, one exchange per peer.
+func (s *Shell) flush() {
+	s.mu.Lock()
+	rd := s.coord.Ready()
+	s.complete(rd.Completions)
+	s.mu.Unlock()
+	for _, env := range rd.Messages {
+		s.send(env)
+	}
+}
+
+// send exchanges one batch with a peer in its own goroutine and steps the
+// reply back in. Failures feed the peer's breaker.
+func (s *Shell) send(env Envelope) {
+	r := s.ring.Load()
+	addr := env.To
+	if r != nil {
+		if i := r.IndexOf(env.To); i >= 0 {
+			addr = r.Member(i).Addr
+		}
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
+		defer cancel()
+		msg := env.Msg
+		reply, err := s.cfg.Transport.Exchange(ctx, addr, &msg)
+		s.sent.Add(1)
+		s.mu.Lock()
+		now := s.now()
+		if err != nil {
+			s.failed.Add(1)
+			s.peerFailed(now, env.To, err)
+		} else {
+			s.peerOK(env.To)
+			if reply != nil && !reply.Empty() {
+				s.coord.Step(now, env.To, reply)
+			}
+		}
+		rd := s.coord.Ready()
+		s.complete(rd.Completions)
+		s.mu.Unlock()
+		if s.closed.Load() {
+			return
+		}
+		for _, e := range rd.Messages {
+			s.send(e)
+		}
+	}()
+}
+
+func (s *Shell) peerFailed(now int64, peer string, err error) {
+	b := s.breaks[peer]
+	if b == nil {
+		b = &breaker{}
+		s.breaks[peer] = b
+	}
+	b.failures++
+	if b.failures >= s.cfg.BreakerFailures && b.openAt == 0 {
+		b.openAt = now
+		s.coord.SetPeerDown(now, peer, true)
+		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", peer, "err", err)
+	}
+}
+
+func (s *Shell) peerOK(peer string) {
+	b := s.breaks[peer]
+	if b == nil {
+		return
+	}
+	if b.openAt != 0 {
+		s.coord.SetPeerDown(0, peer, false)
+		s.log.Info("peer reachable again", "peer", peer)
+	}
+	delete(s.breaks, peer)
+}
+
+// retryBreakers lets a peer whose breaker cooled down be tried again: the
+// next batch to it is the trial (under mu).
+func (s *Shell) retryBreakers(now int64) {
+	for peer, b := range s.breaks {
+		if b.openAt != 0 && now-b.openAt >= int64(s.cfg.BreakerCooldown) {
+			// Half-open: decisions go to the peer again; one more
+			// failure reopens at once.
+			s.coord.SetPeerDown(now, peer, false)
+			b.openAt = 0
+			b.failures = s.cfg.BreakerFailures - 1
+		}
+	}
+}
+
+// Stats returns the core's counters and the exchanges sent and failed.
+func (s *Shell) Stats() (Stats, uint64, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.coord.Stats(), s.sent.Load(), s.failed.Load()
+}
+
+// Close stops the shell's goroutines and waits for exchanges in flight
+// (each bounded by CallTimeout). It does not close the Transport.
+func (s *Shell) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.stop)
+	s.wg.Wait()
+	return nil
+}
+
+// String names the shell for logs.
+func (s *Shell) String() string { return fmt.Sprintf("shell(%s)", s.cfg.Coordinator.Self) }

@@ -1,0 +1,206 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/weir-dev/weir/cluster/peerpb"
+)
+
+// This file converts a Message to the peer protocol's Batch and back. The
+// decoder is the trust boundary of the peer transport: a batch from the
+// network is checked field by field before the coordinator sees it, and a
+// malformed one is rejected whole with an error that names the item and the
+// field (the server answers codes.InvalidArgument and counts it).
+
+// Limits of one batch on the wire.
+const (
+	// MaxNodeNameBytes caps Batch.from (memberlist names are far shorter).
+	MaxNodeNameBytes = 256
+	// MaxRuleIDBytes caps a rule id.
+	MaxRuleIDBytes = 128
+	// MaxIdentityBytes caps an identity.
+	MaxIdentityBytes = 1024
+	// MaxBatchItems caps the items of all kinds in one batch.
+	MaxBatchItems = 65536
+)
+
+// ErrMalformed is wrapped by every error decodeBatch returns.
+var ErrMalformed = errors.New("cluster: malformed peer batch")
+
+// encodeBatch converts m, sent by the node named from, to its wire form. It
+// does not validate: the sender's own coordinator is trusted, the receiver
+// checks.
+func encodeBatch(from string, m *Message) *peerpb.Batch {
+	b := &peerpb.Batch{From: from, Epoch: m.Epoch}
+	if len(m.Syncs) > 0 {
+		b.Syncs = make([]*peerpb.SyncItem, len(m.Syncs))
+		for i, s := range m.Syncs {
+			b.Syncs[i] = &peerpb.SyncItem{Rule: s.Rule, Identity: []byte(s.Identity), Gen: s.Gen, Total: s.Total}
+		}
+	}
+	if len(m.Decides) > 0 {
+		b.Decides = make([]*peerpb.DecideItem, len(m.Decides))
+		for i, d := range m.Decides {
+			b.Decides[i] = &peerpb.DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: []byte(d.Identity), Cost: d.Cost}
+		}
+	}
+	if len(m.Acks) > 0 {
+		b.Acks = make([]*peerpb.AckItem, len(m.Acks))
+		for i, a := range m.Acks {
+			b.Acks[i] = &peerpb.AckItem{Rule: a.Rule, Identity: []byte(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt}
+		}
+	}
+	if len(m.Results) > 0 {
+		b.Results = make([]*peerpb.ResultItem, len(m.Results))
+		for i, r := range m.Results {
+			b.Results[i] = &peerpb.ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
+				ResetAfter: r.Reset, RetryAfter: r.RetryAfter, Debt: r.Debt}
+		}
+	}
+	if len(m.Handoffs) > 0 {
+		b.Handoffs = make([]*peerpb.HandoffItem, len(m.Handoffs))
+		for i, h := range m.Handoffs {
+			b.Handoffs[i] = &peerpb.HandoffItem{Rule: h.Rule, Identity: []byte(h.Identity), Debt: h.Debt}
+		}
+	}
+	return b
+}
+
+// decodeBatch converts and validates a batch from the network. It rejects,
+// with an error wrapping ErrMalformed that names the first problem:
+//   - a nil batch or a nil item;
+//   - more than MaxBatchItems items in all;
+//   - an empty or over-long sender name (MaxNodeNameBytes) or rule id
+//     (MaxRuleIDBytes), or one that is not valid UTF-8;
+//   - an identity over MaxIdentityBytes (identities are any bytes, and may
+//     be empty: a global rule's);
+//   - a negative Total, Cost, Remaining, Reset or RetryAfter;
+//   - a zero Ticket (tickets start at 1).
+//
+// Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
+// decoded message never aliases b.
+func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
+	if b == nil {
+		return "", nil, fmt.Errorf("%w: nil batch", ErrMalformed)
+	}
+	if p := checkName("from", b.From, MaxNodeNameBytes); p != "" {
+		return "", nil, fmt.Errorf("%w: %s", ErrMalformed, p)
+	}
+	n := len(b.Syncs) + len(b.Decides) + len(b.Acks) + len(b.Results) + len(b.Handoffs)
+	if n > MaxBatchItems {
+		return "", nil, fmt.Errorf("%w: %d items, more than %d", ErrMalformed, n, MaxBatchItems)
+	}
+	m = &Message{Epoch: b.Epoch}
+	if len(b.Syncs) > 0 {
+		m.Syncs = make([]SyncItem, len(b.Syncs))
+		for i, s := range b.Syncs {
+			if s == nil {
+				return "", nil, itemErr("syncs", i, "nil item")
+			}
+			if err := checkKey("syncs", i, s.Rule, string(s.Identity)); err != nil {
+				return "", nil, err
+			}
+			if s.Total < 0 {
+				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative total %d", s.Total))
+			}
+			m.Syncs[i] = SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total}
+		}
+	}
+	if len(b.Decides) > 0 {
+		m.Decides = make([]DecideItem, len(b.Decides))
+		for i, d := range b.Decides {
+			if d == nil {
+				return "", nil, itemErr("decides", i, "nil item")
+			}
+			if d.Ticket == 0 {
+				return "", nil, itemErr("decides", i, "zero ticket")
+			}
+			if err := checkKey("decides", i, d.Rule, string(d.Identity)); err != nil {
+				return "", nil, err
+			}
+			if d.Cost < 0 {
+				return "", nil, itemErr("decides", i, fmt.Sprintf("negative cost %d", d.Cost))
+			}
+			m.Decides[i] = DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: string(d.Identity), Cost: d.Cost}
+		}
+	}
+	if len(b.Acks) > 0 {
+		m.Acks = make([]AckItem, len(b.Acks))
+		for i, a := range b.Acks {
+			if a == nil {
+				return "", nil, itemErr("acks", i, "nil item")
+			}
+			if err := checkKey("acks", i, a.Rule, string(a.Identity)); err != nil {
+				return "", nil, err
+			}
+			if a.Total < 0 {
+				return "", nil, itemErr("acks", i, fmt.Sprintf("negative total %d", a.Total))
+			}
+			m.Acks[i] = AckItem{Rule: a.Rule, Identity: string(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt}
+		}
+	}
+	if len(b.Results) > 0 {
+		m.Results = make([]ResultItem, len(b.Results))
+		for i, r := range b.Results {
+			if r == nil {
+				return "", nil, itemErr("results", i, "nil item")
+			}
+			switch {
+			case r.Ticket == 0:
+				return "", nil, itemErr("results", i, "zero ticket")
+			case r.Remaining < 0:
+				return "", nil, itemErr("results", i, fmt.Sprintf("negative remaining %d", r.Remaining))
+			case r.ResetAfter < 0:
+				return "", nil, itemErr("results", i, fmt.Sprintf("negative reset_after %d", r.ResetAfter))
+			case r.RetryAfter < 0:
+				return "", nil, itemErr("results", i, fmt.Sprintf("negative retry_after %d", r.RetryAfter))
+			}
+			m.Results[i] = ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
+				Reset: r.ResetAfter, RetryAfter: r.RetryAfter, Debt: r.Debt}
+		}
+	}
+	if len(b.Handoffs) > 0 {
+		m.Handoffs = make([]HandoffItem, len(b.Handoffs))
+		for i, h := range b.Handoffs {
+			if h == nil {
+				return "", nil, itemErr("handoffs", i, "nil item")
+			}
+			if err := checkKey("handoffs", i, h.Rule, string(h.Identity)); err != nil {
+				return "", nil, err
+			}
+			m.Handoffs[i] = HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt}
+		}
+	}
+	return b.From, m, nil
+}
+
+func itemErr(kind string, i int, problem string) error {
+	return fmt.Errorf("%w: %s[%d]: %s", ErrMalformed, kind, i, problem)
+}
+
+func checkKey(kind string, i int, rule, identity string) error {
+	if p := checkName("rule", rule, MaxRuleIDBytes); p != "" {
+		return itemErr(kind, i, p)
+	}
+	// Identities are any bytes, possibly empty (a global rule's); only
+	// their size is bounded.
+	if len(identity) > MaxIdentityBytes {
+		return itemErr(kind, i, fmt.Sprintf("identity of %d bytes, more than %d", len(identity), MaxIdentityBytes))
+	}
+	return nil
+}
+
+// checkName returns the problem with s, or "" when there is none.
+func checkName(field, s string, limit int) string {
+	switch {
+	case s == "":
+		return "empty " + field
+	case len(s) > limit:
+		return fmt.Sprintf("%s of %d bytes, more than %d", field, len(s), limit)
+	case !utf8.ValidString(s):
+		return field + " is not valid UTF-8"
+	}
+	return ""
+}

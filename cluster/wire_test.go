@@ -1,0 +1,187 @@
+package cluster
+
+import (
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster/peerpb"
+)
+
+// fullMessage sets every field of every item kind, with edge values: zero
+// and negative debts, the largest tickets and generations, RetryAfter Never.
+func fullMessage() *Message {
+	return &Message{
+		Epoch: math.MaxUint64 - 1,
+		Syncs: []SyncItem{
+			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5},
+			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64},
+		},
+		Decides: []DecideItem{
+			{Ticket: 1, Rule: "login", Identity: "10.0.0.1", Cost: 0},
+			{Ticket: math.MaxUint64, Rule: "login", Identity: strings.Repeat("i", MaxIdentityBytes), Cost: 3},
+		},
+		Acks: []AckItem{
+			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000},
+			{Rule: strings.Repeat("r", MaxRuleIDBytes), Identity: "x", Gen: 0, Total: 0, Debt: math.MinInt64},
+		},
+		Results: []ResultItem{
+			{Ticket: 7, Allowed: true, Remaining: 4, Reset: 250_000_000, RetryAfter: 0, Debt: 42},
+			{Ticket: 8, Allowed: false, Remaining: 0, Reset: 1, RetryAfter: int64(bucket.Never), Debt: math.MaxInt64},
+		},
+		Handoffs: []HandoffItem{
+			{Rule: "api", Identity: "user:2", Debt: -5},
+			{Rule: "api", Identity: "user:3", Debt: 0},
+		},
+	}
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	for name, m := range map[string]*Message{"full": fullMessage(), "empty": {}, "epoch only": {Epoch: 9}} {
+		t.Run(name, func(t *testing.T) {
+			raw, err := proto.Marshal(encodeBatch("node-a", m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b peerpb.Batch
+			if err := proto.Unmarshal(raw, &b); err != nil {
+				t.Fatal(err)
+			}
+			from, got, err := decodeBatch(&b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if from != "node-a" {
+				t.Errorf("from = %q, want node-a", from)
+			}
+			if !reflect.DeepEqual(got, m) {
+				t.Errorf("round trip:\n got %+v\nwant %+v", got, m)
+			}
+		})
+	}
+}
+
+func TestDecodeBatchRejects(t *testing.T) {
+	long := func(n int) string { return strings.Repeat("x", n) }
+	tooMany := make([]*peerpb.HandoffItem, MaxBatchItems+1)
+	for i := range tooMany {
+		tooMany[i] = &peerpb.HandoffItem{Rule: "r", Identity: []byte("i")}
+	}
+	cases := []struct {
+		name string
+		b    *peerpb.Batch
+		want string // in the error
+	}{
+		{"nil batch", nil, "nil batch"},
+		{"empty from", &peerpb.Batch{}, "empty from"},
+		{"long from", &peerpb.Batch{From: long(MaxNodeNameBytes + 1)}, "from of 257 bytes"},
+		{"bad utf8 from", &peerpb.Batch{From: "a\xff"}, "from is not valid UTF-8"},
+		{"too many items", &peerpb.Batch{From: "n", Handoffs: tooMany}, "65537 items"},
+		{"nil sync", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{nil}}, "syncs[0]: nil item"},
+		{"empty rule", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Identity: []byte("i")}}}, "syncs[0]: empty rule"},
+		{"long rule", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: long(MaxRuleIDBytes + 1), Identity: []byte("i")}}}, "acks[0]: rule of 129 bytes"},
+		{"long identity", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte(long(MaxIdentityBytes + 1))}}}, "decides[0]: identity of 1025 bytes"},
+		{"negative total", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Total: 1}, {Rule: "r", Identity: []byte("i"), Total: -1}}}, "syncs[1]: negative total -1"},
+		{"negative ack total", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Total: -2}}}, "acks[0]: negative total"},
+		{"negative cost", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte("i"), Cost: -1}}}, "decides[0]: negative cost -1"},
+		{"zero decide ticket", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Rule: "r", Identity: []byte("i")}}}, "decides[0]: zero ticket"},
+		{"zero result ticket", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{}}}, "results[0]: zero ticket"},
+		{"negative remaining", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, Remaining: -1}}}, "negative remaining"},
+		{"negative reset", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, ResetAfter: -1}}}, "negative reset_after"},
+		{"negative retry", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, RetryAfter: -1}}}, "negative retry_after"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			from, m, err := decodeBatch(c.b)
+			if err == nil {
+				t.Fatalf("accepted: from %q, %+v", from, m)
+			}
+			if !errors.Is(err, ErrMalformed) {
+				t.Errorf("error %v does not wrap ErrMalformed", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not name %q", err, c.want)
+			}
+			if m != nil || from != "" {
+				t.Errorf("rejected batch still returned from %q, %+v", from, m)
+			}
+		})
+	}
+}
+
+// FuzzDecodeBatch feeds arbitrary bytes through proto.Unmarshal and
+// decodeBatch: neither may panic, and whatever decodes must survive
+// encodeBatch → Marshal → Unmarshal → decodeBatch unchanged.
+func FuzzDecodeBatch(f *testing.F) {
+	seed := func(from string, m *Message) {
+		raw, err := proto.Marshal(encodeBatch(from, m))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(raw)
+	}
+	seed("node-a", fullMessage())
+	seed("n", &Message{})
+	seed("n", &Message{Decides: []DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}})
+	seed("", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "i"}}})
+	f.Add([]byte{})
+	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})             // from: invalid UTF-8
+	f.Add([]byte{0x1a, 0x80, 0x80, 0x80, 0x80, 0x01}) // a huge length prefix
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var b peerpb.Batch
+		if proto.Unmarshal(raw, &b) != nil {
+			return
+		}
+		from, m, err := decodeBatch(&b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		raw2, err := proto.Marshal(encodeBatch(from, m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b2 peerpb.Batch
+		if err := proto.Unmarshal(raw2, &b2); err != nil {
+			t.Fatal(err)
+		}
+		from2, m2, err := decodeBatch(&b2)
+		if err != nil {
+			t.Fatalf("a valid batch failed after a round trip: %v", err)
+		}
+		if from2 != from || !reflect.DeepEqual(m2, m) {
+			t.Fatalf("round trip changed the batch:\n got %q %+v\nwant %q %+v", from2, m2, from, m)
+		}
+	})
+}
+
+// TestIdentityAnyBytes: identities are bytes, not text: a global rule's
+// empty identity and a header value that is not UTF-8 cross the wire intact
+// (a rejection would fail the whole batch to that peer).
+func TestIdentityAnyBytes(t *testing.T) {
+	for _, id := range []string{"", "\xff\xfe key", strings.Repeat("k", MaxIdentityBytes)} {
+		in := &Message{Syncs: []SyncItem{{Rule: "r", Identity: id, Gen: 1, Total: 1}}}
+		raw, err := proto.Marshal(encodeBatch("n", in))
+		if err != nil {
+			t.Fatalf("identity %q: marshal: %v", id, err)
+		}
+		var b peerpb.Batch
+		if err := proto.Unmarshal(raw, &b); err != nil {
+			t.Fatal(err)
+		}
+		_, out, err := decodeBatch(&b)
+		if err != nil {
+			t.Fatalf("identity %q rejected: %v", id, err)
+		}
+		if out.Syncs[0].Identity != id {
+			t.Fatalf("identity %q came back as %q", id, out.Syncs[0].Identity)
+		}
+	}
+}
