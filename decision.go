@@ -50,6 +50,9 @@ type RuleResult struct {
 	ShadowRejected bool
 	// Locked is true when the rejection comes from the rule's penalty box.
 	Locked bool
+	// Degraded is true when the identity's owner could not be reached and
+	// the rule's on_failure decided (local, open or closed).
+	Degraded bool
 	// Remaining, Reset, RetryAfter and Delay are the algorithm's figures (see
 	// bucket.Decision). Reset counts from the decision's time; RetryAfter is
 	// bucket.Never when the cost can never fit.
@@ -81,6 +84,11 @@ type Decision struct {
 	Delay time.Duration
 	// At is the decision's time; Reset and RetryAfter count from it.
 	At time.Time
+	// Degraded is true when some rule was decided by its on_failure policy
+	// because the identity's owner could not be reached. Such decisions are
+	// counted (weir_fail_open_total) and the upstream can see them through
+	// FromContext.
+	Degraded bool
 
 	limiting int
 	n        int

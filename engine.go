@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -38,6 +39,7 @@ type crule struct {
 // limitSpec is a rule's limits for one class of identity (the rule itself,
 // an override, a tier) and the limiter enforcing them.
 type limitSpec struct {
+	cid    string // the coordinator's rule id when the cluster decides it
 	lim    limiter
 	rel    releaser // lim as a releaser, nil for algorithms that hold nothing
 	limit  int64
@@ -93,6 +95,7 @@ func (n *Node) install(set *quota.Set) {
 			c.penaltyRec = &rec
 		}
 	}
+	n.clusterRules(e)
 	n.eng.store(e)
 	n.metrics.version.Store(set.Version())
 }
@@ -138,7 +141,8 @@ func (c *crule) identity(req *Request) string {
 
 // pending is one rule's part of a request while it is being decided.
 type pending struct {
-	order int // position among the request's rules
+	order int            // position among the request's rules
+	src   cluster.Source // how a cluster rule decided, for a refund
 	c     *crule
 	spec  *limitSpec
 	id    string
@@ -151,15 +155,19 @@ const latencySampleMask = 63
 
 // Allow decides one request against every rule that applies to it. All
 // enforced rules must pass; when several apply, a request that one of them
-// rejects charges none of them. Shadow rules are charged as if enforced but
-// never reject. Allow never blocks on I/O and is safe for concurrent use.
+// rejects charges none of the node-local ones. Shadow rules are charged as
+// if enforced when the request is admitted, and never reject. Rules decided
+// by the cluster (mode shared or exact with Config.Cluster set) cost no
+// network call while a node's slack lasts; a request beyond it waits for
+// the identity's owner, bounded by the decide timeout and by ctx. Allow is
+// safe for concurrent use.
 func (n *Node) Allow(ctx context.Context, req Request) (d Decision) {
 	sampled := rand.Uint32()&latencySampleMask == 0
 	var t0 time.Time
 	if sampled {
 		t0 = time.Now()
 	}
-	n.allow(&req, &d)
+	n.allow(ctx, &req, &d)
 	d.finish()
 	if sampled {
 		n.metrics.observeLatency(time.Since(t0))
@@ -168,7 +176,7 @@ func (n *Node) Allow(ctx context.Context, req Request) (d Decision) {
 }
 
 // allow decides req into d, which is zero.
-func (n *Node) allow(req *Request, d *Decision) {
+func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 	e := n.eng.load()
 	d.Allowed, d.limiting = true, -1
 	var mbuf [16]int
@@ -182,7 +190,7 @@ func (n *Node) allow(req *Request, d *Decision) {
 
 	var pbuf [inlineResults]pending
 	ps := pbuf[:0]
-	enforced := 0
+	enforced, clustered := 0, 0
 	for _, i := range idx {
 		c := &e.rules[i]
 		id := c.identity(req)
@@ -198,6 +206,9 @@ func (n *Node) allow(req *Request, d *Decision) {
 		ps = append(ps, pending{order: len(ps), c: c, spec: c.specFor(id, req.Tier), id: id, key: bucket.Mix(c.salt, n.hasher.Sum(id)), cost: cost})
 		if !c.r.Shadow {
 			enforced++
+			if ps[len(ps)-1].spec.cid != "" {
+				clustered++
+			}
 		}
 	}
 
@@ -205,92 +216,140 @@ func (n *Node) allow(req *Request, d *Decision) {
 	// rule rejects must not spend the others' tokens. (Between the look and
 	// the charge another request may spend a bucket; then the charge rejects
 	// and the rules charged before it keep the charge. That race costs
-	// tokens, never admits too many.)
+	// tokens, never admits too many.) Cluster rules cannot be looked at
+	// without a charge; they are decided first, and a rejection there leaves
+	// the node-local rules uncharged.
 	if enforced > 1 {
 		for i := range ps {
 			p := &ps[i]
-			if p.c.r.Shadow {
+			if p.c.r.Shadow || p.spec.cid != "" {
 				continue
 			}
 			if bd, locked := n.peek(p, now); !bd.Allowed {
-				n.rejectAll(d, ps, now, i, bd, locked)
+				n.rejectAll(ctx, d, ps, now, i, bd, locked)
 				return
 			}
 		}
 	}
-	for i := range ps {
-		if !ps[i].c.r.Shadow {
-			n.record(d, &ps[i], now)
+	if clustered > 0 {
+		// Cluster rules one by one, stopping at the first rejection; the
+		// ones that admitted before it get their tokens back, so that two
+		// rules on one request do not starve each other.
+		for i := range ps {
+			p := &ps[i]
+			if p.c.r.Shadow || p.spec.cid == "" {
+				continue
+			}
+			if !d.Allowed {
+				bd, locked := n.peek(p, now)
+				n.report(d, p, bd, locked, now, false, false)
+				continue
+			}
+			n.record(ctx, d, p, now)
+			if !d.Allowed {
+				for j := range i {
+					if q := &ps[j]; !q.c.r.Shadow && q.spec.cid != "" {
+						n.refundCluster(q)
+					}
+				}
+			}
+		}
+		if !d.Allowed {
+			for i := range ps {
+				if p := &ps[i]; !p.c.r.Shadow && p.spec.cid == "" {
+					bd, locked := n.peek(p, now)
+					n.report(d, p, bd, locked, now, false, false)
+				}
+			}
+			n.shadows(ctx, d, ps, now)
+			return
 		}
 	}
-	n.shadows(d, ps, now)
+	for i := range ps {
+		if p := &ps[i]; !p.c.r.Shadow && p.spec.cid == "" {
+			n.record(ctx, d, p, now)
+		}
+	}
+	n.shadows(ctx, d, ps, now)
 }
 
 // shadows decides the shadow rules of a request once the enforced ones have:
 // charged as if enforced when the request is admitted, only looked at when
 // it is not (an enforced shadow rule would not have been charged either).
-func (n *Node) shadows(d *Decision, ps []pending, now int64) {
+func (n *Node) shadows(ctx context.Context, d *Decision, ps []pending, now int64) {
 	for i := range ps {
 		p := &ps[i]
 		if !p.c.r.Shadow {
 			continue
 		}
 		if d.Allowed {
-			n.record(d, p, now)
+			n.record(ctx, d, p, now)
 			continue
 		}
 		bd, locked := n.peek(p, now)
-		n.report(d, p, bd, locked, now, false)
+		n.report(d, p, bd, locked, now, false, false)
 	}
 }
 
-// peek evaluates p without charging anything.
+// peek evaluates p without charging anything. A cluster rule cannot be
+// looked at without asking its owner: it reports this node's fallback
+// bucket, which is what it would enforce on failure.
 func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
 	if p.c.penalty != nil {
 		if bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0); !bd.Allowed {
 			return bd, true
 		}
 	}
+	if p.spec.cid != "" {
+		bd := p.spec.lim.peek(p.key, now, 0)
+		bd.Allowed, bd.RetryAfter = true, 0
+		return bd, false
+	}
 	return p.spec.lim.peek(p.key, now, p.cost), false
 }
 
 // rejectAll reports a request that enforced rule ps[first] rejects on look.
 // Nothing is charged: rules that would pass report their state as it stands.
-func (n *Node) rejectAll(d *Decision, ps []pending, now int64, first int, firstDec bucket.Decision, firstLocked bool) {
+func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int64, first int, firstDec bucket.Decision, firstLocked bool) {
 	for i := range ps {
 		p := &ps[i]
 		switch {
 		case p.c.r.Shadow:
 		case i == first:
-			n.report(d, p, firstDec, firstLocked, now, false)
+			n.report(d, p, firstDec, firstLocked, now, false, false)
 		default:
 			bd, locked := n.peek(p, now)
 			if bd.Allowed {
 				bd = p.spec.lim.peek(p.key, now, 0)
 				bd.Allowed = true
 			}
-			n.report(d, p, bd, locked, now, false)
+			n.report(d, p, bd, locked, now, false, false)
 		}
 	}
-	n.shadows(d, ps, now)
+	n.shadows(ctx, d, ps, now)
 }
 
 // record charges p and reports the outcome into d.
-func (n *Node) record(d *Decision, p *pending, now int64) {
+func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
 	if p.c.penalty != nil {
 		if bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0); !bd.Allowed {
-			n.report(d, p, bd, true, now, true)
+			n.report(d, p, bd, true, now, true, false)
 			return
 		}
 	}
-	n.report(d, p, p.spec.lim.take(p.key, now, p.cost), false, now, true)
+	if p.spec.cid != "" {
+		bd, degraded := n.decideCluster(ctx, p, now)
+		n.report(d, p, bd, false, now, true, degraded)
+		return
+	}
+	n.report(d, p, p.spec.lim.take(p.key, now, p.cost), false, now, true, false)
 }
 
 // report turns one rule's bucket decision into the request's result. A
 // rejection is always counted (and fed to the penalty box and the
 // heavy-hitter sketches); an admission only when it was charged, so a rule
 // that a request passed but another rule rejected counts nothing.
-func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, now int64, charged bool) {
+func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, now int64, charged, degraded bool) {
 	c := p.c
 	r := d.next()
 	r.Rule = c.r.ID
@@ -299,6 +358,10 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	r.Allowed, r.Shadow, r.Locked = bd.Allowed, c.r.Shadow, locked
 	r.Remaining, r.Reset, r.RetryAfter, r.Delay = bd.Remaining, bd.Reset, bd.RetryAfter, bd.Delay
 	r.release, r.key, r.order, r.charged = p.spec.rel, p.key, int32(p.order), charged
+	if degraded {
+		r.Degraded, d.Degraded = true, true
+		n.noteDegraded(c, p, now)
+	}
 	stripe := p.key
 	switch {
 	case bd.Allowed:
@@ -345,7 +408,7 @@ func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (Check
 	p := pending{c: c, spec: c.specFor(key, ""), id: key, key: bucket.Mix(c.salt, n.hasher.Sum(key)), cost: cost}
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now}
-	n.record(&d, &p, now)
+	n.record(ctx, &d, &p, now)
 	r := d.Results()[0]
 	if r.release != nil && r.charged && r.Allowed && !r.ShadowRejected {
 		// Check has no request end to release at; a concurrency slot taken

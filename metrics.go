@@ -35,7 +35,7 @@ func (c *stripedCounter) load() uint64 {
 // ruleStats are one rule's counters. They belong to the rule id, not to a
 // rule-set version, so a reload does not reset them.
 type ruleStats struct {
-	allowed, rejected, shadow, lockouts stripedCounter
+	allowed, rejected, shadow, lockouts, degraded stripedCounter
 }
 
 func (n *Node) statsFor(id string) *ruleStats {
@@ -56,6 +56,9 @@ type RuleCounts struct {
 	Rejected       uint64 `json:"rejected"`
 	ShadowRejected uint64 `json:"shadow_rejected"`
 	Lockouts       uint64 `json:"lockouts"`
+	// FailOpen counts decisions made by on_failure because the owner was
+	// unreachable; it is zero in a healthy cluster and should alert.
+	FailOpen uint64 `json:"fail_open"`
 }
 
 // Counts returns every rule's decision counts, sorted by rule id. Rules
@@ -65,7 +68,7 @@ func (n *Node) Counts() []RuleCounts {
 	out := make([]RuleCounts, 0, len(n.ruleStats))
 	for id, s := range n.ruleStats {
 		out = append(out, RuleCounts{Rule: id, Allowed: s.allowed.load(), Rejected: s.rejected.load(),
-			ShadowRejected: s.shadow.load(), Lockouts: s.lockouts.load()})
+			ShadowRejected: s.shadow.load(), Lockouts: s.lockouts.load(), FailOpen: s.degraded.load()})
 	}
 	n.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Rule < out[j].Rule })
@@ -83,7 +86,7 @@ type metrics struct {
 	latencyMu sync.Mutex
 	latency   prometheus.Histogram
 
-	decisions, keysLive, keysEvicted, versionDesc, defaults *prometheus.Desc
+	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -101,6 +104,9 @@ func newMetrics(n *Node) *metrics {
 		decisions: prometheus.NewDesc("weir_decisions_total",
 			"Rule verdicts by rule and outcome (allowed, rejected, shadow_rejected, locked_out).",
 			[]string{"rule", "outcome"}, nil),
+		failOpen: prometheus.NewDesc("weir_fail_open_total",
+			"Decisions made by a rule's on_failure policy because the identity's owner was unreachable. Alert when it grows.",
+			[]string{"rule"}, nil),
 		keysLive: prometheus.NewDesc("weir_keys_live",
 			"Keys holding state, by algorithm store.", []string{"store"}, nil),
 		keysEvicted: prometheus.NewDesc("weir_keys_evicted_total",
@@ -124,6 +130,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.reloadErrors.Describe(ch)
 	m.latency.Describe(ch)
 	ch <- m.decisions
+	ch <- m.failOpen
 	ch <- m.keysLive
 	ch <- m.keysEvicted
 	ch <- m.versionDesc
@@ -141,6 +148,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Rejected), c.Rule, "rejected")
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.ShadowRejected), c.Rule, "shadow_rejected")
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Lockouts), c.Rule, "locked_out")
+		ch <- prometheus.MustNewConstMetric(m.failOpen, prometheus.CounterValue, float64(c.FailOpen), c.Rule)
 	}
 	for _, s := range m.n.stores.stats() {
 		ch <- prometheus.MustNewConstMetric(m.keysLive, prometheus.GaugeValue, float64(s.Live), s.Name)

@@ -1,6 +1,7 @@
 package weir
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"path"
@@ -53,8 +54,19 @@ func (n *Node) Middleware(next http.Handler) http.Handler {
 				return
 			}
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), decisionKey{}, &d)))
 	})
+}
+
+type decisionKey struct{}
+
+// FromContext returns the rate-limit Decision the middleware made for the
+// request whose context ctx is, so the upstream can see, for example, that
+// a decision was Degraded (made by on_failure while an owner was
+// unreachable). ok is false outside the middleware.
+func FromContext(ctx context.Context) (d *Decision, ok bool) {
+	d, ok = ctx.Value(decisionKey{}).(*Decision)
+	return d, ok
 }
 
 // RequestFromHTTP fills a Request from an HTTP request: method, path,

@@ -116,6 +116,11 @@ type Config struct {
 
 	// TopK is the length of the top throttled identities lists. Zero means 20.
 	TopK int
+
+	// Cluster, when set, makes the node a member of its region's cluster:
+	// shared and exact rules are then decided together with the other
+	// nodes. Nil: every rule is enforced on this node alone.
+	Cluster *ClusterConfig
 }
 
 // Node is one weir limiter. It is safe for concurrent use by many goroutines.
@@ -135,6 +140,7 @@ type Node struct {
 	holder  *quota.Holder
 	watcher *quota.Watcher
 	eng     engineHolder
+	cluster *clusterPart // nil without Config.Cluster
 
 	mu           sync.Mutex // guards closed and the rule-stats registry
 	closed       bool
@@ -211,7 +217,14 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 
+	if cfg.Cluster != nil {
+		if err := n.startCluster(cfg.Cluster); err != nil {
+			n.unregister()
+			return nil, err
+		}
+	}
 	if err := n.loadInitialRules(); err != nil {
+		n.stopCluster()
 		n.unregister()
 		return nil, err
 	}
@@ -334,9 +347,11 @@ func (n *Node) isClosed() bool {
 	return n.closed
 }
 
-// Close stops the rule watcher and unregisters the metrics. Decisions after
-// Close still work on the last rule set (a gateway draining its requests is
-// not refused), but SetRules returns ErrClosed. Close is idempotent.
+// Close reports this node's unconfirmed spend to the owners, leaves the
+// cluster gracefully, stops the rule watcher and unregisters the metrics.
+// Decisions after Close still work on the last rule set, per node (a
+// gateway draining its requests is not refused), but SetRules returns
+// ErrClosed. Close is idempotent.
 func (n *Node) Close() error {
 	n.mu.Lock()
 	if n.closed {
@@ -345,9 +360,11 @@ func (n *Node) Close() error {
 	}
 	n.closed = true
 	n.mu.Unlock()
-	var err error
+	err := n.stopCluster()
 	if n.watcher != nil {
-		err = n.watcher.Close()
+		if e := n.watcher.Close(); err == nil {
+			err = e
+		}
 	}
 	n.unregister()
 	return err

@@ -669,6 +669,44 @@ func cmpKey(a, b entryKey) int {
 	return cmp.Compare(a.identity, b.identity)
 }
 
+// Refund gives back cost tokens that Decide admitted for a request the
+// caller then did not let through (another rule rejected it). Only what can
+// be given back exactly is: an owner's own charge, or spend within this
+// node's slack not yet reported. A remote owner's admission is not given
+// back (conservative: it costs tokens, never admits too many).
+func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src Source) {
+	r, ok := c.rules[ruleID]
+	if !ok || cost <= 0 {
+		return
+	}
+	k := entryKey{ruleID, identity}
+	switch src {
+	case SourceOwner:
+		if oe := c.owned[k]; oe != nil {
+			oe.tat -= bucket.TAT(cost * r.gcra.Interval().Nanoseconds())
+		}
+	case SourceSlack:
+		if e := c.entries[k]; e != nil && e.spent-cost >= e.sent {
+			e.spent -= cost
+		}
+	}
+}
+
+// FlushAll queues a report of every identity's unsent spend, as a node does
+// before it leaves, so that the owners charge it.
+func (c *Coordinator) FlushAll(now int64) {
+	var due []entryKey
+	for k, e := range c.entries {
+		if e.spent > e.sent {
+			due = append(due, k)
+		}
+	}
+	slices.SortFunc(due, cmpKey)
+	for _, k := range due {
+		c.sync(now, k, c.entries[k])
+	}
+}
+
 // SetPeerDown marks a peer unreachable (its circuit breaker opened) or back.
 // While it is down, identities it owns are decided by on_failure, and its
 // pending requests are decided so at once.

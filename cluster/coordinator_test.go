@@ -454,3 +454,45 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal("two runs of one scenario differ")
 	}
 }
+
+// TestRefund: what Decide admitted from the owner's bucket or from unsent
+// slack is given back exactly; a remote owner's admission is not.
+func TestRefund(t *testing.T) {
+	rule := gcraRule("r", quota.ModeShared, 600, time.Second, 10)
+	h := newHarness(t, 3, time.Millisecond, rule)
+	id := "refund-me"
+	owner := h.ring.OwnerName(id)
+	c := h.nodes[owner]
+	for range 10 {
+		if o, _ := c.Decide(h.now, "r", id, 1); !o.Allowed || o.Source != SourceOwner {
+			t.Fatalf("owner decision: %+v", o)
+		}
+	}
+	if o, _ := c.Decide(h.now, "r", id, 1); o.Allowed {
+		t.Fatal("11th admitted from a burst of 10")
+	}
+	c.Refund(h.now, "r", id, 3, SourceOwner)
+	for i := range 3 {
+		if o, _ := c.Decide(h.now, "r", id, 1); !o.Allowed {
+			t.Fatalf("refunded token %d not usable", i)
+		}
+	}
+	var other string
+	for _, n := range h.names {
+		if n != owner {
+			other = n
+			break
+		}
+	}
+	nc := h.nodes[other]
+	o, _ := nc.Decide(h.now, "r", id, 1)
+	if o.Source != SourceSlack || !o.Allowed {
+		t.Skipf("no slack admission to refund (source %d)", o.Source)
+	}
+	e := nc.entries[entryKey{"r", id}]
+	before := e.spent
+	nc.Refund(h.now, "r", id, 1, SourceSlack)
+	if e.spent != before-1 && e.sent < before {
+		t.Fatalf("unsent slack spend not refunded: %d → %d (sent %d)", before, e.spent, e.sent)
+	}
+}

@@ -164,6 +164,14 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 	}
 }
 
+// Refund gives back what Decide admitted for a request that did not go
+// through after all (see Coordinator.Refund).
+func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
+	s.mu.Lock()
+	s.coord.Refund(s.now(), ruleID, identity, cost, src)
+	s.mu.Unlock()
+}
+
 // hasOutput reports (under mu) whether a flush would send anything; it is
 // cheap and conservative: any call that may have queued output says yes.
 func (s *Shell) hasOutput() bool { return len(s.coord.out) > 0 || len(s.coord.done) > 0 }
@@ -250,6 +258,44 @@ func (s *Shell) flusher() {
 	}
 }
 
+// Flush reports every identity's unsent spend to its owner and waits for
+// the exchanges (each bounded by CallTimeout): a node does it before it
+// leaves, so that what it admitted is charged.
+func (s *Shell) Flush() {
+	s.mu.Lock()
+	s.coord.FlushAll(s.now())
+	rd := s.coord.Ready()
+	s.complete(rd.Completions)
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, env := range rd.Messages {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
+			defer cancel()
+			msg := env.Msg
+			reply, err := s.cfg.Transport.Exchange(ctx, s.addrOf(env.To), &msg)
+			if err == nil && reply != nil && !reply.Empty() {
+				s.mu.Lock()
+				s.coord.Step(s.now(), env.To, reply)
+				s.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// addrOf returns a member's peer address from the ring (its name if absent).
+func (s *Shell) addrOf(name string) string {
+	if r := s.ring.Load(); r != nil {
+		if i := r.IndexOf(name); i >= 0 {
+			return r.Member(i).Addr
+		}
+	}
+	return name
+}
+
 // flush sends everything the core has queued, one exchange per peer.
 func (s *Shell) flush() {
 	s.mu.Lock()
@@ -264,13 +310,7 @@ func (s *Shell) flush() {
 // send exchanges one batch with a peer in its own goroutine and steps the
 // reply back in. Failures feed the peer's breaker.
 func (s *Shell) send(env Envelope) {
-	r := s.ring.Load()
-	addr := env.To
-	if r != nil {
-		if i := r.IndexOf(env.To); i >= 0 {
-			addr = r.Member(i).Addr
-		}
-	}
+	addr := s.addrOf(env.To)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

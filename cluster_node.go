@@ -1,0 +1,281 @@
+package weir
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/quota"
+)
+
+// ClusterConfig makes a Node a member of its region's cluster: nodes join a
+// memberlist ring, every identity has an owner node, and `shared` and
+// `exact` rules are decided together (see DESIGN.md and docs/rules.md).
+// Without it every rule is enforced per node, as `local`.
+type ClusterConfig struct {
+	// Name is this node's name, unique in the cluster. Required.
+	Name string
+	// Region is this node's region; only members of the same region share
+	// buckets. Required.
+	Region string
+	// GossipAddr is the "ip:port" memberlist binds (TCP and UDP); port 0
+	// picks a free one. Default "127.0.0.1:0".
+	GossipAddr string
+	// AdvertiseAddr is the gossip address other nodes reach, when it differs.
+	AdvertiseAddr string
+	// Join lists gossip addresses of members to join; empty starts a cluster.
+	Join []string
+	// SecretKey (16, 24 or 32 bytes) encrypts gossip; nodes without it
+	// cannot join.
+	SecretKey []byte
+	// RPCAddr is the "ip:port" the peer gRPC server listens on; port 0 picks
+	// a free one. Default "127.0.0.1:0".
+	RPCAddr string
+	// ServerTLS and ClientTLS secure peer RPC; set ServerTLS.ClientAuth to
+	// tls.RequireAndVerifyClientCert for mutual TLS. Nil: plaintext.
+	ServerTLS, ClientTLS *tls.Config
+	// SyncInterval bounds how long admitted spend stays unreported to an
+	// owner; zero means cluster.DefaultSyncInterval.
+	SyncInterval time.Duration
+	// DecideTimeout bounds how long a request waits for its owner before
+	// on_failure decides it; zero means cluster.DefaultDecideTimeout.
+	DecideTimeout time.Duration
+	// CallTimeout bounds one peer exchange; zero means 200ms.
+	CallTimeout time.Duration
+	// LocalTiming selects memberlist timings for a single machine (fast
+	// failure detection, for tests and the demo) instead of LAN defaults.
+	LocalTiming bool
+	// Label isolates clusters that share a network (and tests in one
+	// process): nodes with different labels ignore each other.
+	Label string
+}
+
+// clusterPart is a node's cluster machinery.
+type clusterPart struct {
+	mem   *cluster.Membership
+	tr    *cluster.GRPCTransport
+	shell *cluster.Shell
+	epoch atomic.Uint64
+	done  chan struct{}
+	wg    sync.WaitGroup
+
+	lastLog atomic.Int64 // unix ns of the last fail-open log line
+}
+
+// startCluster starts the transport, the shell and membership.
+func (n *Node) startCluster(cc *ClusterConfig) error {
+	if cc.Name == "" {
+		return errors.New("weir: Config.Cluster.Name: required")
+	}
+	if cc.Region == "" {
+		return errors.New("weir: Config.Cluster.Region: required")
+	}
+	rpc := cc.RPCAddr
+	if rpc == "" {
+		rpc = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", rpc)
+	if err != nil {
+		return fmt.Errorf("weir: Config.Cluster.RPCAddr: %w", err)
+	}
+	cp := &clusterPart{done: make(chan struct{})}
+	tr, err := cluster.NewGRPCTransport(cluster.GRPCConfig{
+		Self: cc.Name, Listener: ln, ServerTLS: cc.ServerTLS, ClientTLS: cc.ClientTLS, Logger: n.log,
+		Handler: func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
+			return cp.shell.Handle(ctx, from, m)
+		},
+	})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("weir: Config.Cluster: peer RPC: %w", err)
+	}
+	cp.tr = tr
+	sh, err := cluster.NewShell(cluster.ShellConfig{
+		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout},
+		Transport:   tr, CallTimeout: cc.CallTimeout, Clock: n.now, Logger: n.log,
+	})
+	if err != nil {
+		tr.Close()
+		return fmt.Errorf("weir: Config.Cluster: %w", err)
+	}
+	cp.shell = sh
+	// A ring of just this node until membership says otherwise.
+	self, _ := cluster.NewRing(0, []cluster.Member{{Name: cc.Name, Addr: tr.Addr()}})
+	sh.SetRing(self)
+	profile := cluster.ProfileLAN
+	if cc.LocalTiming {
+		profile = cluster.ProfileLocal
+	}
+	gossip := cc.GossipAddr
+	if gossip == "" {
+		gossip = "127.0.0.1:0"
+	}
+	mem, err := cluster.StartMembership(cluster.MembershipConfig{
+		Name: cc.Name, Region: cc.Region, BindAddr: gossip, AdvertiseAddr: cc.AdvertiseAddr, Join: cc.Join,
+		SecretKey: cc.SecretKey, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
+	})
+	if err != nil {
+		sh.Close()
+		tr.Close()
+		return fmt.Errorf("weir: Config.Cluster: membership: %w", err)
+	}
+	cp.mem = mem
+	n.cluster = cp
+	cp.wg.Add(1)
+	go n.watchMembers(cc.Region)
+	return nil
+}
+
+// watchMembers rebuilds the ring from the live members of this region on
+// every membership event and swaps it in whole.
+func (n *Node) watchMembers(region string) {
+	cp := n.cluster
+	defer cp.wg.Done()
+	for {
+		select {
+		case <-cp.done:
+			return
+		case _, ok := <-cp.mem.Events():
+			if !ok {
+				return
+			}
+			// Coalesce a burst of events into one ring.
+			for drained := false; !drained; {
+				select {
+				case _, ok := <-cp.mem.Events():
+					if !ok {
+						return
+					}
+				default:
+					drained = true
+				}
+			}
+			var members []cluster.Member
+			for _, mi := range cp.mem.Members() {
+				if mi.Meta.Region == region && mi.Meta.RPCAddr != "" {
+					members = append(members, cluster.Member{Name: mi.Name, Addr: mi.Meta.RPCAddr})
+				}
+			}
+			ring, err := cluster.NewRing(cp.epoch.Add(1), members)
+			if err != nil {
+				n.log.Error("membership gave an invalid ring; keeping the last one", "err", err)
+				continue
+			}
+			cp.shell.SetRing(ring)
+			n.log.Info("ring changed", "epoch", ring.Epoch(), "members", ring.Len())
+		}
+	}
+}
+
+// Members returns the names of the live members of this node's region as
+// the ring sees them (just this node without a cluster).
+func (n *Node) Members() []string {
+	if n.cluster == nil {
+		return nil
+	}
+	var out []string
+	for _, m := range n.cluster.shell.Ring().Members() {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// GossipAddr returns the memberlist address other nodes join ("" without a
+// cluster).
+func (n *Node) GossipAddr() string {
+	if n.cluster == nil {
+		return ""
+	}
+	return n.cluster.mem.GossipAddr()
+}
+
+// stopCluster leaves the ring gracefully and stops the machinery.
+func (n *Node) stopCluster() error {
+	cp := n.cluster
+	if cp == nil {
+		return nil
+	}
+	// Report unconfirmed spend while the owners are still reachable.
+	cp.shell.Flush()
+	err := cp.mem.Leave(2 * time.Second)
+	close(cp.done)
+	cp.wg.Wait()
+	cp.shell.Close()
+	if e := cp.tr.Close(); err == nil {
+		err = e
+	}
+	return err
+}
+
+// clusterRules registers the shared and exact rules of a set, and their
+// override and tier variants, with the coordinator, and marks each limit
+// spec with the coordinator rule id that decides it.
+func (n *Node) clusterRules(e *engine) {
+	if n.cluster == nil {
+		return
+	}
+	var params []cluster.RuleParams
+	add := func(c *crule, spec *limitSpec, suffix string, limit, burst int64) {
+		r := *c.r
+		r.Limit, r.Burst = limit, burst
+		r.ID = c.r.ID + suffix
+		p, err := cluster.NewRuleParams(&r, e.set.Version())
+		if err != nil {
+			n.log.Error("rule cannot be decided by the cluster; enforcing it per node", "rule", c.r.ID, "err", err)
+			return
+		}
+		params = append(params, p)
+		spec.cid = r.ID
+	}
+	for i := range e.rules {
+		c := &e.rules[i]
+		if c.r.Algorithm != quota.AlgorithmGCRA || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) {
+			continue
+		}
+		add(c, &c.base, "", c.base.limit, c.base.burst)
+		for id, s := range c.overrides {
+			add(c, s, "#override:"+id, s.limit, s.burst)
+		}
+		for name, s := range c.tiers {
+			add(c, s, "#tier:"+name, s.limit, s.burst)
+		}
+	}
+	n.cluster.shell.SetRules(params)
+}
+
+// decideCluster asks the coordinator for a cluster rule's decision.
+func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket.Decision, bool) {
+	o, err := n.cluster.shell.Decide(ctx, p.spec.cid, p.id, p.cost)
+	if err != nil {
+		// The caller gave up (ctx) or the rule is unknown mid-reload: the
+		// rule's local fallback decides, degraded.
+		o.Decision = p.spec.lim.take(p.key, now, p.cost)
+		o.Degraded = true
+		o.Source = cluster.SourceFailure
+	}
+	p.src = o.Source
+	return o.Decision, o.Degraded
+}
+
+// refundCluster gives back a cluster rule's admission of a request that
+// another rule then rejected.
+func (n *Node) refundCluster(p *pending) {
+	n.cluster.shell.Refund(p.spec.cid, p.id, p.cost, p.src)
+}
+
+// noteDegraded counts and logs (at most once a second) a decision made by
+// on_failure because the owner could not be reached.
+func (n *Node) noteDegraded(c *crule, p *pending, now int64) {
+	c.stats.degraded.add(p.key)
+	cp := n.cluster
+	if last := cp.lastLog.Load(); now-last >= int64(time.Second) && cp.lastLog.CompareAndSwap(last, now) {
+		n.log.Warn("owner unreachable: decided by on_failure", "rule", c.r.ID, "on_failure", c.r.OnFailure)
+	}
+}
