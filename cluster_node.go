@@ -202,8 +202,9 @@ func (n *Node) stopCluster() error {
 	if cp == nil {
 		return nil
 	}
-	// Report unconfirmed spend while the owners are still reachable.
-	cp.shell.Flush()
+	// Hand owned buckets to their next owners and report unconfirmed spend
+	// while the peers are still reachable.
+	cp.shell.Leave()
 	err := cp.mem.Leave(2 * time.Second)
 	close(cp.done)
 	cp.wg.Wait()

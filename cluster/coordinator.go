@@ -72,6 +72,12 @@ type CoordinatorConfig struct {
 	// DecideTimeout bounds how long a forwarded request waits; 0 means
 	// DefaultDecideTimeout.
 	DecideTimeout time.Duration
+	// Incarnation numbers this run of the node: the generations of its
+	// spend reports start above it, and an owner ignores reports of an
+	// older generation. A node restarted under the same name must use a
+	// larger value than any earlier run (the Shell uses its start time in
+	// nanoseconds), or its new reports would be taken for stale ones.
+	Incarnation uint64
 }
 
 // RuleParams is what the coordinator needs of a rule. Build it with
@@ -248,8 +254,10 @@ type entryKey struct{ rule, identity string }
 // ownerEntry is an identity's bucket on its owner, with the last report of
 // every node's current generation.
 type ownerEntry struct {
-	tat     bucket.TAT
-	reports []report
+	tat       bucket.TAT
+	reports   []report
+	warming   bool  // created during a warm-up, no handoff received yet
+	warmSpent int64 // admitted while warming
 }
 
 type report struct {
@@ -304,6 +312,8 @@ type Coordinator struct {
 	ticket   uint64
 	gen      uint64
 	stats    Stats
+	// warmUntil ends the warm-up that follows a ring change (see Decide).
+	warmUntil int64
 }
 
 // NewCoordinator returns a coordinator with no rules and no ring.
@@ -324,6 +334,7 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 		pending:  map[uint64]*pendingReq{},
 		down:     map[string]bool{},
 		out:      map[string]*Message{},
+		gen:      cfg.Incarnation,
 	}
 }
 
@@ -390,9 +401,31 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		oe := c.owned[k]
 		if oe == nil {
 			oe = &ownerEntry{}
+			// Right after a ring change this node may have become the
+			// owner of an identity whose bucket is still on its way from
+			// the old owner (a handoff): until it arrives, or the warm-up
+			// ends, admit only within this node's slack, so that no free
+			// window is handed out.
+			if now < c.warmUntil {
+				oe.warming = true
+			}
 			c.owned[k] = oe
 		}
-		return Outcome{Decision: r.gcra.Step(&oe.tat, now, cost), Source: SourceOwner}, nil
+		if oe.warming {
+			if now >= c.warmUntil {
+				oe.warming = false
+			} else if oe.warmSpent+cost > r.Slack(c.n()) {
+				d := r.gcra.Peek(oe.tat, now)
+				d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
+				c.stats.ViewRejects++
+				return Outcome{Decision: d, Source: SourceOwner}, nil
+			}
+		}
+		d := r.gcra.Step(&oe.tat, now, cost)
+		if oe.warming && d.Allowed {
+			oe.warmSpent += cost
+		}
+		return Outcome{Decision: d, Source: SourceOwner}, nil
 	}
 	e := c.entry(k, r, owner)
 	if c.down[owner] {
@@ -505,6 +538,7 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 			c.owned[k] = oe
 		}
 		oe.tat = max(oe.tat, bucket.TAT(now+h.Debt))
+		oe.warming = false
 	}
 	for _, s := range m.Syncs {
 		c.charge(now, from, s)
@@ -692,6 +726,26 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 	}
 }
 
+// HandoffAll queues, for every bucket this node owns, a handoff to its owner
+// in next (a ring without this node), and reports all unsent spend: what a
+// node does before it leaves gracefully, so that no state is lost and no
+// free window is handed out.
+func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
+	var keys []entryKey
+	for k := range c.owned {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, cmpKey)
+	for _, k := range keys {
+		oe := c.owned[k]
+		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && int64(oe.tat) > now {
+			m := c.outbox(o)
+			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
+		}
+	}
+	c.FlushAll(now)
+}
+
 // FlushAll queues a report of every identity's unsent spend, as a node does
 // before it leaves, so that the owners charge it.
 func (c *Coordinator) FlushAll(now int64) {
@@ -733,6 +787,9 @@ func (c *Coordinator) SetPeerDown(now int64, peer string, down bool) {
 // charged here when this node is the new owner); buckets this node owned and
 // no longer does are handed to their new owner.
 func (c *Coordinator) SetTable(now int64, t OwnerTable) {
+	if c.table != nil && c.table.Epoch() != t.Epoch() {
+		c.warmUntil = now + c.timeout
+	}
 	c.table = t
 	epoch := t.Epoch()
 	var moved []entryKey

@@ -496,3 +496,26 @@ func TestRefund(t *testing.T) {
 		t.Fatalf("unsent slack spend not refunded: %d → %d (sent %d)", before, e.spent, e.sent)
 	}
 }
+
+// TestRestartedNodeIsCharged: a node restarted under the same name reports
+// from a higher incarnation, so its owner charges it (a restart that began
+// its generations at zero again would be taken for stale and never charged).
+func TestRestartedNodeIsCharged(t *testing.T) {
+	rule := gcraRule("r", quota.ModeShared, 6000, time.Minute, 1000)
+	owner := NewCoordinator(CoordinatorConfig{Self: "owner"})
+	p, _ := NewRuleParams(&rule, 1)
+	owner.SetRules([]RuleParams{p})
+	now := t0
+	owner.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 1000 + 7, Total: 50}}})
+	owner.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 2000 + 1, Total: 5}}}) // the restarted run
+	oe := owner.owned[entryKey{"r", "x"}]
+	if got, want := int64(oe.tat)-now, 55*p.gcra.Interval().Nanoseconds(); got != want {
+		t.Fatalf("charged %d ns, want %d (50 + the restarted node's 5)", got, want)
+	}
+	c := NewCoordinator(CoordinatorConfig{Self: "gw", Incarnation: 2000})
+	c.SetRules([]RuleParams{p})
+	e := c.entry(entryKey{"r", "x"}, &p, "owner")
+	if e.gen <= 2000 {
+		t.Fatalf("generation %d does not start above the incarnation", e.gen)
+	}
+}

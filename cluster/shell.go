@@ -90,6 +90,14 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	if cfg.BreakerCooldown <= 0 {
 		cfg.BreakerCooldown = time.Second
 	}
+	if cfg.Clock == nil {
+		base := time.Now()
+		wall := base.UnixNano()
+		cfg.Clock = func() int64 { return wall + int64(time.Since(base)) }
+	}
+	if cfg.Coordinator.Incarnation == 0 {
+		cfg.Coordinator.Incarnation = uint64(cfg.Clock())
+	}
 	s := &Shell{
 		cfg:    cfg,
 		log:    cfg.Logger,
@@ -102,11 +110,6 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
-	}
-	if s.now == nil {
-		base := time.Now()
-		wall := base.UnixNano()
-		s.now = func() int64 { return wall + int64(time.Since(base)) }
 	}
 	s.wg.Add(2)
 	go s.ticker()
@@ -261,9 +264,30 @@ func (s *Shell) flusher() {
 // Flush reports every identity's unsent spend to its owner and waits for
 // the exchanges (each bounded by CallTimeout): a node does it before it
 // leaves, so that what it admitted is charged.
-func (s *Shell) Flush() {
+func (s *Shell) Flush() { s.flushWith(func(now int64) { s.coord.FlushAll(now) }) }
+
+// Leave hands every bucket this node owns to its owner in the ring without
+// this node, reports all unsent spend, and waits for the exchanges: the
+// graceful half of leaving (the caller then leaves the membership).
+func (s *Shell) Leave() {
+	r := s.ring.Load()
+	var rest []Member
+	for _, m := range r.Members() {
+		if m.Name != s.cfg.Coordinator.Self {
+			rest = append(rest, m)
+		}
+	}
+	next, err := NewRing(r.Epoch()+1, rest)
+	if err != nil || next.Len() == 0 {
+		s.Flush()
+		return
+	}
+	s.flushWith(func(now int64) { s.coord.HandoffAll(now, next) })
+}
+
+func (s *Shell) flushWith(queue func(now int64)) {
 	s.mu.Lock()
-	s.coord.FlushAll(s.now())
+	queue(s.now())
 	rd := s.coord.Ready()
 	s.complete(rd.Completions)
 	s.mu.Unlock()
