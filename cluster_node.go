@@ -67,6 +67,9 @@ type clusterPart struct {
 	wg    sync.WaitGroup
 
 	lastLog atomic.Int64 // unix ns of the last fail-open log line
+
+	region  string
+	version chan uint64 // rule-set versions to gossip, newest wins
 }
 
 // startCluster starts the transport, the shell and membership.
@@ -85,7 +88,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	if err != nil {
 		return fmt.Errorf("weir: Config.Cluster.RPCAddr: %w", err)
 	}
-	cp := &clusterPart{done: make(chan struct{})}
+	cp := &clusterPart{done: make(chan struct{}), region: cc.Region, version: make(chan uint64, 1)}
 	tr, err := cluster.NewGRPCTransport(cluster.GRPCConfig{
 		Self: cc.Name, Listener: ln, ServerTLS: cc.ServerTLS, ClientTLS: cc.ClientTLS, Logger: n.log,
 		Handler: func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
@@ -128,9 +131,65 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	cp.mem = mem
 	n.cluster = cp
-	cp.wg.Add(1)
+	cp.wg.Add(2)
 	go n.watchMembers(cc.Region)
+	go n.publishVersions()
 	return nil
+}
+
+// publishVersions gossips the rule-set version in force in this node's
+// metadata, so that every member can tell which version each one runs.
+func (n *Node) publishVersions() {
+	cp := n.cluster
+	defer cp.wg.Done()
+	for {
+		select {
+		case <-cp.done:
+			return
+		case v := <-cp.version:
+			meta := cp.mem.LocalMeta()
+			meta.RulesVersion = v
+			if err := cp.mem.SetMeta(meta); err != nil && !errors.Is(err, cluster.ErrBroadcastTimeout) {
+				n.log.Warn("could not gossip the rule version", "version", v, "err", err)
+			}
+		}
+	}
+}
+
+// announceVersion queues v for gossip, replacing a queued older one.
+func (cp *clusterPart) announceVersion(v uint64) {
+	for {
+		select {
+		case cp.version <- v:
+			return
+		default:
+		}
+		select {
+		case <-cp.version:
+		default:
+		}
+	}
+}
+
+// Peer is one live member of this node's region as gossip reports it.
+type Peer struct {
+	Name         string `json:"name"`
+	Region       string `json:"region"`
+	RPCAddr      string `json:"rpc_addr"`
+	RulesVersion uint64 `json:"rules_version"`
+}
+
+// Peers returns every live member of the cluster (all regions), sorted by
+// name, with the rule-set version each one runs; nil without a cluster.
+func (n *Node) Peers() []Peer {
+	if n.cluster == nil {
+		return nil
+	}
+	var out []Peer
+	for _, mi := range n.cluster.mem.Members() {
+		out = append(out, Peer{Name: mi.Name, Region: mi.Meta.Region, RPCAddr: mi.Meta.RPCAddr, RulesVersion: mi.Meta.RulesVersion})
+	}
+	return out
 }
 
 // watchMembers rebuilds the ring from the live members of this region on
@@ -249,6 +308,7 @@ func (n *Node) clusterRules(e *engine) {
 		}
 	}
 	n.cluster.shell.SetRules(params)
+	n.cluster.announceVersion(e.set.Version())
 }
 
 // decideCluster asks the coordinator for a cluster rule's decision.

@@ -118,6 +118,23 @@ func TestClusterOfNodes(t *testing.T) {
 			}
 		}
 	}
+	// A rule change on one node is gossiped: every member sees its version.
+	if err := nodes[1].SetRules(parseRules(t, clusterRules+`
+  - id: extra
+    key: [ip]
+    limit: 5
+    window: 1s
+`)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		for _, p := range nodes[0].Peers() {
+			if p.Name == "gw-1" {
+				return p.RulesVersion == 2
+			}
+		}
+		return false
+	})
 	// One node leaves: the others' rings shrink and decisions go on.
 	nodes[2].Close()
 	waitFor(t, func() bool { return len(nodes[0].Members()) == 2 && len(nodes[1].Members()) == 2 })
