@@ -106,7 +106,6 @@ package bucket
 // Swept and EvictedIdle may differ from Store's for the same sequence.
 
 import (
-	"fmt"
 	"math"
 	"math/bits"
 	"sync"
@@ -134,16 +133,14 @@ type gtable struct {
 // gshard is one shard: the table pointer read by the fast path on its own
 // 64-byte line, the mutex and the slow-path state on the next.
 type gshard struct {
-	table           atomic.Pointer[gtable]
-	_               [56]byte
-	mu              sync.Mutex
-	live            int // keys with a non-tomb slot (idle ones included until swept)
-	tombs           int // tombstones in the current table
-	hand            int // sweep hand, a slot index
-	evictedIdle     uint64
-	evictedForgiven uint64
-	swept           uint64
-	_               [8]byte
+	table atomic.Pointer[gtable]
+	_     [56]byte
+	mu    sync.Mutex
+	live  int // keys with a non-tomb slot (idle ones included until swept)
+	tombs int // tombstones in the current table
+	hand  int // sweep hand, a slot index
+	evictions
+	_ [8]byte
 }
 
 // GCRAStore maps 64-bit keys to GCRA TATs, like Store[TAT, *TAT] with the
@@ -154,35 +151,19 @@ type gshard struct {
 // deletes, the sweep, eviction and resizing take the shard mutex. Times
 // (now) must lie in [0, 2^62). Safe for concurrent use.
 type GCRAStore struct {
-	shards     []gshard
-	shardShift uint8 // 64 − log2(shards); 64 for one shard
-	shardBits  uint8
-	perShard   int
+	shards []gshard
+	layout
 }
 
 // NewGCRAStore returns an empty GCRAStore; cfg means what it means for
 // NewStore. Tables are allocated lazily on first insert. It returns an error
 // naming the bad field of cfg.
 func NewGCRAStore(cfg StoreConfig) (*GCRAStore, error) {
-	if cfg.MaxKeys == 0 {
-		cfg.MaxKeys = DefaultMaxKeys
+	lay, shards, err := newLayout(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Shards == 0 {
-		cfg.Shards = DefaultShards
-	}
-	if cfg.MaxKeys < 0 {
-		return nil, fmt.Errorf("bucket: StoreConfig.MaxKeys %d: must be >= 0", cfg.MaxKeys)
-	}
-	if cfg.Shards < 0 || cfg.Shards > 1<<16 || cfg.Shards&(cfg.Shards-1) != 0 {
-		return nil, fmt.Errorf("bucket: StoreConfig.Shards %d: must be a power of two in [1, 65536]", cfg.Shards)
-	}
-	sb := uint8(bits.TrailingZeros(uint(cfg.Shards)))
-	return &GCRAStore{
-		shards:     make([]gshard, cfg.Shards),
-		shardShift: 64 - sb,
-		shardBits:  sb,
-		perShard:   (cfg.MaxKeys + cfg.Shards - 1) / cfg.Shards,
-	}, nil
+	return &GCRAStore{shards: make([]gshard, shards), layout: lay}, nil
 }
 
 // Apply steps g with cost at now on key's TAT (a full bucket if absent) and
@@ -380,9 +361,7 @@ func (st *GCRAStore) Stats() StoreStats {
 		if t := sh.table.Load(); t != nil {
 			s.Slots += len(t.slots)
 		}
-		s.EvictedIdle += sh.evictedIdle
-		s.EvictedForgiven += sh.evictedForgiven
-		s.Swept += sh.swept
+		sh.evictions.addTo(&s)
 		sh.mu.Unlock()
 	}
 	return s

@@ -213,40 +213,12 @@ func TestGCRAStoreSealedFallback(t *testing.T) {
 }
 
 func TestGCRAStoreGrowShrinkSweep(t *testing.T) {
-	g := mustGCRA(t, 1, time.Second, 1) // one token per second
 	st := newGCRAStore(t, StoreConfig{Shards: 1})
-	now := int64(time.Hour)
-	for k := uint64(1); k <= 10_000; k++ {
-		st.Apply(k*0x10001, now, &g, 1)
-	}
-	checkGTable(t, st)
-	s := st.Stats()
-	if s.Live != 10_000 || s.Slots != 16384 {
-		t.Fatalf("after growth: %+v", s)
-	}
-	// Delete most keys: the table shrinks and stays consistent.
-	for k := uint64(1); k <= 9_900; k++ {
-		st.Delete(k * 0x10001)
-	}
-	checkGTable(t, st)
-	if s := st.Stats(); s.Live != 100 || s.Slots > 512 {
-		t.Fatalf("after shrink: %+v", s)
-	}
-	// Time passes: every bucket is full again. Inserts sweep the idle ones.
-	later := now + int64(2*time.Second)
-	for k := uint64(1); k <= 1000; k++ {
-		st.Apply(1<<40+k, later, &g, 1)
-	}
-	checkGTable(t, st)
-	s = st.Stats()
-	if s.Swept != 100 || s.Live != 1000 {
-		t.Fatalf("sweep: %+v", s)
-	}
-	for k := uint64(9_901); k <= 10_000; k++ {
-		if _, ok := st.find(st.shards[0].table.Load(), mix(k*0x10001)); ok {
-			t.Fatalf("idle key %d not swept", k)
-		}
-	}
+	testGrowShrinkSweep(t, st, func() { checkGTable(t, st) }, func(key uint64) bool {
+		_, ok := st.find(st.shards[0].table.Load(), mix(key))
+		return ok
+	})
+	later := int64(time.Hour) + int64(2*time.Second)
 	// Churn at a steady live count: tombstones are purged by same-size
 	// rebuilds, the table does not grow without bound.
 	g2 := mustGCRA(t, 1000, time.Second, 1)
@@ -261,76 +233,25 @@ func TestGCRAStoreGrowShrinkSweep(t *testing.T) {
 }
 
 func TestGCRAStoreEvictionAtCap(t *testing.T) {
-	g := mustGCRA(t, 1, time.Second, 10)
 	st := newGCRAStore(t, StoreConfig{Shards: 1, MaxKeys: 100})
-	now := int64(time.Hour)
-	// 100 keys: the odd ones barely spent (full again after 1 s), the even
-	// ones deep in debt.
-	for k := uint64(1); k <= 100; k++ {
-		cost := int64(1)
-		if k%2 == 0 {
-			cost = 10
-		}
-		st.Apply(k, now, &g, cost)
-	}
-	later := now + int64(time.Second) // odd keys idle, even keys still spent
-	for k := uint64(1001); k <= 1050; k++ {
-		st.Apply(k, later, &g, 10)
-	}
-	s := st.Stats()
-	if s.Live != 100 || s.EvictedForgiven != 0 || s.EvictedIdle+s.Swept != 50 {
-		t.Fatalf("idle first: %+v", s)
-	}
-	for k := uint64(2); k <= 100; k += 2 {
-		if _, ok := st.Peek(k, later); !ok {
-			t.Fatalf("spent key %d evicted before idle ones", k)
-		}
-	}
-	// Now everything is spent: further inserts forgive.
-	for k := uint64(2001); k <= 2010; k++ {
-		st.Apply(k, later, &g, 10)
-	}
-	s = st.Stats()
-	if s.Live != 100 || s.EvictedForgiven != 10 {
-		t.Fatalf("forgiven: %+v", s)
-	}
+	testEvictionAtCap(t, st)
 	checkGTable(t, st)
 }
 
 func TestGCRAStoreDeterministic(t *testing.T) {
-	run := func() (StoreStats, []uint64) {
-		g := mustGCRA(t, 10, time.Second, 3)
+	testDeterministic(t, func() (tatStore, func() []uint64) {
 		st := newGCRAStore(t, StoreConfig{Shards: 4, MaxKeys: 64})
-		h := NewSeededHasher(7)
-		now := int64(time.Hour)
-		var x uint64 = 1
-		for i := 0; i < 5000; i++ {
-			x = splitmix64(x)
-			now += int64(x % uint64(20*ms))
-			st.Apply(h.Sum(string(rune('a'+x%200))), now, &g, int64(x%3))
-		}
-		var live []uint64
-		for i := range st.shards {
-			for j := range st.shards[i].table.Load().slots {
-				sl := &st.shards[i].table.Load().slots[j]
-				live = append(live, sl.key.Load(), uint64(sl.tat.Load()))
+		return st, func() []uint64 {
+			var live []uint64
+			for i := range st.shards {
+				for j := range st.shards[i].table.Load().slots {
+					sl := &st.shards[i].table.Load().slots[j]
+					live = append(live, sl.key.Load(), uint64(sl.tat.Load()))
+				}
 			}
+			return live
 		}
-		return st.Stats(), live
-	}
-	s1, l1 := run()
-	s2, l2 := run()
-	if s1 != s2 || len(l1) != len(l2) {
-		t.Fatalf("stats differ: %+v %+v", s1, s2)
-	}
-	for i := range l1 {
-		if l1[i] != l2[i] {
-			t.Fatalf("layout differs at %d", i)
-		}
-	}
-	if s1.EvictedForgiven+s1.EvictedIdle == 0 {
-		t.Fatalf("test exercised no eviction: %+v", s1)
-	}
+	})
 }
 
 // TestGCRAStoreDifferential applies the same random single-threaded

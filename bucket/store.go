@@ -51,16 +51,14 @@ type slot[S any] struct {
 // backward-shift deletion, power-of-two size, max load 3/4. It is padded to
 // 128 bytes so no two shards share a cache line (or an adjacent-line pair).
 type shard[S any, P State[S]] struct {
-	mu              sync.Mutex
-	slots           []slot[S]
-	scratch         *S     // a heap cell for stepping a not-yet-inserted state without allocating
-	count           int    // occupied slots
-	hand            int    // sweep hand, a slot index
-	tshift          uint8  // 64 − log2(len(slots))
-	evictedIdle     uint64 // see StoreStats
-	evictedForgiven uint64
-	swept           uint64
-	_               [40]byte
+	mu        sync.Mutex
+	slots     []slot[S]
+	scratch   *S    // a heap cell for stepping a not-yet-inserted state without allocating
+	count     int   // occupied slots
+	hand      int   // sweep hand, a slot index
+	tshift    uint8 // 64 − log2(len(slots))
+	evictions       // see StoreStats
+	_         [40]byte
 }
 
 // Store maps 64-bit keys to per-key algorithm state S. It is safe for
@@ -72,15 +70,47 @@ type shard[S any, P State[S]] struct {
 // idle. Operations on one shard are deterministic: the same keys and times in
 // the same order give the same evictions.
 type Store[S any, P State[S]] struct {
-	shards     []shard[S, P]
-	shardShift uint8 // 64 − log2(shards); 64 for one shard
-	shardBits  uint8
-	perShard   int
+	shards []shard[S, P]
+	layout
 }
 
 // NewStore returns an empty Store. Tables are allocated lazily on first
 // insert. It returns an error naming the bad field of cfg.
 func NewStore[S any, P State[S]](cfg StoreConfig) (*Store[S, P], error) {
+	lay, shards, err := newLayout(cfg)
+	if err != nil {
+		return nil, err
+	}
+	st := &Store[S, P]{shards: make([]shard[S, P], shards), layout: lay}
+	for i := range st.shards {
+		st.shards[i].scratch = new(S)
+	}
+	return st, nil
+}
+
+// evictions are a shard's removal counters (see StoreStats), shared by
+// Store and GCRAStore. Guarded by the shard's mutex.
+type evictions struct {
+	evictedIdle, evictedForgiven, swept uint64
+}
+
+func (e *evictions) addTo(s *StoreStats) {
+	s.EvictedIdle += e.evictedIdle
+	s.EvictedForgiven += e.evictedForgiven
+	s.Swept += e.swept
+}
+
+// layout is how a store spreads keys over shards; Store and GCRAStore share
+// it, and its validation.
+type layout struct {
+	shardShift uint8 // 64 − log2(shards); 64 for one shard
+	shardBits  uint8
+	perShard   int // the key cap of one shard
+}
+
+// newLayout applies cfg's defaults and checks it. It returns the layout and
+// the number of shards, or an error naming the bad field.
+func newLayout(cfg StoreConfig) (layout, int, error) {
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
@@ -88,22 +118,13 @@ func NewStore[S any, P State[S]](cfg StoreConfig) (*Store[S, P], error) {
 		cfg.Shards = DefaultShards
 	}
 	if cfg.MaxKeys < 0 {
-		return nil, fmt.Errorf("bucket: StoreConfig.MaxKeys %d: must be >= 0", cfg.MaxKeys)
+		return layout{}, 0, fmt.Errorf("bucket: StoreConfig.MaxKeys %d: must be >= 0", cfg.MaxKeys)
 	}
 	if cfg.Shards < 0 || cfg.Shards > 1<<16 || cfg.Shards&(cfg.Shards-1) != 0 {
-		return nil, fmt.Errorf("bucket: StoreConfig.Shards %d: must be a power of two in [1, 65536]", cfg.Shards)
+		return layout{}, 0, fmt.Errorf("bucket: StoreConfig.Shards %d: must be a power of two in [1, 65536]", cfg.Shards)
 	}
 	sb := uint8(bits.TrailingZeros(uint(cfg.Shards)))
-	st := &Store[S, P]{
-		shards:     make([]shard[S, P], cfg.Shards),
-		shardShift: 64 - sb,
-		shardBits:  sb,
-		perShard:   (cfg.MaxKeys + cfg.Shards - 1) / cfg.Shards,
-	}
-	for i := range st.shards {
-		st.shards[i].scratch = new(S)
-	}
-	return st, nil
+	return layout{shardShift: 64 - sb, shardBits: sb, perShard: (cfg.MaxKeys + cfg.Shards - 1) / cfg.Shards}, cfg.Shards, nil
 }
 
 // mix maps a caller's key to the stored key: a bijection with 0 reserved.
@@ -237,9 +258,7 @@ func (st *Store[S, P]) Stats() StoreStats {
 		sh.mu.Lock()
 		s.Live += sh.count
 		s.Slots += len(sh.slots)
-		s.EvictedIdle += sh.evictedIdle
-		s.EvictedForgiven += sh.evictedForgiven
-		s.Swept += sh.swept
+		sh.evictions.addTo(&s)
 		sh.mu.Unlock()
 	}
 	return s

@@ -102,13 +102,25 @@ func checkTable[S any, P State[S]](t *testing.T, st *Store[S, P]) {
 }
 
 func TestStoreGrowShrinkSweep(t *testing.T) {
-	g := mustGCRA(t, 1, time.Second, 1) // one token per second
 	st := newTATStore(t, StoreConfig{Shards: 1})
+	testGrowShrinkSweep(t, genericTAT{st}, func() { checkTable(t, st) }, func(key uint64) bool {
+		h := mix(key)
+		_, ok := st.find(st.shardOf(h), h)
+		return ok
+	})
+}
+
+// testGrowShrinkSweep: tables grow, shrink when sparse, and inserts sweep
+// idle entries away. check verifies the table's invariants; present looks
+// a key up in the table itself, idle or not.
+func testGrowShrinkSweep(t *testing.T, st tatStore, check func(), present func(key uint64) bool) {
+	t.Helper()
+	g := mustGCRA(t, 1, time.Second, 1) // one token per second
 	now := int64(time.Hour)
 	for k := uint64(1); k <= 10_000; k++ {
 		st.Apply(k*0x10001, now, &g, 1)
 	}
-	checkTable(t, st)
+	check()
 	s := st.Stats()
 	if s.Live != 10_000 || s.Slots != 16384 {
 		t.Fatalf("after growth: %+v", s)
@@ -117,7 +129,7 @@ func TestStoreGrowShrinkSweep(t *testing.T) {
 	for k := uint64(1); k <= 9_900; k++ {
 		st.Delete(k * 0x10001)
 	}
-	checkTable(t, st)
+	check()
 	if s := st.Stats(); s.Live != 100 || s.Slots > 512 {
 		t.Fatalf("after shrink: %+v", s)
 	}
@@ -126,22 +138,45 @@ func TestStoreGrowShrinkSweep(t *testing.T) {
 	for k := uint64(1); k <= 1000; k++ {
 		st.Apply(1<<40+k, later, &g, 1)
 	}
-	checkTable(t, st)
+	check()
 	s = st.Stats()
 	if s.Swept != 100 || s.Live != 1000 {
 		t.Fatalf("sweep: %+v", s)
 	}
 	for k := uint64(9_901); k <= 10_000; k++ {
-		h := mix(k * 0x10001)
-		if _, ok := st.find(st.shardOf(h), h); ok {
+		if present(k * 0x10001) {
 			t.Fatalf("idle key %d not swept", k)
 		}
 	}
 }
 
+// tatStore is what the shared store tests need; Store[TAT] (through
+// genericTAT) and GCRAStore both pass it.
+type tatStore interface {
+	Apply(key uint64, now int64, g *GCRA, cost int64) Decision
+	Peek(key uint64, now int64) (TAT, bool)
+	Delete(key uint64)
+	Stats() StoreStats
+}
+
+// genericTAT gives Store[TAT] GCRAStore's Apply signature.
+type genericTAT struct{ *Store[TAT, *TAT] }
+
+func (s genericTAT) Apply(key uint64, now int64, g *GCRA, cost int64) Decision {
+	return s.Store.Apply(key, now, g, cost)
+}
+
 func TestStoreEvictionAtCap(t *testing.T) {
-	g := mustGCRA(t, 1, time.Second, 10)
 	st := newTATStore(t, StoreConfig{Shards: 1, MaxKeys: 100})
+	testEvictionAtCap(t, genericTAT{st})
+	checkTable(t, st)
+}
+
+// testEvictionAtCap: at the key cap, idle entries go first; only when every
+// entry is spent is one evicted, and counted as forgiven.
+func testEvictionAtCap(t *testing.T, st tatStore) {
+	t.Helper()
+	g := mustGCRA(t, 1, time.Second, 10)
 	now := int64(time.Hour)
 	// 100 keys: the odd ones barely spent (full again after 1 s), the even
 	// ones deep in debt.
@@ -173,13 +208,31 @@ func TestStoreEvictionAtCap(t *testing.T) {
 	if s.Live != 100 || s.EvictedForgiven != 10 {
 		t.Fatalf("forgiven: %+v", s)
 	}
-	checkTable(t, st)
 }
 
 func TestStoreDeterministic(t *testing.T) {
+	testDeterministic(t, func() (tatStore, func() []uint64) {
+		st := newTATStore(t, StoreConfig{Shards: 4, MaxKeys: 64})
+		return genericTAT{st}, func() []uint64 {
+			var live []uint64
+			for i := range st.shards {
+				for _, sl := range st.shards[i].slots {
+					live = append(live, sl.key)
+				}
+			}
+			return live
+		}
+	})
+}
+
+// testDeterministic: the same keys and times in the same order give the
+// same evictions, counters and table layout. build returns a fresh store
+// (4 shards, MaxKeys 64) and a function that lists its table contents.
+func testDeterministic(t *testing.T, build func() (tatStore, func() []uint64)) {
+	t.Helper()
 	run := func() (StoreStats, []uint64) {
 		g := mustGCRA(t, 10, time.Second, 3)
-		st := newTATStore(t, StoreConfig{Shards: 4, MaxKeys: 64})
+		st, layout := build()
 		h := NewSeededHasher(7)
 		now := int64(time.Hour)
 		var x uint64 = 1
@@ -188,13 +241,7 @@ func TestStoreDeterministic(t *testing.T) {
 			now += int64(x % uint64(20*ms))
 			st.Apply(h.Sum(string(rune('a'+x%200))), now, &g, int64(x%3))
 		}
-		var live []uint64
-		for i := range st.shards {
-			for _, sl := range st.shards[i].slots {
-				live = append(live, sl.key)
-			}
-		}
-		return st.Stats(), live
+		return st.Stats(), layout()
 	}
 	s1, l1 := run()
 	s2, l2 := run()
