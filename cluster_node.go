@@ -171,7 +171,8 @@ func (cp *clusterPart) announceVersion(v uint64) {
 	}
 }
 
-// Peer is one live member of this node's region as gossip reports it.
+// Peer is one live member of the cluster, of any region, as gossip reports
+// it.
 type Peer struct {
 	Name         string `json:"name"`
 	Region       string `json:"region"`

@@ -82,7 +82,8 @@ type Decision struct {
 	// Delay is how long the caller must hold the request before forwarding
 	// it (leaky-bucket rules smooth their output this way); zero otherwise.
 	Delay time.Duration
-	// At is the decision's time; Reset and RetryAfter count from it.
+	// At is the decision's time; Reset and RetryAfter count from it. It is
+	// zero when no rule applied.
 	At time.Time
 	// Degraded is true when some rule was decided by its on_failure policy
 	// because the identity's owner could not be reached. Such decisions are

@@ -17,6 +17,7 @@ import (
 type engine struct {
 	set   *quota.Set
 	rules []crule
+	needs inputs // the request attributes some rule reads
 }
 
 type engineHolder struct{ p atomic.Pointer[engine] }
@@ -55,34 +56,34 @@ func (n *Node) install(set *quota.Set) {
 		c := &e.rules[i]
 		c.r = r
 		c.salt = n.hasher.Sum("rule\x00" + r.ID)
+		for _, k := range r.Key {
+			e.needs.ip = e.needs.ip || k.Kind == quota.KeyIP
+			e.needs.user = e.needs.user || k.Kind == quota.KeyUser
+		}
+		e.needs.tier = e.needs.tier || len(r.Tiers) > 0
 		c.stats = n.statsFor(r.ID)
 		// NewSet validated the rule, so building its limiters cannot fail;
 		// a failure here is a bug in the validation, reported loudly.
-		spec, err := n.stores.spec(r, r.Limit, r.Burst)
-		if err != nil {
-			panic(fmt.Sprintf("weir: rule %q passed validation but does not compile: %v", r.ID, err))
+		spec := func(what string, limit, burst int64) *limitSpec {
+			s, err := n.stores.spec(r, limit, burst)
+			if err != nil {
+				panic(fmt.Sprintf("weir: rule %q%s passed validation but does not compile: %v", r.ID, what, err))
+			}
+			return &s
 		}
-		c.base = spec
+		c.base = *spec("", r.Limit, r.Burst)
 		if len(r.Overrides) > 0 {
 			c.overrides = make(map[string]*limitSpec, len(r.Overrides))
 			for _, o := range r.Overrides {
 				l, b := r.LimitsFor(o.Identity, "")
-				s, err := n.stores.spec(r, l, b)
-				if err != nil {
-					panic(fmt.Sprintf("weir: rule %q override %q does not compile: %v", r.ID, o.Identity, err))
-				}
-				c.overrides[o.Identity] = &s
+				c.overrides[o.Identity] = spec(" override "+o.Identity, l, b)
 			}
 		}
 		if len(r.Tiers) > 0 {
 			c.tiers = make(map[string]*limitSpec, len(r.Tiers))
 			for _, t := range r.Tiers {
 				l, b := r.LimitsFor("", t.Name)
-				s, err := n.stores.spec(r, l, b)
-				if err != nil {
-					panic(fmt.Sprintf("weir: rule %q tier %q does not compile: %v", r.ID, t.Name, err))
-				}
-				c.tiers[t.Name] = &s
+				c.tiers[t.Name] = spec(" tier "+t.Name, l, b)
 			}
 		}
 		if r.Penalty != nil {
@@ -97,7 +98,6 @@ func (n *Node) install(set *quota.Set) {
 	}
 	n.clusterRules(e)
 	n.eng.store(e)
-	n.metrics.version.Store(set.Version())
 }
 
 // specFor returns the limits that apply to identity under tier.
@@ -181,12 +181,12 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 	d.Allowed, d.limiting = true, -1
 	var mbuf [16]int
 	idx := e.set.Match(req.Method, req.Path, mbuf[:0])
+	if len(idx) == 0 {
+		return // no rule applies: no clock read either
+	}
 	now := n.now()
 	d.now = now
 	d.At = time.Unix(0, now)
-	if len(idx) == 0 {
-		return
-	}
 
 	var pbuf [inlineResults]pending
 	ps := pbuf[:0]
@@ -241,8 +241,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 				continue
 			}
 			if !d.Allowed {
-				bd, locked := n.peek(p, now)
-				n.report(d, p, bd, locked, now, false, false)
+				n.reportUncharged(d, p, now)
 				continue
 			}
 			n.record(ctx, d, p, now)
@@ -257,8 +256,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		if !d.Allowed {
 			for i := range ps {
 				if p := &ps[i]; !p.c.r.Shadow && p.spec.cid == "" {
-					bd, locked := n.peek(p, now)
-					n.report(d, p, bd, locked, now, false, false)
+					n.reportUncharged(d, p, now)
 				}
 			}
 			n.shadows(ctx, d, ps, now)
@@ -284,10 +282,9 @@ func (n *Node) shadows(ctx context.Context, d *Decision, ps []pending, now int64
 		}
 		if d.Allowed {
 			n.record(ctx, d, p, now)
-			continue
+		} else {
+			n.reportUncharged(d, p, now)
 		}
-		bd, locked := n.peek(p, now)
-		n.report(d, p, bd, locked, now, false, false)
 	}
 }
 
@@ -295,10 +292,8 @@ func (n *Node) shadows(ctx context.Context, d *Decision, ps []pending, now int64
 // looked at without asking its owner: it reports this node's fallback
 // bucket, which is what it would enforce on failure.
 func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
-	if p.c.penalty != nil {
-		if bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0); !bd.Allowed {
-			return bd, true
-		}
+	if bd, locked := n.locked(p, now); locked {
+		return bd, true
 	}
 	if p.spec.cid != "" {
 		bd := p.spec.lim.peek(p.key, now, 0)
@@ -306,6 +301,16 @@ func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
 		return bd, false
 	}
 	return p.spec.lim.peek(p.key, now, p.cost), false
+}
+
+// locked reports whether p's identity sits in the rule's penalty box, with
+// the box's decision (RetryAfter until the lockout ends).
+func (n *Node) locked(p *pending, now int64) (bucket.Decision, bool) {
+	if p.c.penalty == nil {
+		return bucket.Decision{}, false
+	}
+	bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0)
+	return bd, !bd.Allowed
 }
 
 // rejectAll reports a request that enforced rule ps[first] rejects on look.
@@ -318,24 +323,29 @@ func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int
 		case i == first:
 			n.report(d, p, firstDec, firstLocked, now, false, false)
 		default:
-			bd, locked := n.peek(p, now)
-			if bd.Allowed {
-				bd = p.spec.lim.peek(p.key, now, 0)
-				bd.Allowed = true
-			}
-			n.report(d, p, bd, locked, now, false, false)
+			n.reportUncharged(d, p, now)
 		}
 	}
 	n.shadows(ctx, d, ps, now)
 }
 
+// reportUncharged reports rule p of a request that another rule rejected:
+// nothing is charged; a rule that would have rejected too says so, one that
+// would have passed reports its state as it stands.
+func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
+	bd, locked := n.peek(p, now)
+	if bd.Allowed && p.spec.cid == "" { // a cluster rule's peek is already the state as it stands
+		bd = p.spec.lim.peek(p.key, now, 0)
+		bd.Allowed = true
+	}
+	n.report(d, p, bd, locked, now, false, false)
+}
+
 // record charges p and reports the outcome into d.
 func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
-	if p.c.penalty != nil {
-		if bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0); !bd.Allowed {
-			n.report(d, p, bd, true, now, true, false)
-			return
-		}
+	if bd, locked := n.locked(p, now); locked {
+		n.report(d, p, bd, true, now, true, false)
+		return
 	}
 	if p.spec.cid != "" {
 		bd, degraded := n.decideCluster(ctx, p, now)
@@ -372,11 +382,11 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 		r.Allowed = true
 		r.ShadowRejected = true
 		c.stats.shadow.add(stripe)
-		n.shadowed.Add(now, c.r.ID+" "+p.id, 1)
+		n.shadowed.AddPair(now, c.r.ID, p.id, 1)
 	default:
 		d.Allowed = false
 		c.stats.rejected.add(stripe)
-		n.throttled.Add(now, c.r.ID+" "+p.id, 1)
+		n.throttled.AddPair(now, c.r.ID, p.id, 1)
 		if c.penalty != nil && !locked {
 			if bl := n.stores.penalty.Apply(p.key, now, c.penaltyRec, 1); !bl.Allowed {
 				c.stats.lockouts.add(stripe)

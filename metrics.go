@@ -2,7 +2,6 @@ package weir
 
 import (
 	"sort"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -80,11 +79,8 @@ func (n *Node) Counts() []RuleCounts {
 // path never touches a Prometheus object.
 type metrics struct {
 	n            *Node
-	version      atomic.Uint64
 	reloadErrors prometheus.Counter
-
-	latencyMu sync.Mutex
-	latency   prometheus.Histogram
+	latency      prometheus.Histogram // safe for concurrent use on its own
 
 	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults *prometheus.Desc
 }
@@ -119,11 +115,7 @@ func newMetrics(n *Node) *metrics {
 	}
 }
 
-func (m *metrics) observeLatency(d time.Duration) {
-	m.latencyMu.Lock()
-	m.latency.Observe(d.Seconds())
-	m.latencyMu.Unlock()
-}
+func (m *metrics) observeLatency(d time.Duration) { m.latency.Observe(d.Seconds()) }
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
@@ -140,9 +132,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.reloadErrors.Collect(ch)
-	m.latencyMu.Lock()
 	m.latency.Collect(ch)
-	m.latencyMu.Unlock()
 	for _, c := range m.n.Counts() {
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Allowed), c.Rule, "allowed")
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Rejected), c.Rule, "rejected")
@@ -155,7 +145,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.keysEvicted, prometheus.CounterValue, float64(s.EvictedIdle), s.Name, "idle")
 		ch <- prometheus.MustNewConstMetric(m.keysEvicted, prometheus.CounterValue, float64(s.EvictedForgiven), s.Name, "forgiven")
 	}
-	ch <- prometheus.MustNewConstMetric(m.versionDesc, prometheus.GaugeValue, float64(m.version.Load()))
+	if e := m.n.eng.load(); e != nil { // nil only while New is still loading rules
+		ch <- prometheus.MustNewConstMetric(m.versionDesc, prometheus.GaugeValue, float64(e.set.Version()))
+	}
 	def := 0.0
 	if m.n.Status().UsingDefaultRules {
 		def = 1

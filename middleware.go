@@ -29,7 +29,7 @@ import (
 // next returns.
 func (n *Node) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req := n.RequestFromHTTP(r)
+		req := n.requestFromHTTP(r, n.eng.load().needs)
 		d := n.Allow(r.Context(), req)
 		defer d.Done()
 		if d.Err != nil {
@@ -74,17 +74,27 @@ func FromContext(ctx context.Context) (d *Decision, ok bool) {
 // from Config.TrustedProxies), and the user and tier from Config.UserFunc
 // and Config.TierFunc.
 func (n *Node) RequestFromHTTP(r *http.Request) Request {
+	return n.requestFromHTTP(r, inputs{ip: true, user: true, tier: true})
+}
+
+// inputs says which request attributes some rule in force reads, so the
+// middleware derives (and allocates) only those.
+type inputs struct{ ip, user, tier bool }
+
+func (n *Node) requestFromHTTP(r *http.Request, need inputs) Request {
 	req := Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
 	// An unparseable peer address (never from net/http's server, possible
 	// from a hand-made request) yields no client IP rather than an identity
 	// the caller did not mean.
-	if ip, err := n.ip.ClientIP(r.RemoteAddr, r.Header); err == nil {
-		req.ClientIP = ip.String()
+	if need.ip {
+		if ip, err := n.ip.ClientIP(r.RemoteAddr, r.Header); err == nil {
+			req.ClientIP = ip.String()
+		}
 	}
-	if n.cfg.UserFunc != nil {
+	if need.user && n.cfg.UserFunc != nil {
 		req.User = n.cfg.UserFunc(r)
 	}
-	if n.cfg.TierFunc != nil {
+	if need.tier && n.cfg.TierFunc != nil {
 		req.Tier = n.cfg.TierFunc(r)
 	}
 	return req
@@ -121,25 +131,48 @@ func writeHeaders(h http.Header, d *Decision) {
 	if !ok {
 		return
 	}
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(lim.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(lim.Remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(time.Duration(d.At.UnixNano())+lim.Reset), 10))
-
-	var policy, state strings.Builder
+	// All five values are built in one buffer and turned into one string;
+	// the header keys are written in canonical form, so net/http need not
+	// canonicalise (and allocate) them on every response.
+	var stack [256]byte
+	b := stack[:0]
+	var ends [5]int
+	b = strconv.AppendInt(b, lim.Limit, 10)
+	ends[0] = len(b)
+	b = strconv.AppendInt(b, lim.Remaining, 10)
+	ends[1] = len(b)
+	b = strconv.AppendInt(b, ceilSeconds(time.Duration(d.At.UnixNano())+lim.Reset), 10)
+	ends[2] = len(b)
+	// Rule ids are restricted to [A-Za-z0-9_.:-], so they need no escaping
+	// inside a structured-field string.
 	for i, r := range d.Results() {
 		if i > 0 {
-			policy.WriteString(", ")
-			state.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		// Rule ids are restricted to [A-Za-z0-9_.:-], so they need no
-		// escaping inside a structured-field string.
-		policy.WriteString(`"` + r.Rule + `";q=` + strconv.FormatInt(r.Limit, 10) +
-			";w=" + strconv.FormatInt(max(ceilSeconds(r.Window), 1), 10))
-		state.WriteString(`"` + r.Rule + `";r=` + strconv.FormatInt(r.Remaining, 10) +
-			";t=" + strconv.FormatInt(ceilSeconds(r.Reset), 10))
+		b = append(append(append(b, '"'), r.Rule...), `";q=`...)
+		b = strconv.AppendInt(b, r.Limit, 10)
+		b = strconv.AppendInt(append(b, ";w="...), max(ceilSeconds(r.Window), 1), 10)
 	}
-	h.Set("RateLimit-Policy", policy.String())
-	h.Set("RateLimit", state.String())
+	ends[3] = len(b)
+	for i, r := range d.Results() {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(append(append(b, '"'), r.Rule...), `";r=`...)
+		b = strconv.AppendInt(b, r.Remaining, 10)
+		b = strconv.AppendInt(append(b, ";t="...), ceilSeconds(r.Reset), 10)
+	}
+	ends[4] = len(b)
+	all := string(b)
+	vals := make([]string, 5)
+	for i, start := range [5]int{0, ends[0], ends[1], ends[2], ends[3]} {
+		vals[i] = all[start:ends[i]]
+	}
+	h["X-Ratelimit-Limit"] = vals[0:1:1]
+	h["X-Ratelimit-Remaining"] = vals[1:2:2]
+	h["X-Ratelimit-Reset"] = vals[2:3:3]
+	h["Ratelimit-Policy"] = vals[3:4:4]
+	h["Ratelimit"] = vals[4:5:5]
 }
 
 // problem is an RFC 9457 problem details body.

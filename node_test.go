@@ -693,3 +693,50 @@ rules:
 		t.Errorf("tier: %d admitted, want 2 (the tier's burst defaults to the rule's)", got)
 	}
 }
+
+// TestDecisionsAllocateNothing: admitting and rejecting a request for a key
+// already present allocate nothing, even with a long identity (an abusive
+// client makes the rejection path the hot one).
+func TestDecisionsAllocateNothing(t *testing.T) {
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: clk.Now})
+	req := weir.Request{Method: "GET", Path: "/search", Header: http.Header{"X-Api-Key": {strings.Repeat("k", 64)}}}
+	ctx := context.Background()
+	n.Allow(ctx, req)
+	if a := testing.AllocsPerRun(10, func() { n.Allow(ctx, req) }); a != 0 {
+		t.Errorf("admission: %v allocations per decision", a)
+	}
+	for range 30 {
+		n.Allow(ctx, req) // spend the burst: what follows is rejected
+	}
+	if n.Allow(ctx, req).Allowed {
+		t.Fatal("the burst was not spent")
+	}
+	if a := testing.AllocsPerRun(1000, func() { n.Allow(ctx, req) }); a != 0 {
+		t.Errorf("rejection: %v allocations per decision", a)
+	}
+}
+
+// TestFromContext: the upstream behind the middleware sees the decision the
+// middleware made (to learn, for example, that it was Degraded).
+func TestFromContext(t *testing.T) {
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: newFakeClock().Now})
+	var seen *weir.Decision
+	h := n.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, ok := weir.FromContext(r.Context())
+		if !ok {
+			t.Error("no decision in the upstream's context")
+			return
+		}
+		seen = d
+	}))
+	r := httptest.NewRequest("GET", "/search", nil)
+	r.Header.Set("X-API-Key", "ctx")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	if seen == nil || !seen.Allowed || seen.Degraded || len(seen.Results()) != 1 || seen.Results()[0].Rule != "search" || seen.Results()[0].Remaining != 19 {
+		t.Fatalf("decision seen upstream: %+v", seen)
+	}
+	if _, ok := weir.FromContext(context.Background()); ok {
+		t.Fatal("FromContext found a decision outside the middleware")
+	}
+}

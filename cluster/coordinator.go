@@ -843,6 +843,9 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 	}
 }
 
+// HasReady reports whether Ready would return anything.
+func (c *Coordinator) HasReady() bool { return len(c.out) > 0 || len(c.done) > 0 }
+
 // Ready returns, and forgets, the messages to send (one per destination,
 // sorted by name) and the completions to hand out (in ticket order of
 // arrival).

@@ -145,7 +145,7 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 	now := s.now()
 	o, err := s.coord.Decide(now, ruleID, identity, cost)
 	if err != nil || !o.Pending {
-		queued := s.hasOutput()
+		queued := s.coord.HasReady()
 		s.mu.Unlock()
 		if queued {
 			s.kick()
@@ -174,10 +174,6 @@ func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
 	s.coord.Refund(s.now(), ruleID, identity, cost, src)
 	s.mu.Unlock()
 }
-
-// hasOutput reports (under mu) whether a flush would send anything; it is
-// cheap and conservative: any call that may have queued output says yes.
-func (s *Shell) hasOutput() bool { return len(s.coord.out) > 0 || len(s.coord.done) > 0 }
 
 // kick asks the flusher to send after the linger.
 func (s *Shell) kick() {

@@ -70,12 +70,7 @@ func TestInmemRoundTrip(t *testing.T) {
 }
 
 func TestInmemCutHeal(t *testing.T) {
-	checkTransportLeaks(t)
-	n := NewInmemNetwork()
-	var calls atomic.Int64
-	a := n.Transport("a", echo(&calls))
-	b := n.Transport("b", echo(&calls))
-	t.Cleanup(func() { a.Close(); b.Close() })
+	n, a, _, calls := inmemPair(t)
 	m := &Message{Epoch: 1}
 
 	for _, cut := range []string{"b", "a"} { // cutting either end cuts the link
@@ -105,12 +100,7 @@ func TestInmemCutHeal(t *testing.T) {
 }
 
 func TestInmemDelay(t *testing.T) {
-	checkTransportLeaks(t)
-	n := NewInmemNetwork()
-	var calls atomic.Int64
-	a := n.Transport("a", echo(&calls))
-	b := n.Transport("b", echo(&calls))
-	t.Cleanup(func() { a.Close(); b.Close() })
+	n, a, b, calls := inmemPair(t)
 
 	n.SetDelay("b", 50*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
@@ -170,12 +160,7 @@ func TestInmemHandlerErrorAndDeadline(t *testing.T) {
 }
 
 func TestInmemMalformedAndClose(t *testing.T) {
-	checkTransportLeaks(t)
-	n := NewInmemNetwork()
-	var calls atomic.Int64
-	a := n.Transport("a", echo(&calls))
-	b := n.Transport("b", echo(&calls))
-	t.Cleanup(func() { a.Close(); b.Close() })
+	_, a, b, calls := inmemPair(t)
 
 	bad := &Message{Decides: []DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}}
 	if _, err := a.Exchange(callCtx(t), "b", bad); !errors.Is(err, ErrMalformed) {
@@ -226,4 +211,18 @@ func TestInmemCloseCancelsHandlers(t *testing.T) {
 	case <-time.After(callLimit):
 		t.Fatal("Exchange hung after the peer closed")
 	}
+}
+
+// inmemPair starts two echoing in-memory transports, "a" and "b", on a new
+// network, checks for leaked goroutines at the end, and returns the network,
+// both transports, and the count of handler calls on either.
+func inmemPair(t *testing.T) (*InmemNetwork, *InmemTransport, *InmemTransport, *atomic.Int64) {
+	t.Helper()
+	checkTransportLeaks(t)
+	n := NewInmemNetwork()
+	calls := new(atomic.Int64)
+	a := n.Transport("a", echo(calls))
+	b := n.Transport("b", echo(calls))
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return n, a, b, calls
 }

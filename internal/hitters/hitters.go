@@ -109,6 +109,7 @@ type Sketch struct {
 
 	top   minHeap          // the top-K candidates, smallest estimate first
 	index map[string]*item // key -> its element of top
+	key   []byte           // the key being added, reused across calls
 }
 
 type item struct {
@@ -202,13 +203,32 @@ func (s *Sketch) Add(now int64, key string, n uint64) {
 	if n == 0 {
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.key = append(s.key[:0], key...)
+	s.add(now, n)
+}
+
+// AddPair counts n events for the key a + " " + b, exactly as Add would,
+// without building that string unless it enters the top list: the caller's
+// rejection path stays free of allocations.
+func (s *Sketch) AddPair(now int64, a, b string, n uint64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.key = append(append(append(s.key[:0], a...), ' '), b...)
+	s.add(now, n)
+}
+
+// add counts n events for the key in s.key. s.mu must be held.
+func (s *Sketch) add(now int64, n uint64) {
+	key := s.key
 	if len(key) > MaxKeyLen {
 		key = key[:MaxKeyLen]
 	}
 	h1, h2 := hash(s.seed, key)
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	w := float64(n) * s.advance(now)
 
 	// Conservative update: raise each of the key's counters only as far as
@@ -233,21 +253,21 @@ func (s *Sketch) cell(r int, h1, h2 uint64) int {
 }
 
 // offer updates key's place in the top list given its new estimate.
-func (s *Sketch) offer(key string, est float64) {
-	if it, ok := s.index[key]; ok {
+func (s *Sketch) offer(key []byte, est float64) {
+	if it, ok := s.index[string(key)]; ok { // no allocation for the lookup
 		it.est = est
 		heap.Fix(&s.top, it.pos)
 		return
 	}
 	if len(s.top) < s.k {
-		it := &item{key: strings.Clone(key), est: est}
+		it := &item{key: string(key), est: est}
 		s.index[it.key] = it
 		heap.Push(&s.top, it)
 		return
 	}
 	if it := s.top[0]; est > it.est {
 		delete(s.index, it.key)
-		it.key, it.est = strings.Clone(key), est
+		it.key, it.est = string(key), est
 		s.index[it.key] = it
 		heap.Fix(&s.top, 0)
 	}
@@ -278,7 +298,7 @@ func (s *Sketch) Top(now int64) []Entry {
 
 // hash returns two 64-bit hashes of key for double hashing: FNV-1a from a
 // seeded start, finished with the SplitMix64 mixer. h2 is odd.
-func hash(seed uint64, key string) (h1, h2 uint64) {
+func hash(seed uint64, key []byte) (h1, h2 uint64) {
 	h := uint64(14695981039346656037) ^ mix(seed)
 	for i := 0; i < len(key); i++ {
 		h ^= uint64(key[i])

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -375,5 +376,24 @@ func BenchmarkTop(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = s.Top(100_000)
+	}
+}
+
+// TestAddPair: AddPair(a, b) counts exactly what Add(a+" "+b) counts, and
+// once a key is in the top list, counting it again allocates nothing.
+func TestAddPair(t *testing.T) {
+	one, two := New(Config{K: 4, Seed: 3}), New(Config{K: 4, Seed: 3})
+	for i := range 200 {
+		id := strings.Repeat("k", 40) + string(rune('a'+i%7))
+		one.Add(int64(i), "rule "+id, 1)
+		two.AddPair(int64(i), "rule", id, 1)
+	}
+	if a, b := one.Top(300), two.Top(300); !reflect.DeepEqual(a, b) {
+		t.Fatalf("Add and AddPair differ:\n%v\n%v", a, b)
+	}
+	long := strings.Repeat("x", 64)
+	two.AddPair(400, "rule", long, 50)
+	if allocs := testing.AllocsPerRun(100, func() { two.AddPair(401, "rule", long, 1) }); allocs != 0 {
+		t.Fatalf("AddPair of a key already in the top list allocates %v times", allocs)
 	}
 }
