@@ -49,6 +49,11 @@ type ClusterConfig struct {
 	DecideTimeout time.Duration
 	// CallTimeout bounds one peer exchange; zero means 200ms.
 	CallTimeout time.Duration
+	// Linger is how long a batch to a peer waits for more items; zero
+	// means 200µs. MaxBatch sends a batch at once when it has that many
+	// items, and cuts larger ones; zero means 1024.
+	Linger   time.Duration
+	MaxBatch int
 	// LocalTiming selects memberlist timings for a single machine (fast
 	// failure detection, for tests and the demo) instead of LAN defaults.
 	LocalTiming bool
@@ -102,7 +107,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	cp.tr = tr
 	sh, err := cluster.NewShell(cluster.ShellConfig{
 		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout},
-		Transport:   tr, CallTimeout: cc.CallTimeout, Clock: n.now, Logger: n.log,
+		Transport:   tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Clock: n.now, Logger: n.log,
 	})
 	if err != nil {
 		tr.Close()

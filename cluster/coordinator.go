@@ -186,8 +186,60 @@ type Message struct {
 }
 
 // Empty reports whether m carries nothing.
-func (m *Message) Empty() bool {
-	return len(m.Syncs)+len(m.Decides)+len(m.Acks)+len(m.Results)+len(m.Handoffs) == 0
+func (m *Message) Empty() bool { return m.Items() == 0 }
+
+// Items returns the number of items of all kinds in m.
+func (m *Message) Items() int {
+	return len(m.Syncs) + len(m.Decides) + len(m.Acks) + len(m.Results) + len(m.Handoffs)
+}
+
+// Split returns m cut into messages of at most n items each (m itself when
+// it fits), in order: handoffs, then syncs, decides, acks and results, so
+// that a receiver stepping them in order sees an identity's handed-over
+// state before the reports that follow it.
+func (m *Message) Split(n int) []Message {
+	if n <= 0 || m.Items() <= n {
+		return []Message{*m}
+	}
+	var out []Message
+	cur := Message{Epoch: m.Epoch}
+	room := n
+	next := func() {
+		out = append(out, cur)
+		cur, room = Message{Epoch: m.Epoch}, n
+	}
+	take := func(k int) int {
+		if room == 0 {
+			next()
+		}
+		t := min(k, room)
+		room -= t
+		return t
+	}
+	for rest := m.Handoffs; len(rest) > 0; {
+		t := take(len(rest))
+		cur.Handoffs, rest = append(cur.Handoffs, rest[:t]...), rest[t:]
+	}
+	for rest := m.Syncs; len(rest) > 0; {
+		t := take(len(rest))
+		cur.Syncs, rest = append(cur.Syncs, rest[:t]...), rest[t:]
+	}
+	for rest := m.Decides; len(rest) > 0; {
+		t := take(len(rest))
+		cur.Decides, rest = append(cur.Decides, rest[:t]...), rest[t:]
+	}
+	for rest := m.Acks; len(rest) > 0; {
+		t := take(len(rest))
+		cur.Acks, rest = append(cur.Acks, rest[:t]...), rest[t:]
+	}
+	for rest := m.Results; len(rest) > 0; {
+		t := take(len(rest))
+		cur.Results, rest = append(cur.Results, rest[:t]...), rest[t:]
+	}
+	if cur.Items() > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
 
 // SyncItem reports a node's cumulative spend on an identity under a rule,
@@ -845,6 +897,17 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 
 // HasReady reports whether Ready would return anything.
 func (c *Coordinator) HasReady() bool { return len(c.out) > 0 || len(c.done) > 0 }
+
+// Queued returns the largest number of items queued for one peer: the
+// adapter sends at once, without waiting for its linger, when it reaches the
+// batch size.
+func (c *Coordinator) Queued() int {
+	most := 0
+	for _, m := range c.out {
+		most = max(most, m.Items())
+	}
+	return most
+}
 
 // Ready returns, and forgets, the messages to send (one per destination,
 // sorted by name) and the completions to hand out (in ticket order of

@@ -45,6 +45,11 @@ type ShellConfig struct {
 	// Linger is how long a batch waits for more items before it is sent;
 	// zero means 200µs.
 	Linger time.Duration
+	// MaxBatch is the most items one exchange carries: a batch that
+	// reaches it is sent at once, without waiting for the linger, and a
+	// larger one (a leaving node's handoffs) is cut into several exchanges,
+	// sent in order. Zero means 1024; at most MaxBatchItems.
+	MaxBatch int
 	// CallTimeout bounds one exchange with a peer; zero means 200ms.
 	CallTimeout time.Duration
 	// TickInterval is how often the core's Tick runs; zero means 10ms.
@@ -77,6 +82,12 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	}
 	if cfg.Linger <= 0 {
 		cfg.Linger = 200 * time.Microsecond
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 1024
+	}
+	if cfg.MaxBatch > MaxBatchItems {
+		return nil, fmt.Errorf("cluster: ShellConfig.MaxBatch: %d is more than the wire limit of %d items", cfg.MaxBatch, MaxBatchItems)
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 200 * time.Millisecond
@@ -144,10 +155,13 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 	s.mu.Lock()
 	now := s.now()
 	o, err := s.coord.Decide(now, ruleID, identity, cost)
+	full := s.coord.Queued() >= s.cfg.MaxBatch
 	if err != nil || !o.Pending {
 		queued := s.coord.HasReady()
 		s.mu.Unlock()
-		if queued {
+		if full {
+			s.flush()
+		} else if queued {
 			s.kick()
 		}
 		return o, err
@@ -155,7 +169,11 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 	ch := make(chan Outcome, 1)
 	s.waits[o.Ticket] = ch
 	s.mu.Unlock()
-	s.kick()
+	if full {
+		s.flush()
+	} else {
+		s.kick()
+	}
 	select {
 	case out := <-ch:
 		return out, nil
@@ -196,7 +214,21 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 	var others []Envelope
 	for _, env := range rd.Messages {
 		if env.To == from {
-			*reply = env.Msg
+			// The reply carries one batch; anything beyond it follows
+			// as exchanges of its own.
+			parts := env.Msg.Split(s.cfg.MaxBatch)
+			*reply = parts[0]
+			if len(parts) > 1 {
+				rest := Message{Epoch: env.Msg.Epoch}
+				for _, p := range parts[1:] {
+					rest.Handoffs = append(rest.Handoffs, p.Handoffs...)
+					rest.Syncs = append(rest.Syncs, p.Syncs...)
+					rest.Decides = append(rest.Decides, p.Decides...)
+					rest.Acks = append(rest.Acks, p.Acks...)
+					rest.Results = append(rest.Results, p.Results...)
+				}
+				others = append(others, Envelope{To: from, Msg: rest})
+			}
 		} else {
 			others = append(others, env)
 		}
@@ -292,14 +324,20 @@ func (s *Shell) flushWith(queue func(now int64)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
-			defer cancel()
-			msg := env.Msg
-			reply, err := s.cfg.Transport.Exchange(ctx, s.addrOf(env.To), &msg)
-			if err == nil && reply != nil && !reply.Empty() {
-				s.mu.Lock()
-				s.coord.Step(s.now(), env.To, reply)
-				s.mu.Unlock()
+			for _, msg := range env.Msg.Split(s.cfg.MaxBatch) {
+				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
+				reply, err := s.cfg.Transport.Exchange(ctx, s.addrOf(env.To), &msg)
+				cancel()
+				s.sent.Add(1)
+				if err != nil {
+					s.failed.Add(1)
+					return
+				}
+				if reply != nil && !reply.Empty() {
+					s.mu.Lock()
+					s.coord.Step(s.now(), env.To, reply)
+					s.mu.Unlock()
+				}
 			}
 		}()
 	}
@@ -334,32 +372,42 @@ func (s *Shell) send(env Envelope) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
-		defer cancel()
-		msg := env.Msg
-		reply, err := s.cfg.Transport.Exchange(ctx, addr, &msg)
-		s.sent.Add(1)
-		s.mu.Lock()
-		now := s.now()
-		if err != nil {
-			s.failed.Add(1)
-			s.peerFailed(now, env.To, err)
-		} else {
-			s.peerOK(env.To)
-			if reply != nil && !reply.Empty() {
-				s.coord.Step(now, env.To, reply)
+		for _, msg := range env.Msg.Split(s.cfg.MaxBatch) {
+			if !s.exchange(env.To, addr, &msg) {
+				return
 			}
 		}
-		rd := s.coord.Ready()
-		s.complete(rd.Completions)
-		s.mu.Unlock()
-		if s.closed.Load() {
-			return
-		}
-		for _, e := range rd.Messages {
-			s.send(e)
-		}
 	}()
+}
+
+// exchange sends one batch, steps the reply in and sends what follows from
+// it; it reports whether the exchange succeeded.
+func (s *Shell) exchange(to, addr string, msg *Message) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
+	defer cancel()
+	reply, err := s.cfg.Transport.Exchange(ctx, addr, msg)
+	s.sent.Add(1)
+	s.mu.Lock()
+	now := s.now()
+	if err != nil {
+		s.failed.Add(1)
+		s.peerFailed(now, to, err)
+	} else {
+		s.peerOK(to)
+		if reply != nil && !reply.Empty() {
+			s.coord.Step(now, to, reply)
+		}
+	}
+	rd := s.coord.Ready()
+	s.complete(rd.Completions)
+	s.mu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	for _, e := range rd.Messages {
+		s.send(e)
+	}
+	return err == nil
 }
 
 func (s *Shell) peerFailed(now int64, peer string, err error) {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"pgregory.net/rapid"
 
 	"github.com/weir-dev/weir/quota"
 )
@@ -21,6 +23,13 @@ type testNode struct {
 }
 
 func startGRPCCluster(t *testing.T, n int, rules ...quota.Rule) []*testNode {
+	t.Helper()
+	return startGRPCClusterWith(t, n, nil, rules...)
+}
+
+// startGRPCClusterWith is startGRPCCluster with a change to every node's
+// ShellConfig.
+func startGRPCClusterWith(t *testing.T, n int, tweak func(*ShellConfig), rules ...quota.Rule) []*testNode {
 	t.Helper()
 	var nodes []*testNode
 	var members []Member
@@ -40,8 +49,12 @@ func startGRPCCluster(t *testing.T, n int, rules ...quota.Rule) []*testNode {
 		}
 		tn.tr = tr
 		// Generous timeouts: CI runs this with -race on a loaded 2-core box.
-		sh, err := NewShell(ShellConfig{Coordinator: CoordinatorConfig{Self: name, DecideTimeout: time.Second},
-			Transport: tr, CallTimeout: 2 * time.Second})
+		cfg := ShellConfig{Coordinator: CoordinatorConfig{Self: name, DecideTimeout: time.Second},
+			Transport: tr, CallTimeout: 2 * time.Second}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		sh, err := NewShell(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,4 +189,126 @@ func TestShellOwnerDown(t *testing.T) {
 		t.Errorf("admitted %d while the owner was down", admitted)
 	}
 	t.Logf("owner down: %d decisions degraded, %d admitted, %d exchanges failed", degraded, admitted, failed)
+}
+
+// TestShellBatchSize: a batch that reaches MaxBatch goes out without waiting
+// for the linger, and one larger than it — a leaving node's handoffs — is cut
+// into exchanges of at most MaxBatch items that all arrive.
+func TestShellBatchSize(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs after the nodes' cleanup
+	rule := gcraRule("api", quota.ModeExact, 10, time.Minute, 5)
+	// A linger far longer than the test: only the size trigger can send.
+	nodes := startGRPCClusterWith(t, 2, func(c *ShellConfig) {
+		c.MaxBatch = 8
+		c.Linger = time.Hour
+	}, rule)
+	ring := nodes[0].shell.Ring()
+	var theirs, ours []string
+	for i := 0; len(theirs) < 8 || len(ours) < 2000; i++ {
+		id := fmt.Sprintf("id-%d", i)
+		if ring.OwnerName(id) == "gw-1" {
+			theirs = append(theirs, id)
+		} else {
+			ours = append(ours, id)
+		}
+	}
+	// Eight forwarded decisions fill one batch: it leaves at once.
+	var wg sync.WaitGroup
+	for _, id := range theirs[:8] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			o, err := nodes[0].shell.Decide(ctx, "api", id, 1)
+			if err != nil || !o.Allowed || o.Degraded {
+				t.Errorf("%s: allowed=%v degraded=%v err=%v", id, o.Allowed, o.Degraded, err)
+			}
+		}()
+	}
+	wg.Wait()
+	// gw-0 owns 2000 spent buckets; leaving hands them to gw-1 in batches
+	// of 8, which the wire would refuse as one message above MaxBatchItems
+	// for larger fleets.
+	for _, id := range ours[:2000] {
+		if o, err := nodes[0].shell.Decide(context.Background(), "api", id, 1); err != nil || !o.Allowed {
+			t.Fatalf("%s: %v %v", id, o.Allowed, err)
+		}
+	}
+	_, before, _ := nodes[0].shell.Stats()
+	nodes[0].shell.Leave()
+	st, _, _ := nodes[1].shell.Stats()
+	if st.Owned < 2000 {
+		t.Errorf("gw-1 owns %d buckets after gw-0 left, want the 2000 handed over", st.Owned)
+	}
+	if _, after, failed := nodes[0].shell.Stats(); after-before < 2000/8 || failed != 0 {
+		t.Errorf("%d exchanges (%d failed) for 2000 handoffs in batches of 8", after-before, failed)
+	}
+}
+
+// TestMessageSplit: Split keeps every item, in order, handoffs first, in
+// parts of at most n items.
+func TestMessageSplit(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m := Message{Epoch: 7}
+		for i := range rapid.IntRange(0, 20).Draw(t, "handoffs") {
+			m.Handoffs = append(m.Handoffs, HandoffItem{Identity: fmt.Sprint("h", i)})
+		}
+		for i := range rapid.IntRange(0, 20).Draw(t, "syncs") {
+			m.Syncs = append(m.Syncs, SyncItem{Identity: fmt.Sprint("s", i)})
+		}
+		for i := range rapid.IntRange(0, 20).Draw(t, "decides") {
+			m.Decides = append(m.Decides, DecideItem{Ticket: uint64(i)})
+		}
+		for i := range rapid.IntRange(0, 20).Draw(t, "acks") {
+			m.Acks = append(m.Acks, AckItem{Identity: fmt.Sprint("a", i)})
+		}
+		for i := range rapid.IntRange(0, 20).Draw(t, "results") {
+			m.Results = append(m.Results, ResultItem{Ticket: uint64(i)})
+		}
+		n := rapid.IntRange(1, 30).Draw(t, "n")
+		parts := m.Split(n)
+		var joined Message
+		joined.Epoch = 7
+		for i, p := range parts {
+			if p.Items() > n || (p.Items() == 0 && m.Items() > 0) {
+				t.Fatalf("part %d has %d items (n = %d)", i, p.Items(), n)
+			}
+			if p.Epoch != 7 {
+				t.Fatalf("part %d lost the epoch", i)
+			}
+			if i > 0 && len(p.Handoffs) > 0 && parts[i-1].Items() != n {
+				t.Fatalf("part %d: handoffs after a part that was not full", i)
+			}
+			joined.Handoffs = append(joined.Handoffs, p.Handoffs...)
+			joined.Syncs = append(joined.Syncs, p.Syncs...)
+			joined.Decides = append(joined.Decides, p.Decides...)
+			joined.Acks = append(joined.Acks, p.Acks...)
+			joined.Results = append(joined.Results, p.Results...)
+		}
+		if !reflect.DeepEqual(normal(joined), normal(m)) {
+			t.Fatalf("joined parts differ from the message")
+		}
+	})
+}
+
+// normal turns empty slices into nil for comparison.
+func normal(m Message) Message {
+	if len(m.Handoffs) == 0 {
+		m.Handoffs = nil
+	}
+	if len(m.Syncs) == 0 {
+		m.Syncs = nil
+	}
+	if len(m.Decides) == 0 {
+		m.Decides = nil
+	}
+	if len(m.Acks) == 0 {
+		m.Acks = nil
+	}
+	if len(m.Results) == 0 {
+		m.Results = nil
+	}
+	return m
 }
