@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/quota"
@@ -35,6 +37,11 @@ type ClusterConfig struct {
 	// SecretKey (16, 24 or 32 bytes) encrypts gossip; nodes without it
 	// cannot join.
 	SecretKey []byte
+	// Keyring, instead of or with SecretKey, holds several gossip keys
+	// (memberlist.NewKeyring). Keep a reference to rotate keys with no
+	// downtime: AddKey(new) on every node, then UseKey(new) on every node,
+	// then RemoveKey(old) (see cluster.Membership and docs/cluster.md).
+	Keyring *memberlist.Keyring
 	// RPCAddr is the "ip:port" the peer gRPC server listens on; port 0 picks
 	// a free one. Default "127.0.0.1:0".
 	RPCAddr string
@@ -127,7 +134,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	mem, err := cluster.StartMembership(cluster.MembershipConfig{
 		Name: cc.Name, Region: cc.Region, BindAddr: gossip, AdvertiseAddr: cc.AdvertiseAddr, Join: cc.Join,
-		SecretKey: cc.SecretKey, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
+		SecretKey: cc.SecretKey, Keyring: cc.Keyring, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
 	})
 	if err != nil {
 		sh.Close()

@@ -183,10 +183,15 @@ type Message struct {
 	Results []ResultItem
 	// Handoffs carry owner state to a new owner after a ring change.
 	Handoffs []HandoffItem
+	// HandedOver, when not 0, is the digest of the sender's ring
+	// (OwnerTable.Digest): the sender has handed over every bucket it
+	// owned that this ring assigns to another member. It follows the
+	// message's handoffs.
+	HandedOver uint64
 }
 
 // Empty reports whether m carries nothing.
-func (m *Message) Empty() bool { return m.Items() == 0 }
+func (m *Message) Empty() bool { return m.Items() == 0 && m.HandedOver == 0 }
 
 // Items returns the number of items of all kinds in m.
 func (m *Message) Items() int {
@@ -239,6 +244,7 @@ func (m *Message) Split(n int) []Message {
 	if cur.Items() > 0 {
 		out = append(out, cur)
 	}
+	out[len(out)-1].HandedOver = m.HandedOver
 	return out
 }
 

@@ -95,6 +95,7 @@ type Ring struct {
 	epoch   uint64
 	members []Member // sorted by Name
 	pre     []uint64 // pre[i] = m ^ m>>30 where m = memberHash(members[i].Name)
+	digest  uint64   // of the member names, never 0
 }
 
 // NewRing builds the ring of epoch over members. Members may be given in any
@@ -120,7 +121,22 @@ func NewRing(epoch uint64, members []Member) (*Ring, error) {
 		h := memberHash(m.Name)
 		pre[i] = h ^ (h >> 30)
 	}
-	return &Ring{epoch: epoch, members: sorted, pre: pre}, nil
+	d := xxhash.New()
+	for _, m := range sorted {
+		d.WriteString(m.Name)
+		d.Write([]byte{0})
+	}
+	return &Ring{epoch: epoch, members: sorted, pre: pre, digest: max(d.Sum64(), 1)}, nil
+}
+
+// Digest identifies the ring's member set: two nodes whose rings have the
+// same members (whatever their local epochs) have the same digest, and so
+// the same owners. It is never 0 (0 is the digest of a nil ring).
+func (r *Ring) Digest() uint64 {
+	if r == nil {
+		return 0
+	}
+	return r.digest
 }
 
 // Epoch returns the epoch the ring was built with.

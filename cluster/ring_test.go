@@ -471,3 +471,22 @@ func TestRingSchemeReport(t *testing.T) {
 		}
 	}
 }
+
+// TestRingDigest: the digest names the member set, not the epoch or the
+// order members came in, and differs between sets.
+func TestRingDigest(t *testing.T) {
+	a, _ := NewRing(1, []Member{{Name: "a"}, {Name: "b"}, {Name: "c"}})
+	b, _ := NewRing(9, []Member{{Name: "c", Addr: "x"}, {Name: "a"}, {Name: "b"}})
+	c, _ := NewRing(1, []Member{{Name: "a"}, {Name: "b"}})
+	d, _ := NewRing(1, []Member{{Name: "ab"}, {Name: "c"}})
+	e, _ := NewRing(1, []Member{{Name: "a"}, {Name: "bc"}})
+	if a.Digest() != b.Digest() {
+		t.Errorf("same members, different digests")
+	}
+	if a.Digest() == c.Digest() || d.Digest() == e.Digest() {
+		t.Errorf("different members, same digest")
+	}
+	if a.Digest() == 0 || (*Ring)(nil).Digest() != 0 {
+		t.Errorf("digest 0 is reserved for no ring")
+	}
+}

@@ -219,7 +219,7 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 			parts := env.Msg.Split(s.cfg.MaxBatch)
 			*reply = parts[0]
 			if len(parts) > 1 {
-				rest := Message{Epoch: env.Msg.Epoch}
+				rest := Message{Epoch: env.Msg.Epoch, HandedOver: env.Msg.HandedOver}
 				for _, p := range parts[1:] {
 					rest.Handoffs = append(rest.Handoffs, p.Handoffs...)
 					rest.Syncs = append(rest.Syncs, p.Syncs...)

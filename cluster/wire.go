@@ -33,7 +33,7 @@ var ErrMalformed = errors.New("cluster: malformed peer batch")
 // does not validate: the sender's own coordinator is trusted, the receiver
 // checks.
 func encodeBatch(from string, m *Message) *peerpb.Batch {
-	b := &peerpb.Batch{From: from, Epoch: m.Epoch}
+	b := &peerpb.Batch{From: from, Epoch: m.Epoch, HandedOver: m.HandedOver}
 	if len(m.Syncs) > 0 {
 		b.Syncs = make([]*peerpb.SyncItem, len(m.Syncs))
 		for i, s := range m.Syncs {
@@ -92,7 +92,7 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 	if n > MaxBatchItems {
 		return "", nil, fmt.Errorf("%w: %d items, more than %d", ErrMalformed, n, MaxBatchItems)
 	}
-	m = &Message{Epoch: b.Epoch}
+	m = &Message{Epoch: b.Epoch, HandedOver: b.HandedOver}
 	if len(b.Syncs) > 0 {
 		m.Syncs = make([]SyncItem, len(b.Syncs))
 		for i, s := range b.Syncs {

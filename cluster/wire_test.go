@@ -38,11 +38,12 @@ func fullMessage() *Message {
 			{Rule: "api", Identity: "user:2", Debt: -5},
 			{Rule: "api", Identity: "user:3", Debt: 0},
 		},
+		HandedOver: math.MaxUint64,
 	}
 }
 
 func TestWireRoundTrip(t *testing.T) {
-	for name, m := range map[string]*Message{"full": fullMessage(), "empty": {}, "epoch only": {Epoch: 9}} {
+	for name, m := range map[string]*Message{"full": fullMessage(), "empty": {}, "epoch only": {Epoch: 9}, "handed over only": {HandedOver: 3}} {
 		t.Run(name, func(t *testing.T) {
 			raw, err := proto.Marshal(encodeBatch("node-a", m))
 			if err != nil {

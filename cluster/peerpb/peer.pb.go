@@ -34,12 +34,16 @@ type Batch struct {
 	// from is the sender's member name.
 	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	// epoch is the sender's ring epoch.
-	Epoch         uint64         `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Syncs         []*SyncItem    `protobuf:"bytes,3,rep,name=syncs,proto3" json:"syncs,omitempty"`
-	Decides       []*DecideItem  `protobuf:"bytes,4,rep,name=decides,proto3" json:"decides,omitempty"`
-	Acks          []*AckItem     `protobuf:"bytes,5,rep,name=acks,proto3" json:"acks,omitempty"`
-	Results       []*ResultItem  `protobuf:"bytes,6,rep,name=results,proto3" json:"results,omitempty"`
-	Handoffs      []*HandoffItem `protobuf:"bytes,7,rep,name=handoffs,proto3" json:"handoffs,omitempty"`
+	Epoch    uint64         `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Syncs    []*SyncItem    `protobuf:"bytes,3,rep,name=syncs,proto3" json:"syncs,omitempty"`
+	Decides  []*DecideItem  `protobuf:"bytes,4,rep,name=decides,proto3" json:"decides,omitempty"`
+	Acks     []*AckItem     `protobuf:"bytes,5,rep,name=acks,proto3" json:"acks,omitempty"`
+	Results  []*ResultItem  `protobuf:"bytes,6,rep,name=results,proto3" json:"results,omitempty"`
+	Handoffs []*HandoffItem `protobuf:"bytes,7,rep,name=handoffs,proto3" json:"handoffs,omitempty"`
+	// handed_over, when not 0, is the digest of the sender's ring (Ring.Digest):
+	// the sender has handed over every bucket it owned that this ring assigns
+	// to another member. It comes after the batch's handoffs.
+	HandedOver    uint64 `protobuf:"fixed64,8,opt,name=handed_over,json=handedOver,proto3" json:"handed_over,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -121,6 +125,13 @@ func (x *Batch) GetHandoffs() []*HandoffItem {
 		return x.Handoffs
 	}
 	return nil
+}
+
+func (x *Batch) GetHandedOver() uint64 {
+	if x != nil {
+		return x.HandedOver
+	}
+	return 0
 }
 
 // SyncItem reports a node's cumulative spend (total >= 0) on an identity
@@ -493,7 +504,7 @@ var File_peer_proto protoreflect.FileDescriptor
 const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"peer.proto\x12\fweir.peer.v1\"\xa9\x02\n" +
+	"peer.proto\x12\fweir.peer.v1\"\xca\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12,\n" +
@@ -501,7 +512,9 @@ const file_peer_proto_rawDesc = "" +
 	"\adecides\x18\x04 \x03(\v2\x18.weir.peer.v1.DecideItemR\adecides\x12)\n" +
 	"\x04acks\x18\x05 \x03(\v2\x15.weir.peer.v1.AckItemR\x04acks\x122\n" +
 	"\aresults\x18\x06 \x03(\v2\x18.weir.peer.v1.ResultItemR\aresults\x125\n" +
-	"\bhandoffs\x18\a \x03(\v2\x19.weir.peer.v1.HandoffItemR\bhandoffs\"b\n" +
+	"\bhandoffs\x18\a \x03(\v2\x19.weir.peer.v1.HandoffItemR\bhandoffs\x12\x1f\n" +
+	"\vhanded_over\x18\b \x01(\x06R\n" +
+	"handedOver\"b\n" +
 	"\bSyncItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
