@@ -1,0 +1,33 @@
+// Package lease is the lease group's core: how a global limit ("customer X:
+// 10 000/min worldwide") is shared among regions without a cross-region round
+// trip per decision.
+//
+// Machine is the replicated state, a pure state machine in the style of
+// etcd-io/raft: every change is a Command carrying the proposing leader's
+// clock, and Apply is deterministic, so the Raft FSM's Apply only decodes a
+// log entry and calls Machine.Apply, and the simulator drives the same code.
+// Holder is a region's side of one lease: the share it enforces at a given
+// time on its own clock. Allocate is the pure allocation (max-min fair with
+// a floor per active region).
+//
+// The loop, as the adapter runs it:
+//
+//  1. The node that owns a global identity in its region's ring reports the
+//     region's demand for it, and acknowledges the newest lease it enforces,
+//     in a Report (with a sequence number: retries are idempotent).
+//  2. The leader proposes Command{Now: its clock, Report: ...} through Raft;
+//     every replica applies it; the leader answers the node with the
+//     Result's Grants.
+//  3. The node hands each Grant to its Holder with the time it sent the
+//     report, and enforces Holder.At(now) as the identity's rate and burst in
+//     its region. If it cannot renew, the Holder falls back by itself when
+//     the lease runs out.
+//  4. The leader proposes Tick periodically (expiries, reallocation), and
+//     Takeover when it becomes leader.
+//
+// The invariant every step keeps, faults included, is DESIGN.md's
+// Σᵣ max(unexpired shareᵣ, fallbackᵣ) ≤ L; Machine.Check verifies it, and
+// TestInvariantUnderFaults checks that the shares the regions really enforce
+// never sum above L through lost and reordered messages, expiries and leader
+// changes with skewed clocks.
+package lease
