@@ -56,6 +56,11 @@ type ClusterConfig struct {
 	DecideTimeout time.Duration
 	// CallTimeout bounds one peer exchange; zero means 200ms.
 	CallTimeout time.Duration
+	// HandoffTimeout bounds how long, after a ring change, a node that
+	// became an identity's owner waits for the previous owner's handoff
+	// before it trusts its own bucket; zero means
+	// cluster.DefaultHandoffTimeout.
+	HandoffTimeout time.Duration
 	// Linger is how long a batch to a peer waits for more items; zero
 	// means 200µs. MaxBatch sends a batch at once when it has that many
 	// items, and cuts larger ones; zero means 1024.
@@ -113,7 +118,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	cp.tr = tr
 	sh, err := cluster.NewShell(cluster.ShellConfig{
-		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout},
+		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout},
 		Transport:   tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Clock: n.now, Logger: n.log,
 	})
 	if err != nil {
@@ -287,6 +292,27 @@ func (n *Node) stopCluster() error {
 	return err
 }
 
+// crash stops the node as a process crash would, for tests of owner
+// failure: gossip stops without a leave (the others declare the node dead
+// after their failure-detection timeout), nothing is handed off or
+// reported, and the peer server goes away. The node counts as closed.
+func (n *Node) crash() {
+	n.mu.Lock()
+	n.closed = true
+	n.mu.Unlock()
+	if cp := n.cluster; cp != nil {
+		cp.mem.Close()
+		close(cp.done)
+		cp.wg.Wait()
+		cp.shell.Close()
+		cp.tr.Close()
+	}
+	if n.watcher != nil {
+		n.watcher.Close()
+	}
+	n.unregister()
+}
+
 // clusterRules registers the shared and exact rules of a set, and their
 // override and tier variants, with the coordinator, and marks each limit
 // spec with the coordinator rule id that decides it.
@@ -295,9 +321,9 @@ func (n *Node) clusterRules(e *engine) {
 		return
 	}
 	var params []cluster.RuleParams
-	add := func(c *crule, spec *limitSpec, suffix string, limit, burst int64) {
+	add := func(c *crule, spec *limitSpec, suffix string, limit, burst int64, sketch *quota.Sketch) {
 		r := *c.r
-		r.Limit, r.Burst = limit, burst
+		r.Limit, r.Burst, r.Sketch = limit, burst, sketch
 		r.ID = c.r.ID + suffix
 		p, err := cluster.NewRuleParams(&r, e.set.Version())
 		if err != nil {
@@ -312,12 +338,14 @@ func (n *Node) clusterRules(e *engine) {
 		if c.r.Algorithm != quota.AlgorithmGCRA || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) {
 			continue
 		}
-		add(c, &c.base, "", c.base.limit, c.base.burst)
+		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)
 		for id, s := range c.overrides {
-			add(c, s, "#override:"+id, s.limit, s.burst)
+			// An override's variant decides one identity: a sketch
+			// (Width × Depth bytes) would gate nothing.
+			add(c, s, "#override:"+id, s.limit, s.burst, nil)
 		}
 		for name, s := range c.tiers {
-			add(c, s, "#tier:"+name, s.limit, s.burst)
+			add(c, s, "#tier:"+name, s.limit, s.burst, c.r.Sketch)
 		}
 	}
 	n.cluster.shell.SetRules(params)

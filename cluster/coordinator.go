@@ -62,6 +62,12 @@ const DefaultSyncInterval = 100 * time.Millisecond
 // is 0.
 const DefaultDecideTimeout = 250 * time.Millisecond
 
+// DefaultHandoffTimeout is CoordinatorConfig.HandoffTimeout's default: long
+// enough for the members of a region to see a membership change one after
+// another, short enough that a crashed previous owner delays moved
+// identities only briefly.
+const DefaultHandoffTimeout = time.Second
+
 // CoordinatorConfig configures a Coordinator.
 type CoordinatorConfig struct {
 	// Self is this node's member name.
@@ -72,12 +78,22 @@ type CoordinatorConfig struct {
 	// DecideTimeout bounds how long a forwarded request waits; 0 means
 	// DefaultDecideTimeout.
 	DecideTimeout time.Duration
+	// HandoffTimeout bounds the warm-up after a ring change: an identity
+	// that moved to this node is admitted only within slack until its
+	// previous owner's handoff marker arrives, or this long has passed (the
+	// previous owner crashed or is slow: the split-ownership fault term).
+	// 0 means DefaultHandoffTimeout.
+	HandoffTimeout time.Duration
 	// Incarnation numbers this run of the node: the generations of its
 	// spend reports start above it, and an owner ignores reports of an
 	// older generation. A node restarted under the same name must use a
 	// larger value than any earlier run (the Shell uses its start time in
 	// nanoseconds), or its new reports would be taken for stale ones.
 	Incarnation uint64
+	// SketchSeed seeds the hashes of gated rules' sketches (sketch.go).
+	// The zero value is a fixed seed: the simulator stays deterministic,
+	// and a per-process seed can be injected here.
+	SketchSeed uint64
 }
 
 // RuleParams is what the coordinator needs of a rule. Build it with
@@ -91,7 +107,10 @@ type RuleParams struct {
 	Window    time.Duration
 	Burst     int64
 	Accuracy  float64
-	gcra      bucket.GCRA
+	// Sketch is the rule's sketch gating; the zero value is none.
+	Sketch SketchParams
+	gcra   bucket.GCRA
+	sk     *countMin // this coordinator's sketch of a gated rule
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
@@ -108,8 +127,14 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	if acc == 0 {
 		acc = quota.DefaultAccuracy
 	}
+	var sk SketchParams
+	if r.Sketch != nil {
+		if sk, err = newSketchParams(r); err != nil {
+			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
+		}
+	}
 	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
-		Limit: r.Limit, Window: r.Window, Burst: r.Burst, Accuracy: acc, gcra: g}, nil
+		Limit: r.Limit, Window: r.Window, Burst: r.Burst, Accuracy: acc, Sketch: sk, gcra: g}, nil
 }
 
 // Slack returns sᵢ for a region of n live nodes: ⌊a·L ÷ n⌋ tokens for
@@ -127,10 +152,18 @@ func (p *RuleParams) Slack(n int) int64 {
 type OwnerTable interface {
 	// Epoch identifies the membership view; it changes with every change.
 	Epoch() uint64
+	// Digest identifies the member set, the same on every node that has
+	// the same members (epochs are local to a node).
+	Digest() uint64
 	// Len is the number of live members.
 	Len() int
 	// OwnerName is the name of the member that owns identity ("" if none).
 	OwnerName(identity string) string
+	// OwnerNameExcept is the owner of identity among the members other
+	// than except: who owned it before except joined.
+	OwnerNameExcept(identity, except string) string
+	// Names lists the members.
+	Names() []string
 }
 
 // Source says how a decision was made.
@@ -149,6 +182,9 @@ const (
 	// SourceFailure: the owner was unreachable and the rule's on_failure
 	// decided (Outcome.Degraded is true).
 	SourceFailure
+	// SourceSketch: admitted locally through a gated rule's sketch, with
+	// no entry and no report to the owner (sketch.go).
+	SourceSketch
 )
 
 // Outcome is the coordinator's answer to Decide.
@@ -314,8 +350,9 @@ type entryKey struct{ rule, identity string }
 type ownerEntry struct {
 	tat       bucket.TAT
 	reports   []report
-	warming   bool  // created during a warm-up, no handoff received yet
-	warmSpent int64 // admitted while warming
+	warming   bool   // created during a warm-up, no handoff received yet
+	from      string // the previous owner whose marker ends the warm-up
+	warmSpent int64  // admitted while warming
 }
 
 type report struct {
@@ -351,6 +388,11 @@ type Stats struct {
 	LocalAdmits, ViewRejects, Forwarded, RemoteResults, Degraded uint64
 	SyncsSent, AcksSent, ReportsCharged                          uint64
 	Entries, Owned                                               int
+	// SketchAdmits counts admissions through a gated rule's sketch;
+	// SketchPromotions the identities that passed its threshold and got
+	// an entry; SketchBytes is the memory the sketches hold.
+	SketchAdmits, SketchPromotions uint64
+	SketchBytes                    int
 }
 
 // Coordinator is one node's two-tier decision core. It is not safe for
@@ -370,8 +412,12 @@ type Coordinator struct {
 	ticket   uint64
 	gen      uint64
 	stats    Stats
-	// warmUntil ends the warm-up that follows a ring change (see Decide).
-	warmUntil int64
+	// warmUntil ends the warm-up that follows a ring change (see Decide)
+	// at the latest; handedOver[p] is the digest of the last ring for
+	// which peer p said it had handed over all it owned.
+	warmUntil  int64
+	handoff    int64
+	handedOver map[string]uint64
 }
 
 // NewCoordinator returns a coordinator with no rules and no ring.
@@ -382,17 +428,22 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 	if cfg.DecideTimeout <= 0 {
 		cfg.DecideTimeout = DefaultDecideTimeout
 	}
+	if cfg.HandoffTimeout <= 0 {
+		cfg.HandoffTimeout = DefaultHandoffTimeout
+	}
 	return &Coordinator{
-		cfg:      cfg,
-		interval: int64(cfg.SyncInterval),
-		timeout:  int64(cfg.DecideTimeout),
-		rules:    map[string]*RuleParams{},
-		owned:    map[entryKey]*ownerEntry{},
-		entries:  map[entryKey]*nodeEntry{},
-		pending:  map[uint64]*pendingReq{},
-		down:     map[string]bool{},
-		out:      map[string]*Message{},
-		gen:      cfg.Incarnation,
+		handoff:    int64(cfg.HandoffTimeout),
+		handedOver: map[string]uint64{},
+		cfg:        cfg,
+		interval:   int64(cfg.SyncInterval),
+		timeout:    int64(cfg.DecideTimeout),
+		rules:      map[string]*RuleParams{},
+		owned:      map[entryKey]*ownerEntry{},
+		entries:    map[entryKey]*nodeEntry{},
+		pending:    map[uint64]*pendingReq{},
+		down:       map[string]bool{},
+		out:        map[string]*Message{},
+		gen:        cfg.Incarnation,
 	}
 }
 
@@ -409,6 +460,7 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 			e.view, e.version = 0, r.Version
 		}
 	}
+	c.setSketches(c.rules, next)
 	c.rules = next
 }
 
@@ -416,6 +468,11 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 func (c *Coordinator) Stats() Stats {
 	s := c.stats
 	s.Entries, s.Owned = len(c.entries), len(c.owned)
+	for _, r := range c.rules {
+		if r.sk != nil {
+			s.SketchBytes += r.sk.bytes()
+		}
+	}
 	return s
 }
 
@@ -456,34 +513,17 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		}
 	}
 	if owner == c.cfg.Self {
-		oe := c.owned[k]
-		if oe == nil {
-			oe = &ownerEntry{}
-			// Right after a ring change this node may have become the
-			// owner of an identity whose bucket is still on its way from
-			// the old owner (a handoff): until it arrives, or the warm-up
-			// ends, admit only within this node's slack, so that no free
-			// window is handed out.
-			if now < c.warmUntil {
-				oe.warming = true
-			}
-			c.owned[k] = oe
-		}
-		if oe.warming {
-			if now >= c.warmUntil {
-				oe.warming = false
-			} else if oe.warmSpent+cost > r.Slack(c.n()) {
-				d := r.gcra.Peek(oe.tat, now)
-				d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
-				c.stats.ViewRejects++
-				return Outcome{Decision: d, Source: SourceOwner}, nil
+		if c.owned[k] == nil {
+			if o, ok := c.gate(now, r, identity, cost); ok {
+				return o, nil
 			}
 		}
-		d := r.gcra.Step(&oe.tat, now, cost)
-		if oe.warming && d.Allowed {
-			oe.warmSpent += cost
+		return Outcome{Decision: c.ownerStep(now, r, k, cost), Source: SourceOwner}, nil
+	}
+	if r.sk != nil && !c.down[owner] && c.entries[k] == nil {
+		if o, ok := c.gate(now, r, identity, cost); ok {
+			return o, nil
 		}
-		return Outcome{Decision: d, Source: SourceOwner}, nil
 	}
 	e := c.entry(k, r, owner)
 	if c.down[owner] {
@@ -535,6 +575,42 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	c.outbox(owner).Decides = append(c.outbox(owner).Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
 	c.stats.Forwarded++
 	return Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}, nil
+}
+
+// ownerStep decides a request on this node's own bucket of k, for itself or
+// for a peer that forwarded it.
+//
+// Right after a ring change this node may have become the owner of an
+// identity whose bucket is still on its way from its previous owner (a
+// handoff). Until that owner's marker says it has handed over everything
+// for this ring, or the handoff timeout passes, the bucket admits only
+// within this node's slack, so that no free window is handed out.
+func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64) bucket.Decision {
+	oe := c.owned[k]
+	if oe == nil {
+		oe = &ownerEntry{}
+		if now < c.warmUntil && c.table != nil {
+			if from := c.table.OwnerNameExcept(k.identity, c.cfg.Self); from != "" && c.handedOver[from] != c.table.Digest() {
+				oe.warming, oe.from = true, from
+			}
+		}
+		c.owned[k] = oe
+	}
+	if oe.warming {
+		if now >= c.warmUntil || c.handedOver[oe.from] == c.table.Digest() {
+			oe.warming = false
+		} else if oe.warmSpent+cost > r.Slack(c.n()) {
+			d := r.gcra.Peek(oe.tat, now)
+			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
+			c.stats.ViewRejects++
+			return d
+		}
+	}
+	d := r.gcra.Step(&oe.tat, now, cost)
+	if oe.warming && d.Allowed {
+		oe.warmSpent += cost
+	}
+	return d
 }
 
 // entry returns the node entry of k, creating it or moving it to owner.
@@ -595,8 +671,16 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 			oe = &ownerEntry{}
 			c.owned[k] = oe
 		}
-		oe.tat = max(oe.tat, bucket.TAT(now+h.Debt))
+		// What this node charged since the ring change and what the old
+		// owner charged before it are separate spend: they add. (Spend a
+		// node re-reported here that the old owner had also charged but
+		// not yet acknowledged is counted twice: at most its slack, once
+		// per ring change, never an excess.)
+		oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
 		oe.warming = false
+	}
+	if m.HandedOver != 0 {
+		c.handedOver[from] = m.HandedOver
 	}
 	for _, s := range m.Syncs {
 		c.charge(now, from, s)
@@ -655,14 +739,9 @@ func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 	res := ResultItem{Ticket: d.Ticket}
 	if r, ok := c.rules[d.Rule]; ok {
 		k := entryKey{d.Rule, d.Identity}
-		oe := c.owned[k]
-		if oe == nil {
-			oe = &ownerEntry{}
-			c.owned[k] = oe
-		}
-		bd := r.gcra.Step(&oe.tat, now, d.Cost)
+		bd := c.ownerStep(now, r, k, d.Cost)
 		res = ResultItem{Ticket: d.Ticket, Allowed: bd.Allowed, Remaining: bd.Remaining,
-			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(oe.tat) - now}
+			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(c.owned[k].tat) - now}
 	} else {
 		// The owner does not know the rule (rule sets converging):
 		// admit, as a node without the rule would.
@@ -706,8 +785,9 @@ func (c *Coordinator) result(now int64, r ResultItem) {
 }
 
 // Tick advances time: it sends reports whose interval passed, decides
-// pending requests whose owner did not answer in time by on_failure, and
-// drops entries that equal no entry.
+// pending requests whose owner did not answer in time by on_failure, drops
+// entries that equal no entry, and starts gated rules' sketches over at
+// their period boundaries.
 func (c *Coordinator) Tick(now int64) {
 	var due []entryKey
 	for k, e := range c.entries {
@@ -739,6 +819,12 @@ func (c *Coordinator) Tick(now int64) {
 			delete(c.owned, k)
 		}
 	}
+	// Each rule's sketch rolls on its own: the order does not matter.
+	for _, r := range c.rules {
+		if r.sk != nil {
+			r.sk.roll(now)
+		}
+	}
 }
 
 func (c *Coordinator) expire(now int64, t uint64) {
@@ -765,7 +851,9 @@ func cmpKey(a, b entryKey) int {
 // caller then did not let through (another rule rejected it). Only what can
 // be given back exactly is: an owner's own charge, or spend within this
 // node's slack not yet reported. A remote owner's admission is not given
-// back (conservative: it costs tokens, never admits too many).
+// back (conservative: it costs tokens, never admits too many), nor is a
+// sketch's (its counters are shared by colliding identities, so lowering
+// them could undercount another).
 func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src Source) {
 	r, ok := c.rules[ruleID]
 	if !ok || cost <= 0 {
@@ -801,7 +889,20 @@ func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
 		}
 	}
+	c.markHandedOver(next)
 	c.FlushAll(now)
+}
+
+// markHandedOver tells every other member of t that this node has queued
+// the handoff of every bucket it owned that t assigns elsewhere: the marker
+// travels after those handoffs, and ends the new owners' warm-up.
+func (c *Coordinator) markHandedOver(t OwnerTable) {
+	d := t.Digest()
+	for _, name := range t.Names() {
+		if name != c.cfg.Self {
+			c.outbox(name).HandedOver = d
+		}
+	}
 }
 
 // FlushAll queues a report of every identity's unsent spend, as a node does
@@ -845,8 +946,9 @@ func (c *Coordinator) SetPeerDown(now int64, peer string, down bool) {
 // charged here when this node is the new owner); buckets this node owned and
 // no longer does are handed to their new owner.
 func (c *Coordinator) SetTable(now int64, t OwnerTable) {
-	if c.table != nil && c.table.Epoch() != t.Epoch() {
-		c.warmUntil = now + c.timeout
+	changed := c.table == nil || c.table.Epoch() != t.Epoch()
+	if c.table != nil && changed {
+		c.warmUntil = now + c.handoff
 	}
 	c.table = t
 	epoch := t.Epoch()
@@ -898,6 +1000,9 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
 		}
 		delete(c.owned, k)
+	}
+	if changed {
+		c.markHandedOver(t)
 	}
 }
 

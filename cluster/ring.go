@@ -237,6 +237,43 @@ func (r *Ring) OwnerIndex(h uint64) int {
 	return best
 }
 
+// OwnerNameExcept returns the name of the member that would own identity if
+// the member called except were not in the ring ("" if no other member). By
+// rendezvous hashing that is the owner it had before except joined, and the
+// one it gets if except leaves.
+func (r *Ring) OwnerNameExcept(identity, except string) string {
+	if r == nil {
+		return ""
+	}
+	h := IdentityHash(identity)
+	x := h ^ (h >> 30)
+	best, bestScore := -1, uint64(0)
+	for i, p := range r.pre {
+		if r.members[i].Name == except {
+			continue
+		}
+		if s := ringScore(x ^ p); best < 0 || s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	if best < 0 {
+		return ""
+	}
+	return r.members[best].Name
+}
+
+// Names returns the member names, sorted.
+func (r *Ring) Names() []string {
+	if r == nil {
+		return nil
+	}
+	out := make([]string, len(r.members))
+	for i, m := range r.members {
+		out[i] = m.Name
+	}
+	return out
+}
+
 // ringScore finishes ringMix(z) given z ^ (z >> 30).
 func ringScore(y uint64) uint64 {
 	z := y * 0xbf58476d1ce4e5b9

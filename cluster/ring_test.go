@@ -490,3 +490,36 @@ func TestRingDigest(t *testing.T) {
 		t.Errorf("digest 0 is reserved for no ring")
 	}
 }
+
+// TestRingOwnerNameExcept: the owner without a member is the owner in the
+// ring built without it, for every identity, and equals the owner for
+// identities the member does not own.
+func TestRingOwnerNameExcept(t *testing.T) {
+	var members []Member
+	for i := range 7 {
+		members = append(members, Member{Name: fmt.Sprintf("n%d", i)})
+	}
+	full, _ := NewRing(1, members)
+	for _, gone := range []string{"n0", "n3", "n6"} {
+		var rest []Member
+		for _, m := range members {
+			if m.Name != gone {
+				rest = append(rest, m)
+			}
+		}
+		without, _ := NewRing(2, rest)
+		for i := range 2000 {
+			id := fmt.Sprint("id-", i)
+			if got, want := full.OwnerNameExcept(id, gone), without.OwnerName(id); got != want {
+				t.Fatalf("%s without %s: %s, want %s", id, gone, got, want)
+			}
+		}
+	}
+	one, _ := NewRing(1, members[:1])
+	if got := one.OwnerNameExcept("x", "n0"); got != "" {
+		t.Errorf("only member excepted: %q", got)
+	}
+	if got := strings.Join(full.Names(), ","); got != "n0,n1,n2,n3,n4,n5,n6" {
+		t.Errorf("Names = %s", got)
+	}
+}

@@ -23,6 +23,8 @@ func FuzzParse(f *testing.F) {
 		"rules:\n- {id: \"a\\x01\", description: \"\\x01\\u2028\", limit: 1, window: 1s, match: {pattern: '/{a}/*'}}\n",
 		"rules:\n- id: a\n  limit: 1\n  window: 1s\n  penalty: {after: 1, base: 1s, max: 1s}\n  tiers: [{name: g, limit: 2}]\n",
 		"x: &x [*x]\n",
+		"rules:\n- id: a\n  limit: 1\n  window: 1s\n  sketch: {threshold: 4, period: 1m, width: 4096, depth: 4}\n",
+		"rules:\n- id: a\n  limit: 1\n  window: 1s\n  sketch: {threshold: 1}\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -160,6 +160,56 @@ type Penalty struct {
 	Max    time.Duration
 }
 
+// Sketch gates a shared gcra rule's identities through a count-min sketch
+// per node (DESIGN.md, docs/overshoot.md "Sketch gating"): an identity a
+// node has no entry for is admitted there with no entry, no sync and no
+// owner bucket while the sketch's estimate of its spend on that node in the
+// current period stays at most min(Threshold, the node's slack); past that
+// it gets a real entry and joins the sync. Memory and sync traffic then
+// follow the heavy hitters, not every identity, at the price of up to
+// Threshold unreported tokens per identity, node and period. A zero Period,
+// Width or Depth means its default (NewSet fills them in).
+type Sketch struct {
+	// Threshold is the most tokens one identity may spend on one node in
+	// one period before it is tracked; in [1, MaxSketchThreshold].
+	Threshold int64
+	// Period is how often the sketch starts over, at multiples of Period
+	// since the Unix epoch; zero means the rule's Window, and it may not
+	// be shorter than the Window.
+	Period time.Duration
+	// Width is the number of counters per row; zero means
+	// DefaultSketchWidth; at most MaxSketchWidth.
+	Width int64
+	// Depth is the number of rows (hash functions); zero means
+	// DefaultSketchDepth; at most MaxSketchDepth.
+	Depth int64
+}
+
+// Sketch limits and defaults. A sketch takes Width × Depth bytes per rule
+// and node (one-byte counters), allocated on its first use. The estimate
+// never undercounts, so the sketch's error never admits more than Threshold
+// per identity, node and period; it only tracks some light identities that
+// collided with others. For a stream of M tokens per node and period,
+// count-min's bound is: estimate ≤ true + e·M/Width with probability at
+// least 1 − e^−Depth (Width 65536, Depth 4: true + 4.1e-5·M, 98.2 %). With
+// M up to 2 × Width, a one-token identity is tracked by mistake with a
+// probability of about P(Poisson(2) ≥ 4)^4 ≈ 4e-4 at Threshold 4 for a
+// plain count-min at its fullest, less with the conservative update weir
+// uses: size Width to at least half the tokens a node sees per period.
+const (
+	// MaxSketchThreshold is the largest Sketch.Threshold: counters are
+	// one byte.
+	MaxSketchThreshold = 255
+	// DefaultSketchWidth is the default Sketch.Width (64 KiB per row).
+	DefaultSketchWidth = 1 << 16
+	// MaxSketchWidth is the largest Sketch.Width.
+	MaxSketchWidth = 1 << 24
+	// DefaultSketchDepth is the default Sketch.Depth.
+	DefaultSketchDepth = 4
+	// MaxSketchDepth is the largest Sketch.Depth.
+	MaxSketchDepth = 8
+)
+
 // Defaults applied by NewSet to fields left at their zero value.
 const (
 	// DefaultAccuracy is the fraction of the limit a cluster may overshoot.
@@ -222,6 +272,11 @@ type Rule struct {
 	Tiers []Tier
 	// Penalty, when not nil, locks out identities that keep being rejected.
 	Penalty *Penalty
+	// Sketch, when not nil, gates identities through a count-min sketch
+	// before they get a bucket (shared gcra rules only). Omitted from the
+	// digest's canonical form when nil, so that rules without it keep
+	// their digests.
+	Sketch *Sketch `json:",omitempty"`
 }
 
 // CostFor returns the tokens a request with the given method spends: the
@@ -392,6 +447,19 @@ func normalize(r Rule) Rule {
 			p.Within = DefaultPenaltyWithin
 		}
 		n.Penalty = &p
+	}
+	if r.Sketch != nil {
+		sk := *r.Sketch
+		if sk.Period == 0 {
+			sk.Period = r.Window
+		}
+		if sk.Width == 0 {
+			sk.Width = DefaultSketchWidth
+		}
+		if sk.Depth == 0 {
+			sk.Depth = DefaultSketchDepth
+		}
+		n.Sketch = &sk
 	}
 	return n
 }

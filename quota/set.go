@@ -9,9 +9,10 @@ import (
 // Set is an immutable, validated, versioned list of rules with a compiled
 // matcher. Rules are normalised: every default is filled in (Burst, Cost,
 // Algorithm, Mode, Scope, OnFailure, Accuracy, Key, MaxDelay for
-// leaky_bucket, Penalty.Within), methods are upper-cased and sorted, header
-// names canonical and prefixes without a trailing "/". A Set is safe for
-// concurrent use; the nil *Set is not usable.
+// leaky_bucket, Penalty.Within, Sketch's Period, Width and Depth), methods
+// are upper-cased and sorted, header names canonical and prefixes without a
+// trailing "/". A Set is safe for concurrent use; the nil *Set is not
+// usable.
 type Set struct {
 	version uint64
 	digest  string
@@ -152,6 +153,10 @@ func deepCopy(r Rule) Rule {
 	if r.Penalty != nil {
 		p := *r.Penalty
 		c.Penalty = &p
+	}
+	if r.Sketch != nil {
+		sk := *r.Sketch
+		c.Sketch = &sk
 	}
 	return c
 }

@@ -269,6 +269,9 @@ func (v *validator) rule(p string, r *Rule) {
 			v.add(f+".burst", "%d is below the largest cost %d, so such a request could never pass", t.Burst, maxCost)
 		}
 	}
+	if r.Sketch != nil {
+		v.sketch(p+".sketch", r, algo)
+	}
 	if pen := r.Penalty; pen != nil {
 		f := p + ".penalty"
 		if pen.After <= 0 {
@@ -286,6 +289,39 @@ func (v *validator) rule(p string, r *Rule) {
 		if pen.Base > 0 && pen.Max > 0 && pen.Base > pen.Max {
 			v.add(f+".base", "%s is above max %s", pen.Base, pen.Max)
 		}
+	}
+}
+
+// sketch checks a rule's sketch gating: shared gcra rules only (exact rules
+// send every admission to the owner, local rules have no owner, durable
+// counters must be exact), and its numbers in range.
+func (v *validator) sketch(f string, r *Rule, algo Algorithm) {
+	sk := r.Sketch
+	switch {
+	case algo != "" && algo != AlgorithmGCRA:
+		v.add(f, "needs algorithm gcra and mode shared, not %s", algo)
+	case r.Mode == ModeExact || r.Mode == ModeLocal:
+		v.add(f, "needs mode shared, not %s (only shared rules admit within a slack)", r.Mode)
+	case r.Durable:
+		v.add(f, "contradicts durable (durable counters are exact)")
+	}
+	switch {
+	case sk.Threshold < 1:
+		v.add(f+".threshold", "must be at least 1, got %d", sk.Threshold)
+	case sk.Threshold > MaxSketchThreshold:
+		v.add(f+".threshold", "%d is above %d, the most a sketch counter holds", sk.Threshold, MaxSketchThreshold)
+	}
+	switch {
+	case sk.Period < 0:
+		v.add(f+".period", "must be positive, got %s", sk.Period)
+	case sk.Period > 0 && r.Window > 0 && sk.Period < r.Window:
+		v.add(f+".period", "%s is shorter than the window %s: the sketch would let threshold × nodes through more than once a window", sk.Period, r.Window)
+	}
+	if sk.Width < 0 || sk.Width > MaxSketchWidth {
+		v.add(f+".width", "must be in [1, %d], got %d", MaxSketchWidth, sk.Width)
+	}
+	if sk.Depth < 0 || sk.Depth > MaxSketchDepth {
+		v.add(f+".depth", "must be in [1, %d], got %d", MaxSketchDepth, sk.Depth)
 	}
 }
 

@@ -291,7 +291,7 @@ func (p *parser) top(root *yaml.Node) (rules []Rule, found bool) {
 }
 
 var ruleFields = []string{"id", "description", "match", "key", "limit", "window", "burst", "cost", "cost_by_method",
-	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "max_delay", "overrides", "tiers", "penalty"}
+	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "max_delay", "overrides", "tiers", "penalty", "sketch"}
 
 func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 	p.mapping(n, path, ruleFields, func(key string, v *yaml.Node, f string) {
@@ -395,6 +395,28 @@ func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 				}
 			}) {
 				r.Penalty = &pen
+			}
+		case "sketch":
+			if isNull(v) {
+				return
+			}
+			var sk Sketch
+			if p.mapping(v, f, []string{"threshold", "period", "width", "depth"}, func(k string, v *yaml.Node, kp string) {
+				switch k {
+				case "threshold":
+					sk.Threshold = p.int(v, kp)
+				case "period":
+					sk.Period = p.duration(v, kp)
+					if sk.Period == 0 && !p.bad[kp] {
+						p.syntax(v, kp, "must be positive; omit the field for the default (the rule's window)")
+					}
+				case "width":
+					sk.Width = p.positiveInt(v, kp)
+				case "depth":
+					sk.Depth = p.positiveInt(v, kp)
+				}
+			}) {
+				r.Sketch = &sk
 			}
 		}
 	})
@@ -579,6 +601,9 @@ func Marshal(rules []Rule) ([]byte, error) {
 		if pen := r.Penalty; pen != nil {
 			y.Penalty = &yPenalty{After: pen.After, Within: pen.Within.String(), Base: pen.Base.String(), Max: pen.Max.String()}
 		}
+		if sk := r.Sketch; sk != nil {
+			y.Sketch = &ySketch{Threshold: sk.Threshold, Period: sk.Period.String(), Width: sk.Width, Depth: sk.Depth}
+		}
 		out.Rules[i] = y
 	}
 	var buf bytes.Buffer
@@ -618,6 +643,7 @@ type yRule struct {
 	Overrides    []yOverride      `yaml:"overrides,omitempty"`
 	Tiers        []yTier          `yaml:"tiers,omitempty"`
 	Penalty      *yPenalty        `yaml:"penalty,omitempty,flow"`
+	Sketch       *ySketch         `yaml:"sketch,omitempty,flow"`
 }
 
 type yMatch struct {
@@ -644,4 +670,11 @@ type yPenalty struct {
 	Within string `yaml:"within"`
 	Base   string `yaml:"base"`
 	Max    string `yaml:"max"`
+}
+
+type ySketch struct {
+	Threshold int64  `yaml:"threshold"`
+	Period    string `yaml:"period"`
+	Width     int64  `yaml:"width"`
+	Depth     int64  `yaml:"depth"`
 }

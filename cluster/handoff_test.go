@@ -1,0 +1,159 @@
+package cluster
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir/quota"
+)
+
+// joinHarness is a 3-node harness with a fourth node started on a ring of
+// itself, as a joining gateway starts, and the 4-member ring it will join.
+func joinHarness(t *testing.T) (*harness, *Ring) {
+	h := newHarness(t, 3, time.Millisecond, gcraRule("api", quota.ModeShared, 10, time.Second, 10))
+	c := NewCoordinator(CoordinatorConfig{Self: "node-3", SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
+	c.SetRules(ruleParams(t, []quota.Rule{gcraRule("api", quota.ModeShared, 10, time.Second, 10)}))
+	self, _ := NewRing(0, []Member{{Name: "node-3"}})
+	c.SetTable(h.now, self)
+	h.nodes["node-3"] = c
+	h.names = append(h.names, "node-3")
+	h.waiting["node-3"] = map[uint64]int64{}
+	var members []Member
+	for _, n := range h.names {
+		members = append(members, Member{Name: n, Addr: n})
+	}
+	next, err := NewRing(2, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, next
+}
+
+// movedTo returns n identities that next gives to node-3, with the owner
+// each had before it joined.
+func movedTo(next *Ring, n int) (ids, from []string) {
+	for i := 0; len(ids) < n; i++ {
+		id := fmt.Sprint("moved-", i)
+		if next.OwnerName(id) == "node-3" {
+			ids = append(ids, id)
+			from = append(from, next.OwnerNameExcept(id, "node-3"))
+		}
+	}
+	return ids, from
+}
+
+// allowed asks node for one token of id and reports whether it was admitted
+// at once (a pending decision counts as not).
+func allowed(t *testing.T, h *harness, node, id string) bool {
+	o, err := h.nodes[node].Decide(h.now, "api", id, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return !o.Pending && o.Allowed
+}
+
+// TestJoinWaitsForHandoff: a joining node owns its share at once but admits a
+// moved identity only within its slack until the previous owner has handed
+// the bucket over and said so; then it has the previous owner's state (a
+// spent bucket stays spent), and an identity the previous owner held no
+// state for is admitted in full at once, without waiting for the timeout.
+func TestJoinWaitsForHandoff(t *testing.T) {
+	h, next := joinHarness(t)
+	ids, from := movedTo(next, 2)
+	spent, fresh := ids[0], ids[1]
+	// The previous owner spends spent's whole burst.
+	for range 10 {
+		if !allowed(t, h, from[0], spent) {
+			t.Fatal("the previous owner refused a full bucket")
+		}
+	}
+	// Every node but the previous owners sees the join; they lag 30ms.
+	lagging := map[string]bool{from[0]: true, from[1]: true}
+	for _, n := range h.names {
+		if !lagging[n] {
+			h.nodes[n].SetTable(h.now, next)
+		}
+	}
+	h.flush()
+	slack := int64(0)
+	if p := ruleParams(t, []quota.Rule{gcraRule("api", quota.ModeShared, 10, time.Second, 10)}); true {
+		slack = p[0].Slack(4)
+	}
+	got := int64(0)
+	for range 10 {
+		if allowed(t, h, "node-3", spent) {
+			got++
+		}
+	}
+	if got > slack {
+		t.Fatalf("before the handoff the new owner admitted %d, more than its slack %d", got, slack)
+	}
+	h.step(30 * time.Millisecond)
+	for n := range lagging {
+		h.nodes[n].SetTable(h.now, next)
+	}
+	h.flush()
+	h.step(2 * time.Millisecond) // handoffs and markers arrive
+	if allowed(t, h, "node-3", spent) {
+		t.Errorf("after the handoff the new owner admitted a request its previous owner's bucket cannot pay")
+	}
+	n := 0
+	for range 10 {
+		if allowed(t, h, "node-3", fresh) {
+			n++
+		}
+	}
+	if n != 10 {
+		t.Errorf("an identity with no state to hand over: %d of 10 admitted after the marker, want the full burst", n)
+	}
+}
+
+// TestJoinHandoffTimeout: when a previous owner never sends its marker (it
+// crashed, or its messages are lost), the new owner's warm-up ends after
+// HandoffTimeout and the identity is admitted again: the stated fault term,
+// not an outage.
+func TestJoinHandoffTimeout(t *testing.T) {
+	h, next := joinHarness(t)
+	ids, from := movedTo(next, 1)
+	h.cut[from[0]] = true
+	for _, n := range h.names {
+		h.nodes[n].SetTable(h.now, next)
+	}
+	h.flush()
+	h.step(10 * time.Millisecond)
+	admitted := 0
+	for range 10 {
+		if allowed(t, h, "node-3", ids[0]) {
+			admitted++
+		}
+	}
+	if admitted > 1 {
+		t.Fatalf("warm-up: %d admitted, want at most the slack", admitted)
+	}
+	h.step(DefaultHandoffTimeout)
+	if !allowed(t, h, "node-3", ids[0]) {
+		t.Errorf("after the handoff timeout the new owner still refuses")
+	}
+}
+
+// TestHandoffAddsToChargesMadeMeanwhile: spend the new owner charged before
+// the handoff arrived and the handed-over debt add up; neither hides the
+// other.
+func TestHandoffAddsToChargesMadeMeanwhile(t *testing.T) {
+	rule := gcraRule("api", quota.ModeExact, 100, time.Second, 10)
+	c := NewCoordinator(CoordinatorConfig{Self: "b"})
+	c.SetRules(ruleParams(t, []quota.Rule{rule}))
+	ring, _ := NewRing(1, []Member{{Name: "b"}})
+	c.SetTable(t0, ring)
+	for range 4 {
+		if o, _ := c.Decide(t0, "api", "x", 1); !o.Allowed {
+			t.Fatal("refused a full bucket")
+		}
+	}
+	// The old owner hands over 6 tokens of debt (60ms at 100/s).
+	c.Step(t0, "a", &Message{Handoffs: []HandoffItem{{Rule: "api", Identity: "x", Debt: int64(60 * time.Millisecond)}}})
+	if o, _ := c.Decide(t0, "api", "x", 1); o.Allowed {
+		t.Errorf("4 charged here + 6 handed over = the burst of 10, yet one more was admitted")
+	}
+}
