@@ -27,6 +27,10 @@ type harness struct {
 	cut     map[string]bool // messages to or from these nodes are dropped
 	dropped int
 	msgs    int
+	// observe, when set, sees what each node's Ready returned; complete,
+	// when set, takes a completion instead of record.
+	observe  func(node string, rd Ready)
+	complete func(node string, c Completion, cost int64)
 }
 
 type flight struct {
@@ -126,6 +130,9 @@ func (h *harness) step(d time.Duration) {
 func (h *harness) flush() {
 	for _, name := range h.names {
 		rd := h.nodes[name].Ready()
+		if h.observe != nil {
+			h.observe(name, rd)
+		}
 		for _, env := range rd.Messages {
 			h.msgs++
 			if h.cut[name] || h.cut[env.To] {
@@ -140,7 +147,11 @@ func (h *harness) flush() {
 				h.t.Fatalf("%s: completion for unknown ticket %d", name, c.Ticket)
 			}
 			delete(h.waiting[name], c.Ticket)
-			h.record(name, c.Outcome, cost)
+			if h.complete != nil {
+				h.complete(name, c, cost)
+			} else {
+				h.record(name, c.Outcome, cost)
+			}
 		}
 	}
 }

@@ -36,6 +36,16 @@ func newTracker(h *harness, logging bool) *tracker {
 	for _, n := range h.names {
 		tr.ids[n] = map[uint64]string{}
 	}
+	h.complete = func(node string, c Completion, cost int64) {
+		id := tr.ids[node][c.Ticket]
+		delete(tr.ids[node], c.Ticket)
+		tr.record(node, id, c.Outcome, cost)
+	}
+	h.observe = func(node string, rd Ready) {
+		if tr.logging && (len(rd.Messages) > 0 || len(rd.Completions) > 0) {
+			tr.log = append(tr.log, fmt.Sprintf("%d %s ready %+v", h.now, node, rd))
+		}
+	}
 	return tr
 }
 
@@ -78,46 +88,7 @@ func (tr *tracker) record(node, identity string, o Outcome, cost int64) {
 }
 
 // step is harness.step with completions attributed to their identities.
-func (tr *tracker) step(d time.Duration) {
-	h := tr.h
-	h.now += int64(d)
-	var due []flight
-	rest := h.flight[:0]
-	for _, f := range h.flight {
-		if f.at <= h.now {
-			due = append(due, f)
-		} else {
-			rest = append(rest, f)
-		}
-	}
-	h.flight = rest
-	for _, f := range due {
-		h.nodes[f.to].Step(h.now, f.from, &f.msg)
-	}
-	for _, name := range h.names {
-		h.nodes[name].Tick(h.now)
-	}
-	for _, name := range h.names {
-		rd := h.nodes[name].Ready()
-		if tr.logging && (len(rd.Messages) > 0 || len(rd.Completions) > 0) {
-			tr.log = append(tr.log, fmt.Sprintf("%d %s ready %+v", h.now, name, rd))
-		}
-		for _, env := range rd.Messages {
-			h.msgs++
-			h.flight = append(h.flight, flight{at: h.now + h.oneway, from: name, to: env.To, msg: env.Msg})
-		}
-		for _, c := range rd.Completions {
-			cost, ok := h.waiting[name][c.Ticket]
-			if !ok {
-				h.t.Fatalf("%s: completion for unknown ticket %d", name, c.Ticket)
-			}
-			id := tr.ids[name][c.Ticket]
-			delete(h.waiting[name], c.Ticket)
-			delete(tr.ids[name], c.Ticket)
-			tr.record(name, id, c.Outcome, cost)
-		}
-	}
-}
+func (tr *tracker) step(d time.Duration) { tr.h.step(d) }
 
 // totals sums the nodes' counters.
 func (tr *tracker) totals() Stats {
