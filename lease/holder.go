@@ -1,39 +1,38 @@
 package lease
 
-import "math"
-
 // Holder is a region's side of one lease on a (rule, identity): the share
 // the region enforces at a given time. It is a value with no clock: times
 // are the region's own (unix ns), and a lease's lifetime is counted from
 // when the region sent the report that brought it, so no time of the
 // leader's is ever compared with the region's clock.
 //
-// A Holder starts with the implicit lease of the region's safe share, which
-// never expires; the leader counts it the same way, so a region decides its
-// first requests before any lease arrives. A granted lease is enforced until
-// its lifetime, less the skew margin, has passed; after that the region
-// falls back to min(safe, the last share it received) until a new grant
-// arrives. Grants of an older epoch than the one held are ignored (epoch
+// A Holder starts with no lease (Granted is false): the region waits for its
+// first lease, or applies the rule's fallback, and the leader counts it as
+// holding nothing. A granted lease is enforced until its lifetime, less the
+// skew margin, has passed; after that the region falls back to min(safe,
+// the last share it received) until a new grant arrives. Grants of an older epoch than the one held are ignored (epoch
 // fencing): a late reply can never bring back a larger share.
 type Holder struct {
 	safe, safeBurst int64
 	share, burst    int64
 	epoch           uint64
-	until           int64 // region time the lease ends; MaxInt64: implicit
+	until           int64 // region time the lease ends
 	skew            int64
 }
 
-// NewHolder returns the holder of a region's implicit safe lease on rule r,
-// among regions regions, with the machine's skew margin (ns).
+// NewHolder returns the holder, with no lease yet, of a region's share of
+// rule r among regions regions, with the machine's skew margin (ns).
 func NewHolder(r Rule, regions int, skew int64) Holder {
 	safe := r.Limit / int64(max(regions, 1))
-	return Holder{safe: safe, safeBurst: burst(r, safe), share: safe, burst: burst(r, safe),
-		until: math.MaxInt64, skew: skew}
+	return Holder{safe: safe, safeBurst: burst(r, safe), skew: skew}
 }
+
+// Granted reports whether the region has received a lease.
+func (h *Holder) Granted() bool { return h.epoch != 0 }
 
 // Accept takes a grant that answers a report sent at sentAt (region time).
 // It returns false, and changes nothing, for a grant of an older epoch than
-// the lease held, or for the implicit lease (epoch 0).
+// the lease held, or for no lease (epoch 0).
 func (h *Holder) Accept(sentAt int64, g Grant) bool {
 	if g.Epoch == 0 || g.Epoch < h.epoch {
 		return false
@@ -48,12 +47,16 @@ func (h *Holder) Accept(sentAt int64, g Grant) bool {
 	return true
 }
 
-// Epoch returns the epoch of the lease held (0: the implicit lease).
+// Epoch returns the epoch of the lease held (0: none yet).
 func (h *Holder) Epoch() uint64 { return h.epoch }
 
 // At returns the share (tokens per window) and burst the region enforces at
-// now, and whether that is the fallback because the lease has expired.
+// now, and whether that is the fallback because the lease has expired or
+// none was received yet (share 0).
 func (h *Holder) At(now int64) (share, burst int64, fallback bool) {
+	if h.epoch == 0 {
+		return 0, 0, true
+	}
 	if now < h.until {
 		return h.share, h.burst, false
 	}

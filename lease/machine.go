@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -29,10 +30,16 @@ import (
 // Σᵣ max(unexpired shareᵣ, fallbackᵣ) ≤ L, with the leader's view of each
 // term always at least what the region can really use:
 //
-//   - A region that never received a grant holds an implicit lease of its
-//     safe share that never expires, so before any grant Σ safe ≤ L holds
-//     and a region's first requests are decided before its first lease
-//     arrives.
+//   - A region that never received a grant for a key holds nothing: its
+//     first lease comes from the leader, and until it arrives the region
+//     enforces its fallback, min(safe, last share received) = 0 (or the
+//     rule's open/closed fallback). So the whole of L is the leader's to
+//     hand out, and a region that sees a customer for the first time pays
+//     one round trip to the leader for it. A region gives a key up only by
+//     reporting demand 0 and acknowledging the share of 0 it gets back;
+//     until then its last share counts.
+//   - Epochs come from one counter of the machine, so they never repeat,
+//     even for a key that was dropped and comes back.
 //   - A grow raises hold at once (the region may use it as soon as it
 //     arrives), and only by capacity that is free: L − Σ terms.
 //   - A shrink lowers the granted share at once but hold only when the region
@@ -150,7 +157,7 @@ type key struct{ rule, identity string }
 // regionLease is the leader's record of one region's lease on one key.
 type regionLease struct {
 	share   int64  // latest granted share
-	epoch   uint64 // of the latest grant; 0: the implicit safe lease
+	epoch   uint64 // of the latest grant; 0: none yet
 	expiry  int64  // leader time; math.MaxInt64 for the implicit lease
 	hold    int64  // the largest share the region may be enforcing
 	release int64  // when hold may drop to relTo (0: nothing pending)
@@ -176,6 +183,13 @@ type Machine struct {
 	seqs    map[string]uint64
 	guard   int64 // every lease counts as unexpired until then
 	now     int64 // the latest command time applied
+	epoch   uint64
+}
+
+// bump returns a new epoch, larger than every one before.
+func (m *Machine) bump() uint64 {
+	m.epoch++
+	return m.epoch
 }
 
 // NewMachine returns an empty machine. It fails if Config names no region,
@@ -381,9 +395,8 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 
 func (m *Machine) newKey(r Rule) *keyState {
 	ks := &keyState{regions: make([]regionLease, len(m.cfg.Regions))}
-	s := m.safe(r)
 	for i := range ks.regions {
-		ks.regions[i] = regionLease{share: s, hold: s, expiry: math.MaxInt64}
+		ks.regions[i] = regionLease{expiry: math.MaxInt64}
 	}
 	return ks
 }
@@ -407,7 +420,7 @@ func (m *Machine) settle(r Rule, ks *keyState, now int64) {
 			l.hold = safe
 			if l.share > l.hold {
 				l.share = l.hold
-				l.epoch++
+				l.epoch = m.bump()
 			}
 		}
 	}
@@ -430,7 +443,7 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 		l := &ks.regions[i]
 		if target[i] < l.share {
 			l.share = target[i]
-			l.epoch++
+			l.epoch = m.bump()
 			if l.expiry == math.MaxInt64 {
 				l.expiry = now + m.lease
 			}
@@ -459,12 +472,12 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 		hold := max(l.hold, share)
 		free -= hold - old
 		l.share, l.hold, l.expiry = share, hold, now+m.lease
-		l.epoch++
+		l.epoch = m.bump()
 	}
 }
 
 // tick settles every key, and drops keys whose state is the initial one
-// again (every region idle, holding its implicit safe lease).
+// again: no region holds or may hold anything.
 func (m *Machine) tick(now int64) {
 	keys := make([]key, 0, len(m.keys))
 	for k := range m.keys {
@@ -484,7 +497,21 @@ func (m *Machine) tick(now int64) {
 		}
 		m.settle(r, ks, now)
 		m.allocate(r, ks, now)
+		if empty(ks) {
+			delete(m.keys, k)
+		}
 	}
+}
+
+// empty reports whether ks equals a key never seen: every region's share
+// and hold are 0 with nothing pending.
+func empty(ks *keyState) bool {
+	for i := range ks.regions {
+		if l := &ks.regions[i]; l.share != 0 || l.hold != 0 || l.release != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // expired reports whether every lease on ks has ended (past expiry and skew,
@@ -510,7 +537,11 @@ func (m *Machine) Check() error {
 
 // CheckAt is Check at a given time (at or after the latest command).
 func (m *Machine) CheckAt(now int64) error {
-	for k, ks := range m.keys {
+	keys := slices.SortedFunc(maps.Keys(m.keys), func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.rule, b.rule), cmp.Compare(a.identity, b.identity))
+	})
+	for _, k := range keys {
+		ks := m.keys[k]
 		r, ok := m.rules[k.rule]
 		if !ok {
 			continue

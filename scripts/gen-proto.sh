@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates cluster/peerpb from cluster/peerpb/peer.proto. The generated
-# code is committed: the normal build and `go test ./...` need no protoc.
+# Regenerates cluster/peerpb from cluster/peerpb/peer.proto and lease/leasepb
+# from lease/leasepb/lease.proto. The generated code is committed: the normal
+# build and `go test ./...` need no protoc.
 #
 # The plugins are installed with pinned versions into a temporary GOBIN, so
 # no tool requirement enters the library's go.mod (DESIGN.md, "Practical
@@ -30,10 +31,15 @@ trap 'rm -rf "$gobin"' EXIT
 	GOBIN="$gobin" GOFLAGS= go install "google.golang.org/protobuf/cmd/protoc-gen-go@${PROTOC_GEN_GO_VERSION}" &&
 	GOBIN="$gobin" GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@${PROTOC_GEN_GO_GRPC_VERSION}")
 
-PATH="$gobin:$PATH" protoc \
-	--proto_path=cluster/peerpb \
-	--go_out=cluster/peerpb --go_opt=paths=source_relative \
-	--go-grpc_out=cluster/peerpb --go-grpc_opt=paths=source_relative \
-	peer.proto
+# gen DIR FILE: regenerates DIR from DIR/FILE.
+gen() {
+	PATH="$gobin:$PATH" protoc \
+		--proto_path="$1" \
+		--go_out="$1" --go_opt=paths=source_relative \
+		--go-grpc_out="$1" --go-grpc_opt=paths=source_relative \
+		"$2"
+}
+gen cluster/peerpb peer.proto
+gen lease/leasepb lease.proto
 
-echo "regenerated cluster/peerpb ($(protoc --version), protoc-gen-go ${PROTOC_GEN_GO_VERSION}, protoc-gen-go-grpc ${PROTOC_GEN_GO_GRPC_VERSION})"
+echo "regenerated cluster/peerpb and lease/leasepb ($(protoc --version), protoc-gen-go ${PROTOC_GEN_GO_VERSION}, protoc-gen-go-grpc ${PROTOC_GEN_GO_GRPC_VERSION})"

@@ -1,0 +1,190 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/weir-dev/weir/lease/leasepb"
+)
+
+// This file is the codec of the lease group's Raft log entries, and the
+// conversion between the machine's types and the wire messages of the
+// forwarding service (lease/leasepb).
+//
+// An entry is one format byte and a body:
+//
+//	entryNoop    (0): no body; the FSM applies nothing (benchmarks, probes)
+//	entryCommand (1): a leasepb.Command, protobuf-encoded
+//
+// Any other first byte is refused, so a later format can be told apart from
+// this one.
+
+// Entry formats.
+const (
+	entryNoop    byte = 0
+	entryCommand byte = 1
+)
+
+// MaxEntryBytes is the largest log entry DecodeEntry accepts.
+const MaxEntryBytes = 4 << 20
+
+// ErrMalformedEntry is wrapped by every error DecodeEntry returns.
+var ErrMalformedEntry = errors.New("lease: malformed log entry")
+
+// EncodeEntry encodes c as a log entry. It fails, wrapping ErrBadCommand, if
+// c does not set exactly one kind.
+func EncodeEntry(c Command) ([]byte, error) {
+	pc, err := commandToPB(c)
+	if err != nil {
+		return nil, err
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(pc)
+	if err != nil {
+		return nil, fmt.Errorf("lease: encoding a command: %w", err)
+	}
+	if len(b)+1 > MaxEntryBytes {
+		return nil, fmt.Errorf("%w: the entry would be %d bytes, over %d", ErrBadCommand, len(b)+1, MaxEntryBytes)
+	}
+	return append([]byte{entryCommand}, b...), nil
+}
+
+// DecodeEntry decodes a log entry. ok is false for a no-op entry. A
+// malformed entry returns an error wrapping ErrMalformedEntry; it never
+// panics. A decoded command may still be refused by Machine.Apply (an
+// unknown rule, a bad rule set): the codec checks the form, the machine the
+// meaning.
+func DecodeEntry(b []byte) (c Command, ok bool, err error) {
+	switch {
+	case len(b) == 0:
+		return Command{}, false, fmt.Errorf("%w: empty", ErrMalformedEntry)
+	case len(b) > MaxEntryBytes:
+		return Command{}, false, fmt.Errorf("%w: %d bytes, over %d", ErrMalformedEntry, len(b), MaxEntryBytes)
+	case b[0] == entryNoop:
+		if len(b) != 1 {
+			return Command{}, false, fmt.Errorf("%w: a no-op entry with a %d-byte body", ErrMalformedEntry, len(b)-1)
+		}
+		return Command{}, false, nil
+	case b[0] != entryCommand:
+		return Command{}, false, fmt.Errorf("%w: unknown format %d", ErrMalformedEntry, b[0])
+	}
+	var pc leasepb.Command
+	if err := proto.Unmarshal(b[1:], &pc); err != nil {
+		return Command{}, false, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
+	}
+	c, err = commandFromPB(&pc)
+	if err != nil {
+		return Command{}, false, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
+	}
+	return c, true, nil
+}
+
+// commandToPB converts c; it fails, wrapping ErrBadCommand, unless exactly
+// one kind is set.
+func commandToPB(c Command) (*leasepb.Command, error) {
+	pc := &leasepb.Command{Now: c.Now}
+	n := 0
+	if c.Report != nil {
+		n++
+		r := c.Report
+		pr := &leasepb.Report{Reporter: r.Reporter, Seq: r.Seq, Region: r.Region, Items: make([]*leasepb.ReportItem, len(r.Items))}
+		for i, it := range r.Items {
+			pr.Items[i] = &leasepb.ReportItem{Rule: it.Rule, Identity: []byte(it.Identity), Demand: it.Demand,
+				AckEpoch: it.AckEpoch, Debt: it.Debt}
+		}
+		pc.Kind = &leasepb.Command_Report{Report: pr}
+	}
+	if c.Takeover {
+		n++
+		pc.Kind = &leasepb.Command_Takeover{Takeover: true}
+	}
+	if c.Rules != nil {
+		n++
+		rs := &leasepb.RuleSet{Rules: make([]*leasepb.Rule, len(c.Rules))}
+		for i, r := range c.Rules {
+			rs.Rules[i] = &leasepb.Rule{Id: r.ID, Limit: r.Limit, Window: int64(r.Window), Burst: r.Burst, MaxCost: r.MaxCost}
+		}
+		pc.Kind = &leasepb.Command_Rules{Rules: rs}
+	}
+	if c.Tick {
+		n++
+		pc.Kind = &leasepb.Command_Tick{Tick: true}
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("%w: %d kinds set, want exactly one", ErrBadCommand, n)
+	}
+	return pc, nil
+}
+
+// commandFromPB converts and checks the form of a wire command.
+func commandFromPB(pc *leasepb.Command) (Command, error) {
+	c := Command{Now: pc.GetNow()}
+	switch k := pc.GetKind().(type) {
+	case nil:
+		return Command{}, errors.New("no command kind set")
+	case *leasepb.Command_Takeover:
+		if !k.Takeover {
+			return Command{}, errors.New("takeover set to false")
+		}
+		c.Takeover = true
+	case *leasepb.Command_Tick:
+		if !k.Tick {
+			return Command{}, errors.New("tick set to false")
+		}
+		c.Tick = true
+	case *leasepb.Command_Rules:
+		c.Rules = make([]Rule, 0, len(k.Rules.GetRules()))
+		for i, r := range k.Rules.GetRules() {
+			if r == nil {
+				return Command{}, fmt.Errorf("rule %d is missing", i)
+			}
+			c.Rules = append(c.Rules, Rule{ID: r.GetId(), Limit: r.GetLimit(), Window: time.Duration(r.GetWindow()),
+				Burst: r.GetBurst(), MaxCost: r.GetMaxCost()})
+		}
+	case *leasepb.Command_Report:
+		pr := k.Report
+		if pr == nil {
+			return Command{}, errors.New("report is missing")
+		}
+		r := &Report{Reporter: pr.GetReporter(), Seq: pr.GetSeq(), Region: pr.GetRegion(), Items: make([]ReportItem, 0, len(pr.GetItems()))}
+		for i, it := range pr.GetItems() {
+			if it == nil {
+				return Command{}, fmt.Errorf("report item %d is missing", i)
+			}
+			r.Items = append(r.Items, ReportItem{Rule: it.GetRule(), Identity: string(it.GetIdentity()), Demand: it.GetDemand(),
+				AckEpoch: it.GetAckEpoch(), Debt: it.GetDebt()})
+		}
+		c.Report = r
+	default:
+		return Command{}, fmt.Errorf("unknown command kind %T", k)
+	}
+	return c, nil
+}
+
+// resultToPB converts a Result.
+func resultToPB(r Result) *leasepb.Result {
+	pr := &leasepb.Result{Grants: make([]*leasepb.Grant, len(r.Grants))}
+	for i, g := range r.Grants {
+		pr.Grants[i] = &leasepb.Grant{Rule: g.Rule, Identity: []byte(g.Identity), Epoch: g.Epoch, Share: g.Share,
+			Burst: g.Burst, Lifetime: g.Lifetime}
+	}
+	return pr
+}
+
+// resultFromPB converts a wire Result; nil is an empty Result.
+func resultFromPB(pr *leasepb.Result) (Result, error) {
+	if len(pr.GetGrants()) == 0 {
+		return Result{}, nil
+	}
+	r := Result{Grants: make([]Grant, 0, len(pr.GetGrants()))}
+	for i, g := range pr.GetGrants() {
+		if g == nil {
+			return Result{}, fmt.Errorf("grant %d is missing", i)
+		}
+		r.Grants = append(r.Grants, Grant{Rule: g.GetRule(), Identity: string(g.GetIdentity()), Epoch: g.GetEpoch(),
+			Share: g.GetShare(), Burst: g.GetBurst(), Lifetime: g.GetLifetime()})
+	}
+	return r, nil
+}

@@ -1,0 +1,246 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/weir-dev/weir/lease/leasepb"
+)
+
+// This file is the forwarding service: a follower sends a write to the
+// leader's LeaseGroup.Propose (or AddVoter) and returns its reply. The
+// leader applies a forwarded command exactly as its own (stamped with its
+// clock, after its Takeover); a node that is not the leader answers
+// NOT_LEADER and the follower retries with whoever leads then. Nothing is
+// forwarded twice by the receiver, so a request cannot loop.
+
+// maxRPCBytes caps a forwarding message in either direction.
+const maxRPCBytes = MaxEntryBytes + 1024
+
+// rpcServer is the LeaseGroup service of one Group.
+type rpcServer struct {
+	leasepb.UnimplementedLeaseGroupServer
+	g         *Group
+	lis       net.Listener
+	srv       *grpc.Server
+	serveDone chan struct{}
+}
+
+func startRPCServer(g *Group) (*rpcServer, error) {
+	lis := g.cfg.RPCListener
+	if lis == nil {
+		var err error
+		if lis, err = net.Listen("tcp", g.cfg.RPCAddr); err != nil {
+			return nil, fmt.Errorf("lease: GroupConfig.RPCAddr: %w", err)
+		}
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxRPCBytes),
+		grpc.MaxSendMsgSize(maxRPCBytes),
+		grpc.WaitForHandlers(true), // stop returns with no handler running
+	}
+	if g.cfg.ServerTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(g.cfg.ServerTLS)))
+	}
+	opts = append(opts, g.cfg.ServerOptions...)
+	s := &rpcServer{g: g, lis: lis, srv: grpc.NewServer(opts...), serveDone: make(chan struct{})}
+	leasepb.RegisterLeaseGroupServer(s.srv, s)
+	go func() {
+		defer close(s.serveDone)
+		if err := s.srv.Serve(lis); err != nil {
+			g.log.Error("forwarding server stopped", "err", err)
+		}
+	}()
+	return s, nil
+}
+
+func (s *rpcServer) addr() string { return s.lis.Addr().String() }
+
+// stop stops the server gracefully, cancelling calls still running after
+// grace, and returns once it no longer serves.
+func (s *rpcServer) stop(grace time.Duration) {
+	graceful := make(chan struct{})
+	go func() {
+		s.srv.GracefulStop()
+		close(graceful)
+	}()
+	t := time.NewTimer(grace)
+	select {
+	case <-graceful:
+		t.Stop()
+	case <-t.C:
+		s.srv.Stop()
+		<-graceful
+	}
+	<-s.serveDone
+}
+
+// Propose implements leasepb.LeaseGroupServer.
+func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*leasepb.ProposeReply, error) {
+	c, err := commandFromPB(req.GetCommand())
+	if err != nil {
+		s.g.malformed.Add(1)
+		s.g.log.Debug("malformed forwarded command refused", "from", req.GetFrom(), "err", err)
+		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", ErrBadCommand, err)}, nil
+	}
+	l := s.g.lead()
+	if l == nil {
+		return &leasepb.ProposeReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+	}
+	res, _, err := s.g.proposeLocal(ctx, l, c)
+	if err != nil {
+		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error()}, nil
+	}
+	return &leasepb.ProposeReply{Result: resultToPB(res)}, nil
+}
+
+// AddVoter implements leasepb.LeaseGroupServer.
+func (s *rpcServer) AddVoter(ctx context.Context, req *leasepb.AddVoterRequest) (*leasepb.AddVoterReply, error) {
+	if req.GetName() == "" || req.GetAddress() == "" {
+		return &leasepb.AddVoterReply{Code: leasepb.Code_BAD_COMMAND, Message: "lease: AddVoter: empty name or address"}, nil
+	}
+	if !s.g.IsLeader() {
+		return &leasepb.AddVoterReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+	}
+	if _, err := s.g.addVoterLocal(ctx, req.GetName(), req.GetAddress()); err != nil {
+		return &leasepb.AddVoterReply{Code: errorCode(err), Message: err.Error()}, nil
+	}
+	return &leasepb.AddVoterReply{}, nil
+}
+
+// errorCode classifies an error for the wire.
+func errorCode(err error) leasepb.Code {
+	switch {
+	case errors.Is(err, ErrUnknownRule):
+		return leasepb.Code_UNKNOWN_RULE
+	case errors.Is(err, ErrUnknownRegion):
+		return leasepb.Code_UNKNOWN_REGION
+	case errors.Is(err, ErrBadCommand), errors.Is(err, ErrMalformedEntry):
+		return leasepb.Code_BAD_COMMAND
+	case errors.Is(err, ErrNotLeader), errors.Is(err, ErrClosed), errors.Is(err, ErrNoLeader):
+		// A closing leader is, to the caller, one that no longer leads.
+		return leasepb.Code_NOT_LEADER
+	}
+	return leasepb.Code_FAILED
+}
+
+// remoteError is an error the leader returned: its message, and the
+// sentinel its code stands for.
+type remoteError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.sentinel }
+
+// ErrRemote is wrapped by a failure on the leader that has no other
+// sentinel (code FAILED).
+var ErrRemote = errors.New("lease: the leader failed the request")
+
+// codeError turns a reply's code and message back into an error; retry is
+// true for NOT_LEADER.
+func codeError(leader string, code leasepb.Code, msg string) (retry bool, err error) {
+	var sentinel error
+	switch code {
+	case leasepb.Code_OK:
+		return false, nil
+	case leasepb.Code_BAD_COMMAND:
+		sentinel = ErrBadCommand
+	case leasepb.Code_UNKNOWN_RULE:
+		sentinel = ErrUnknownRule
+	case leasepb.Code_UNKNOWN_REGION:
+		sentinel = ErrUnknownRegion
+	case leasepb.Code_NOT_LEADER:
+		return true, fmt.Errorf("%w: %q answered: %s", ErrNotLeader, leader, msg)
+	default:
+		sentinel = ErrRemote
+	}
+	return false, &remoteError{msg: fmt.Sprintf("lease: leader %q: %s", leader, msg), sentinel: sentinel}
+}
+
+// forwardPropose sends c to the leader's forwarding service.
+func (g *Group) forwardPropose(ctx context.Context, leader, addr string, c Command) (Result, bool, error) {
+	pc, err := commandToPB(c)
+	if err != nil {
+		return Result{}, false, err
+	}
+	cc, err := g.conn(addr)
+	if err != nil {
+		return Result{}, false, err
+	}
+	rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: g.cfg.Name, Command: pc})
+	if err != nil {
+		return Result{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
+	}
+	if retry, err := codeError(leader, rep.GetCode(), rep.GetMessage()); err != nil {
+		return Result{}, retry, err
+	}
+	res, err := resultFromPB(rep.GetResult())
+	if err != nil {
+		return Result{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
+	}
+	return res, false, nil
+}
+
+// forwardAddVoter sends an AddVoter to the leader's forwarding service.
+func (g *Group) forwardAddVoter(ctx context.Context, leader, addr, name, raftAddr string) (bool, error) {
+	cc, err := g.conn(addr)
+	if err != nil {
+		return false, err
+	}
+	rep, err := leasepb.NewLeaseGroupClient(cc).AddVoter(ctx, &leasepb.AddVoterRequest{Name: name, Address: raftAddr})
+	if err != nil {
+		return callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
+	}
+	return codeError(leader, rep.GetCode(), rep.GetMessage())
+}
+
+// callRetryable reports whether a failed call may pass on another attempt:
+// the leader was unreachable or went away, and ctx has time left.
+func callRetryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.Aborted:
+		return true
+	}
+	return false
+}
+
+// conn returns the cached connection to a forwarding address, creating it
+// on first use (gRPC connects on the first call).
+func (g *Group) conn(addr string) (*grpc.ClientConn, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, ErrClosed
+	}
+	if cc := g.conns[addr]; cc != nil {
+		return cc, nil
+	}
+	creds := insecure.NewCredentials()
+	if g.cfg.ClientTLS != nil {
+		creds = credentials.NewTLS(g.cfg.ClientTLS)
+	}
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRPCBytes), grpc.MaxCallSendMsgSize(maxRPCBytes)),
+	}, g.cfg.DialOptions...)
+	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("lease: forwarding address %q: %w", addr, err)
+	}
+	g.conns[addr] = cc
+	return cc, nil
+}

@@ -1,0 +1,99 @@
+package lease
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/weir-dev/weir/lease/leasepb"
+)
+
+// testCerts makes a CA and one certificate for 127.0.0.1 usable by servers
+// and clients.
+func testCerts(t *testing.T) (*x509.CertPool, tls.Certificate) {
+	t.Helper()
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "lease test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "lease voter"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return pool, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestGroupMutualTLS: with ServerTLS requiring client certificates and
+// ClientTLS presenting one, a follower's write is forwarded over mutual
+// TLS; a caller with no certificate is refused by the leader's service.
+func TestGroupMutualTLS(t *testing.T) {
+	pool, cert := testCerts(t)
+	c := newCluster(t, 3, func(cfg *GroupConfig) {
+		cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool,
+			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+		cfg.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS13}
+	})
+	l := c.leader()
+	f := c.follower(l)
+	propose(t, f, rulesCmd)
+	res := propose(t, f, Command{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu",
+		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}})
+	if len(res.Grants) != 1 || res.Grants[0].Share != 100 {
+		t.Fatalf("grants over mTLS %+v", res.Grants)
+	}
+
+	cc, err := grpc.NewClient("passthrough:///"+l.RPCAddr(), grpc.WithTransportCredentials(
+		credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	pc, err := commandToPB(Command{Tick: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: "intruder", Command: pc}); err == nil {
+		t.Fatal("a caller with no client certificate was served")
+	}
+	c.checkAll("end")
+	for _, g := range c.live() {
+		if g.Malformed() != 0 {
+			t.Errorf("%s counted %d malformed commands", g.Name(), g.Malformed())
+		}
+	}
+}
