@@ -1,0 +1,92 @@
+package engine
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+type rec struct {
+	log *[]int
+	id  int
+}
+
+func (r rec) Fire(*Sim) { *r.log = append(*r.log, r.id) }
+
+// TestOrder: events fire in time order, and events due at one time in the
+// order they were scheduled.
+func TestOrder(t *testing.T) {
+	s := New(100, 1)
+	var log []int
+	times := []int64{150, 120, 150, 90, 120, 200, 150}
+	for i, at := range times {
+		s.At(at, rec{&log, i})
+	}
+	s.Run(180)
+	// 90 is in the past: it fires at 100, first.
+	if want := []int{3, 1, 4, 0, 2, 6}; !slices.Equal(log, want) {
+		t.Fatalf("fired %v, want %v", log, want)
+	}
+	if s.Now() != 180 || s.Pending() != 1 {
+		t.Fatalf("now %d, pending %d", s.Now(), s.Pending())
+	}
+}
+
+type arrival struct {
+	got     *[]int64
+	dropped *int
+}
+
+func (a arrival) Fire(s *Sim)  { *a.got = append(*a.got, s.Now()) }
+func (a arrival) Dropped(*Sim) { *a.dropped++ }
+
+// TestNetwork: latency, loss and partitions (at send and at delivery).
+func TestNetwork(t *testing.T) {
+	s := New(0, 7)
+	nw := NewNetwork(s, 3, Const{D: time.Millisecond})
+	var got []int64
+	var dropped int
+	a := arrival{&got, &dropped}
+	if at, ok := nw.Send(0, 1, a); !ok || at != int64(time.Millisecond) {
+		t.Fatalf("send: %d %v", at, ok)
+	}
+	s.Run(int64(time.Second))
+	if len(got) != 1 || got[0] != int64(time.Millisecond) {
+		t.Fatalf("arrivals %v", got)
+	}
+	id := nw.Partition([]int{0, 1, 1})
+	if nw.Reachable(0, 1) || !nw.Reachable(1, 2) {
+		t.Fatal("partition sides wrong")
+	}
+	if _, ok := nw.Send(0, 2, a); ok {
+		t.Fatal("sent across a partition")
+	}
+	nw.Heal(id)
+	nw.Send(0, 2, a) // in flight when the partition starts again
+	nw.Partition([]int{0, 1, 1})
+	s.Run(int64(2 * time.Second))
+	if len(got) != 1 || dropped != 1 {
+		t.Fatalf("arrivals %v, dropped %d: the message should be cut at delivery", got, dropped)
+	}
+	nw2 := NewNetwork(New(0, 9), 2, Const{})
+	nw2.SetLoss(1)
+	if _, ok := nw2.Send(0, 1, a); ok || nw2.Lost != 1 {
+		t.Fatal("loss 1 delivered a message")
+	}
+}
+
+// TestSeeded: one seed, one sequence.
+func TestSeeded(t *testing.T) {
+	draw := func(seed uint64) []int64 {
+		s := New(0, seed)
+		l := LogNormal{Median: time.Millisecond, Sigma: 1}
+		var out []int64
+		for range 10 {
+			out = append(out, l.Draw(s.Rand()))
+		}
+		return out
+	}
+	if !slices.Equal(draw(3), draw(3)) || slices.Equal(draw(3), draw(4)) {
+		t.Fatal("draws do not follow the seed")
+	}
+}

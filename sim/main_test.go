@@ -1,0 +1,60 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestCommandDeterministic: the command prints the same bytes for one seed.
+func TestCommandDeterministic(t *testing.T) {
+	args := []string{"-quiet", "-nodes", "4", "-traffic", "uneven", "-faults", "crash:n2@1s,restart:n2@2s,loss:0.01", "-duration", "3s", "-seed", "9"}
+	var a, b, errs bytes.Buffer
+	if code := run(args, &a, &errs); code != 0 {
+		t.Fatalf("exit %d: %s%s", code, a.String(), errs.String())
+	}
+	run(args, &b, &errs)
+	if a.String() != b.String() {
+		t.Fatalf("outputs differ:\n%s\n---\n%s", a.String(), b.String())
+	}
+	if !strings.Contains(a.String(), "reference") || !strings.Contains(a.String(), "within the envelope") {
+		t.Fatalf("summary lacks the table:\n%s", a.String())
+	}
+}
+
+// TestFlagErrors: bad flags exit 2 with a message naming the problem.
+func TestFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-faults", "crash:n1"}, `-faults: fault spec: item 1 "crash:n1": missing "@TIME"`},
+		{[]string{"-latency", "gauss:1ms"}, "-latency:"},
+		{[]string{"-mode", "fuzzy"}, `mode "fuzzy"`},
+		{[]string{"-traffic", "heavy"}, `traffic "heavy"`},
+		{[]string{"-nodes", "0"}, "nodes 0"},
+		{[]string{"-duration", "ten"}, "invalid value"},
+		{[]string{"-sweep", "nodes=x"}, "-sweep: sweep spec"},
+		{[]string{"-faults", "restart:n1@1s"}, "is running then"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		var out, errs bytes.Buffer
+		code := run(append([]string{"-quiet"}, tc.args...), &out, &errs)
+		if code != 2 || !strings.Contains(errs.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errs.String(), tc.want)
+		}
+	}
+}
+
+// TestSweepCommand: a small sweep passes and writes its plot.
+func TestSweepCommand(t *testing.T) {
+	dir := t.TempDir()
+	var out, errs bytes.Buffer
+	code := run([]string{"-quiet", "-duration", "2s", "-out", dir, "-sweep", "nodes=3,4;traffic=uneven,saturate;faults=[none][crash:n1@500ms]"}, &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s%s", code, out.String(), errs.String())
+	}
+	if !strings.Contains(out.String(), "8 runs, 0 violations") {
+		t.Fatalf("sweep output:\n%s", out.String())
+	}
+}

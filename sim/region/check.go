@@ -1,0 +1,310 @@
+package region
+
+import (
+	"math"
+	"slices"
+)
+
+// The checks of DESIGN.md's envelope, run as streams over each identity's
+// admissions in time order (so that a ten-minute run with a hundred
+// thousand decisions a second needs no record of them):
+//
+//   - upper: max over intervals [tᵢ, tⱼ] between admissions of admitted −
+//     r·Δ − B, the slack term the run actually used, against S plus the
+//     stated fault terms;
+//   - lower: max over intervals strictly between admissions (and the ends
+//     of a fault-free segment) of r·Δ − admitted, for saturating clients,
+//     against S + c + ⌈r·ℓ⌉.
+//
+// Admissions arrive out of order (a remote admission counts at the owner's
+// decision time, up to one call timeout before the requester learns it), so
+// they pass through a reorder heap first.
+
+// upStream is the streaming upper check: rate is tokens per ns, times are
+// ns since the run's start.
+type upStream struct {
+	prefix, minStart, best float64
+	n                      int64
+}
+
+func newUp() upStream { return upStream{minStart: math.Inf(1), best: math.Inf(-1)} }
+
+func (u *upStream) add(t int64, cost int64, rate float64) {
+	v := u.prefix - rate*float64(t)
+	if v < u.minStart {
+		u.minStart = v
+	}
+	u.prefix += float64(cost)
+	if w := u.prefix - rate*float64(t) - u.minStart; w > u.best {
+		u.best = w
+	}
+	u.n++
+}
+
+// lowStream is the streaming lower check over one fault-free segment.
+type lowStream struct {
+	prefix, maxStart, worst float64
+	// startAt is the time of maxStart; from and to bound the worst interval.
+	startAt, from, to int64
+}
+
+func newLow() lowStream { return lowStream{maxStart: math.Inf(-1), worst: math.Inf(-1)} }
+
+// point adds an admission (or, with cost 0, a segment end) at t.
+func (l *lowStream) point(t int64, cost int64, rate float64) {
+	if v := l.maxStart - (l.prefix - rate*float64(t)); v > l.worst {
+		l.worst, l.from, l.to = v, l.startAt, t
+	}
+	l.prefix += float64(cost)
+	if v := l.prefix - rate*float64(t); v > l.maxStart {
+		l.maxStart, l.startAt = v, t
+	}
+}
+
+// segment is a half-open fault-free interval [from, to) of run time (ns).
+type segment struct{ from, to int64 }
+
+// cleanSegments returns the complement of the fault windows within [0, end).
+func cleanSegments(windows []segment, end int64) []segment {
+	ws := slices.Clone(windows)
+	slices.SortFunc(ws, func(a, b segment) int { return int(a.from - b.from) })
+	var out []segment
+	at := int64(0)
+	for _, w := range ws {
+		if w.from > at {
+			out = append(out, segment{at, min(w.from, end)})
+		}
+		at = max(at, w.to)
+		if at >= end {
+			break
+		}
+	}
+	if at < end {
+		out = append(out, segment{at, end})
+	}
+	var keep []segment
+	for _, s := range out {
+		if s.to > s.from {
+			keep = append(keep, s)
+		}
+	}
+	return keep
+}
+
+// idCheck is the state of one identity's checks.
+type idCheck struct {
+	acc   upStream // accounted (not degraded) admissions, every interval
+	all   upStream // every admission, every interval
+	clean upStream // every admission, intervals within one fault-free segment
+	low   lowStream
+	seg   int // index of the clean segment the clean and low streams are in; -1 none yet
+	// lowSeen is the number of clean segments the low stream has closed
+	// or is in, for segments with no admission at all.
+	lowSeen int
+}
+
+// checker holds every identity's checks and the reorder heap.
+type checker struct {
+	rate      float64 // tokens per ns
+	segs      []segment
+	lowEnd    int64 // the lower bound is checked up to here (end of traffic)
+	saturated bool
+	ids       []idCheck
+	heap      admHeap
+	seq       uint64
+
+	worstAcc, worstAll, worstClean, worstLow float64
+	worstAccID, worstCleanID, worstLowID     int
+	lowFrom, lowTo                           int64 // the worst shortfall\'s interval
+}
+
+type admission struct {
+	at       int64 // ns since start
+	seq      uint64
+	ident    int32
+	cost     int64
+	degraded bool
+}
+
+type admHeap []admission
+
+func (h admHeap) less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+
+func (h *admHeap) push(a admission) {
+	*h = append(*h, a)
+	q := *h
+	i := len(q) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !q.less(i, p) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (h *admHeap) pop() admission {
+	q := *h
+	top := q[0]
+	last := len(q) - 1
+	q[0] = q[last]
+	q = q[:last]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= len(q) {
+			break
+		}
+		m := l
+		if r := l + 1; r < len(q) && q.less(r, l) {
+			m = r
+		}
+		if !q.less(m, i) {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
+}
+
+func newChecker(ids int, rate float64, segs []segment, lowEnd int64, saturated bool) *checker {
+	c := &checker{rate: rate, segs: segs, lowEnd: lowEnd, saturated: saturated, ids: make([]idCheck, ids),
+		worstAcc: math.Inf(-1), worstAll: math.Inf(-1), worstClean: math.Inf(-1), worstLow: math.Inf(-1)}
+	for i := range c.ids {
+		c.ids[i] = idCheck{acc: newUp(), all: newUp(), clean: newUp(), low: newLow(), seg: -1}
+	}
+	return c
+}
+
+// record queues an admission at t (ns since start).
+func (c *checker) record(t int64, ident int, cost int64, degraded bool) {
+	c.seq++
+	c.heap.push(admission{at: t, seq: c.seq, ident: int32(ident), cost: cost, degraded: degraded})
+}
+
+// drain feeds the checks every queued admission at or before upTo.
+func (c *checker) drain(upTo int64) {
+	for len(c.heap) > 0 && c.heap[0].at <= upTo {
+		c.feed(c.heap.pop())
+	}
+}
+
+// segOf returns the index of the clean segment holding t, or -1.
+func (c *checker) segOf(t int64) int {
+	i, found := slices.BinarySearchFunc(c.segs, t, func(s segment, t int64) int {
+		switch {
+		case s.to <= t:
+			return -1
+		case s.from > t:
+			return 1
+		}
+		return 0
+	})
+	if !found {
+		return -1
+	}
+	return i
+}
+
+func (c *checker) feed(a admission) {
+	ic := &c.ids[a.ident]
+	if !a.degraded {
+		ic.acc.add(a.at, a.cost, c.rate)
+	}
+	ic.all.add(a.at, a.cost, c.rate)
+	s := c.segOf(a.at)
+	if s != ic.seg {
+		c.closeSeg(int(a.ident), s)
+	}
+	if s >= 0 {
+		ic.clean.add(a.at, a.cost, c.rate)
+		if c.saturated && a.at <= c.lowEnd {
+			ic.low.point(a.at, a.cost, c.rate)
+		}
+	}
+}
+
+// closeSeg ends identity i's current clean segment and opens segment s (-1:
+// a fault window), scoring the segments skipped on the way, in which a
+// saturating client admitted nothing.
+func (c *checker) closeSeg(i, s int) {
+	ic := &c.ids[i]
+	if ic.seg >= 0 {
+		c.scoreClean(i)
+		if c.saturated {
+			ic.low.point(min(c.segs[ic.seg].to, c.lowEnd), 0, c.rate)
+			c.scoreLow(i)
+		}
+	}
+	if s >= 0 && c.saturated {
+		for j := ic.lowSeen; j < s; j++ {
+			c.scoreGap(i, c.segs[j])
+		}
+	}
+	ic.seg = s
+	ic.clean = newUp()
+	ic.low = newLow()
+	if s >= 0 {
+		ic.lowSeen = s + 1
+		if c.saturated && c.segs[s].from <= c.lowEnd {
+			ic.low.point(c.segs[s].from, 0, c.rate)
+		}
+	}
+}
+
+// scoreGap scores a whole segment with no admission as a shortfall of r·Δ.
+func (c *checker) scoreGap(i int, s segment) {
+	to := min(s.to, c.lowEnd)
+	if to <= s.from {
+		return
+	}
+	if v := c.rate * float64(to-s.from); v > c.worstLow {
+		c.worstLow, c.worstLowID, c.lowFrom, c.lowTo = v, i, s.from, to
+	}
+}
+
+func (c *checker) scoreClean(i int) {
+	if v := c.ids[i].clean.best; v > c.worstClean {
+		c.worstClean, c.worstCleanID = v, i
+	}
+}
+
+func (c *checker) scoreLow(i int) {
+	if l := &c.ids[i].low; l.worst > c.worstLow {
+		c.worstLow, c.worstLowID, c.lowFrom, c.lowTo = l.worst, i, l.from, l.to
+	}
+}
+
+// finish drains everything and scores what is still open.
+func (c *checker) finish() {
+	c.drain(math.MaxInt64)
+	for i := range c.ids {
+		ic := &c.ids[i]
+		if ic.seg >= 0 {
+			c.scoreClean(i)
+			if c.saturated {
+				ic.low.point(min(c.segs[ic.seg].to, c.lowEnd), 0, c.rate)
+				c.scoreLow(i)
+			}
+		}
+		if c.saturated {
+			for j := ic.lowSeen; j < len(c.segs); j++ {
+				c.scoreGap(i, c.segs[j])
+			}
+		}
+		if v := ic.acc.best; v > c.worstAcc {
+			c.worstAcc, c.worstAccID = v, i
+		}
+		if v := ic.all.best; v > c.worstAll {
+			c.worstAll = v
+		}
+	}
+}

@@ -1,0 +1,235 @@
+package region
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/weir-dev/weir/cluster"
+)
+
+// Result is what one run measured, and the bounds it is checked against.
+// Token figures are in tokens; Excess and Shortfall are the worst over all
+// identities.
+type Result struct {
+	// Config is the run's configuration with defaults filled in.
+	Config Config
+	// Requests offered; Unserved found no running node.
+	Requests, Unserved int64
+	// RefAdmitted is what the reference bucket (one exact GCRA per
+	// identity, fed every request in arrival order) admitted; Admitted
+	// what the cluster admitted, BySource split by how it decided.
+	RefAdmitted, Admitted int64
+	BySource              [5]int64
+	// Degraded counts decisions made by on_failure; DegradedAdmitted the
+	// tokens they admitted.
+	Degraded, DegradedAdmitted int64
+	// Slack is each node's slack at the initial size, S the region's total
+	// in fault-free stretches, SFault the total while views disagree.
+	Slack, S, SFault int64
+	// Terms are the fault terms of the run.
+	Terms []Term
+	// ExcessAccounted is the worst excess over B + r·Δ of the admissions
+	// the owners account for (all but on_failure decisions), over every
+	// interval; BoundAccounted is S (SFault with faults) plus the terms.
+	ExcessAccounted, BoundAccounted float64
+	// ExcessAll counts on_failure admissions too (reported, bounded by
+	// BoundAccounted + DegradedAdmitted).
+	ExcessAll float64
+	// ExcessClean is the worst excess over intervals inside fault-free
+	// stretches; its bound is S.
+	ExcessClean float64
+	// Shortfall is the worst r·Δ − admitted over fault-free intervals for
+	// a saturating client (NaN when the traffic does not saturate);
+	// BoundShortfall is S + c + ⌈r·ℓ⌉ with Ell, ℓ, the linger plus the
+	// longest exchange round trip of the run.
+	Shortfall, BoundShortfall float64
+	Ell                       time.Duration
+	// ShortfallFrom and ShortfallTo bound the interval of the worst
+	// shortfall (run time).
+	ShortfallFrom, ShortfallTo time.Duration
+	// WorstID names the identity with the worst accounted excess.
+	WorstID string
+	// Exchanges and Replies are the messages sent; FailedExchanges timed
+	// out; Lost and Cut were lost or cut by a partition.
+	Exchanges, Replies, FailedExchanges, Lost, Cut uint64
+	// BreakerOpens and RingChanges count breakers opened and rings installed.
+	BreakerOpens, RingChanges uint64
+	// Coord sums the coordinators' counters over nodes and incarnations.
+	Coord cluster.Stats
+	// CleanTime is the simulated time outside fault windows.
+	CleanTime time.Duration
+	// Bin is the width of the rate series; Cluster and Reference are the
+	// tokens admitted per bin.
+	Bin                time.Duration
+	Cluster, Reference []int64
+	// Events is the number of simulator events fired.
+	Events uint64
+	// Violations describes every bound the run broke.
+	Violations []string
+}
+
+const eps = 1e-6
+
+func (rg *Region) result() *Result {
+	c := rg.cfg
+	ch := rg.chk
+	res := &Result{
+		Config: c, Requests: rg.requests, Unserved: rg.unserved, RefAdmitted: rg.refAdmitted,
+		Admitted: rg.admitted, BySource: rg.bySource, Degraded: rg.degraded, DegradedAdmitted: rg.degradedAdmitted,
+		Slack: rg.slack, S: rg.sClean, SFault: rg.sFault, Terms: rg.terms,
+		ExcessAccounted: ch.worstAcc - float64(c.Burst), ExcessAll: ch.worstAll - float64(c.Burst),
+		ExcessClean: ch.worstClean - float64(c.Burst), Shortfall: math.NaN(),
+		Exchanges: rg.exchanges, Replies: rg.replies, FailedExchanges: rg.failedExchanges,
+		Lost: rg.net.Lost, Cut: rg.net.Cut, BreakerOpens: rg.breakerOpens, RingChanges: rg.ringChanges,
+		Bin: c.Bin, Cluster: rg.binsCluster, Reference: rg.binsRef, Events: rg.sim.Fired(),
+	}
+	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.idNames) {
+		res.WorstID = rg.idNames[ch.worstAccID]
+	}
+	for _, seg := range ch.segs {
+		res.CleanTime += time.Duration(min(seg.to, int64(c.Duration)) - min(seg.from, int64(c.Duration)))
+	}
+	res.BoundAccounted = float64(rg.sClean)
+	if len(rg.terms) > 0 {
+		res.BoundAccounted = float64(rg.sFault)
+		for _, t := range rg.terms {
+			res.BoundAccounted += t.Tokens
+		}
+	}
+	res.Ell = c.Linger + time.Duration(rg.maxRTT)
+	if c.saturating() && len(ch.segs) > 0 {
+		res.Shortfall = ch.worstLow
+		res.ShortfallFrom, res.ShortfallTo = time.Duration(ch.lowFrom), time.Duration(ch.lowTo)
+		res.BoundShortfall = float64(rg.sClean) + float64(c.Cost) + math.Ceil(c.rate()*res.Ell.Seconds())
+	}
+	for _, n := range rg.nodes {
+		if n.up {
+			n.addPast()
+		}
+		p := &res.Coord
+		s := n.past
+		p.LocalAdmits += s.LocalAdmits
+		p.ViewRejects += s.ViewRejects
+		p.Forwarded += s.Forwarded
+		p.RemoteResults += s.RemoteResults
+		p.Degraded += s.Degraded
+		p.SyncsSent += s.SyncsSent
+		p.AcksSent += s.AcksSent
+		p.ReportsCharged += s.ReportsCharged
+	}
+	res.check()
+	return res
+}
+
+// check fills in Violations.
+func (r *Result) check() {
+	c := &r.Config
+	if r.ExcessAccounted > r.BoundAccounted+eps {
+		r.Violations = append(r.Violations, fmt.Sprintf("upper envelope: excess %.3f over B + r·Δ (accounted admissions, %s) above the bound %.3f",
+			r.ExcessAccounted, r.WorstID, r.BoundAccounted))
+	}
+	if r.ExcessAll > r.BoundAccounted+float64(r.DegradedAdmitted)+eps {
+		r.Violations = append(r.Violations, fmt.Sprintf("upper envelope: excess %.3f (all admissions) above the bound %.3f + %d degraded",
+			r.ExcessAll, r.BoundAccounted, r.DegradedAdmitted))
+	}
+	if !math.IsInf(r.ExcessClean, -1) && r.ExcessClean > float64(r.S)+eps {
+		r.Violations = append(r.Violations, fmt.Sprintf("upper envelope: excess %.3f in a fault-free interval above S = %d", r.ExcessClean, r.S))
+	}
+	if !math.IsNaN(r.Shortfall) && !math.IsInf(r.Shortfall, -1) && r.Shortfall > r.BoundShortfall+eps {
+		r.Violations = append(r.Violations, fmt.Sprintf("lower bound: shortfall %.3f under r·Δ in the fault-free interval (%v, %v) above S + c + ⌈r·ℓ⌉ = %.0f (ℓ = %v)",
+			r.Shortfall, r.ShortfallFrom, r.ShortfallTo, r.BoundShortfall, r.Ell))
+	}
+	if len(c.Faults) == 0 && r.Degraded != 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("%d degraded (on_failure) decisions in a run with no fault", r.Degraded))
+	}
+}
+
+// OK reports whether the run kept every bound.
+func (r *Result) OK() bool { return len(r.Violations) == 0 }
+
+// MessagesPerSecond is the exchanges and replies per simulated second.
+func (r *Result) MessagesPerSecond() float64 {
+	return float64(r.Exchanges+r.Replies) / r.Config.Duration.Seconds()
+}
+
+func fmtTok(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "-"
+	case math.IsInf(v, -1):
+		return "none"
+	case math.Abs(v) < 0.005:
+		return "0.00"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// Summary writes the run's summary table. It depends only on the run's
+// inputs: the same seed gives the same bytes.
+func (r *Result) Summary(w io.Writer) {
+	c := &r.Config
+	fmt.Fprintf(w, "weir sim: %d nodes, %s rule %d/%v burst %d cost %d, accuracy %g (slack %d/node, S %d), sync %v, on_failure %s\n",
+		c.Nodes, c.Mode, c.Limit, c.Window, c.Burst, c.Cost, c.Accuracy, r.Slack, r.S, c.Sync, c.OnFailure)
+	fmt.Fprintf(w, "traffic %s load %g ids %d", c.Traffic, c.Load, c.IDs)
+	if c.Traffic == TrafficZipf {
+		fmt.Fprintf(w, " rate %g/s zipf %g", c.Rate, c.ZipfS)
+	}
+	fmt.Fprintf(w, ", latency %s, faults %s, duration %v, seed %d\n\n", c.Latency, FormatFaults(c.Faults), c.Duration, c.Seed)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	secs := c.Duration.Seconds()
+	fmt.Fprintf(tw, "\trequests\tadmitted\tadmitted/s\tof reference\t\n")
+	fmt.Fprintf(tw, "reference\t%d\t%d\t%.1f\t100.0%%\t\n", r.Requests, r.RefAdmitted, float64(r.RefAdmitted)/secs)
+	pct := 0.0
+	if r.RefAdmitted > 0 {
+		pct = 100 * float64(r.Admitted) / float64(r.RefAdmitted)
+	}
+	fmt.Fprintf(tw, "cluster\t%d\t%d\t%.1f\t%.1f%%\t\n", r.Requests, r.Admitted, float64(r.Admitted)/secs, pct)
+	fmt.Fprintf(tw, "  by owner/slack/remote/on_failure\t\t%d/%d/%d/%d\t\t\t\n",
+		r.BySource[cluster.SourceOwner], r.BySource[cluster.SourceSlack], r.BySource[cluster.SourceRemote], r.BySource[cluster.SourceFailure])
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "check (tokens)\tmeasured\tbound\tok\t\n")
+	ok := func(v, b float64) string {
+		if math.IsNaN(v) || math.IsInf(v, -1) || v <= b+eps {
+			return "yes"
+		}
+		return "NO"
+	}
+	fmt.Fprintf(tw, "worst excess over B + r·Δ, accounted, any interval (%s)\t%s\t%s\t%s\t\n", r.WorstID, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), ok(r.ExcessAccounted, r.BoundAccounted))
+	fmt.Fprintf(tw, "worst excess over B + r·Δ, all admissions, any interval\t%s\t%s\t%s\t\n", fmtTok(r.ExcessAll), fmtTok(r.BoundAccounted+float64(r.DegradedAdmitted)), ok(r.ExcessAll, r.BoundAccounted+float64(r.DegradedAdmitted)))
+	fmt.Fprintf(tw, "worst excess over B + r·Δ, fault-free intervals\t%s\t%d\t%s\t\n", fmtTok(r.ExcessClean), r.S, ok(r.ExcessClean, float64(r.S)))
+	if math.IsNaN(r.Shortfall) {
+		fmt.Fprintf(tw, "worst shortfall under r·Δ, saturating, fault-free\t-\t-\tn/a\t\n")
+	} else {
+		fmt.Fprintf(tw, "worst shortfall under r·Δ, saturating, fault-free (ℓ %v)\t%s\t%s\t%s\t\n", r.Ell, fmtTok(r.Shortfall), fmtTok(r.BoundShortfall), ok(r.Shortfall, r.BoundShortfall))
+	}
+	degBound := "any"
+	if len(c.Faults) == 0 {
+		degBound = "0"
+	}
+	degOK := "yes"
+	if len(c.Faults) == 0 && r.Degraded != 0 {
+		degOK = "NO"
+	}
+	fmt.Fprintf(tw, "on_failure decisions (admitted tokens %d)\t%d\t%s\t%s\t\n", r.DegradedAdmitted, r.Degraded, degBound, degOK)
+	tw.Flush()
+	for _, t := range r.Terms {
+		fmt.Fprintf(w, "  fault term %-28s %8.2f  %s\n", t.Fault, t.Tokens, t.Why)
+	}
+	if len(r.Terms) > 0 {
+		fmt.Fprintf(w, "  S while views disagree: %d; fault-free time %v of %v\n", r.SFault, r.CleanTime, c.Duration)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "messages: %d exchanges + %d replies = %.1f/s; %d failed, %d lost, %d cut; %d syncs, %d forwarded, %d view rejects; %d breaker opens, %d ring changes\n",
+		r.Exchanges, r.Replies, r.MessagesPerSecond(), r.FailedExchanges, r.Lost, r.Cut, r.Coord.SyncsSent, r.Coord.Forwarded, r.Coord.ViewRejects, r.BreakerOpens, r.RingChanges)
+	if r.OK() {
+		fmt.Fprintln(w, "result: within the envelope")
+	} else {
+		fmt.Fprintf(w, "result: VIOLATION\n  %s\n", strings.Join(r.Violations, "\n  "))
+	}
+}

@@ -1,0 +1,438 @@
+package region
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/quota"
+	"github.com/weir-dev/weir/sim/engine"
+)
+
+// ruleID is the one rule of a run.
+const ruleID = "sim"
+
+// T0 is the virtual time at which every run starts: a plausible unix time
+// in nanoseconds, as the production clock reads, so that a clock skewed
+// backwards stays positive.
+const T0 = int64(1_800_000_000) * int64(time.Second)
+
+// Region is one run in progress: the nodes, the network, the traffic, the
+// reference buckets and the checks.
+type Region struct {
+	cfg         Config
+	sim         *engine.Sim
+	net         *engine.Network
+	t0          int64
+	trafficEnd  int64 // no request arrives at or after
+	end         int64 // the run stops here (traffic end plus a drain)
+	nodes       []*node
+	names       []string
+	byName      map[string]int
+	pending     [][]pairChange
+	params      cluster.RuleParams
+	ref         bucket.GCRA
+	idNames     []string
+	refTAT      []bucket.TAT
+	initialRing *cluster.Ring
+	chk         *checker
+	horizon     int64
+	baseLoss    float64
+
+	requests, unserved, refAdmitted, admitted int64
+	degraded, degradedAdmitted                int64
+	bySource                                  [5]int64
+	exchanges, replies, failedExchanges       uint64
+	breakerOpens, ringChanges                 uint64
+	maxRTT                                    int64
+	binsCluster, binsRef                      []int64
+	windows                                   []segment
+	terms                                     []Term
+	sClean, sFault, slack                     int64
+	liveMin, liveMax, sideMin                 int
+}
+
+// Term is a fault term of the envelope: the extra tokens a fault may admit
+// over B + r·Δ + S, and how it was derived (docs/overshoot.md).
+type Term struct {
+	Fault  string
+	Tokens float64
+	Why    string
+}
+
+// bucketFor returns the coordinator's rule and the reference GCRA of c.
+func bucketFor(c Config) (cluster.RuleParams, error) {
+	r := quota.Rule{ID: ruleID, Algorithm: quota.AlgorithmGCRA, Mode: c.Mode, Limit: c.Limit, Window: c.Window,
+		Burst: c.Burst, Accuracy: c.Accuracy, OnFailure: c.OnFailure}
+	p, err := cluster.NewRuleParams(&r, 1)
+	if err != nil {
+		return p, fmt.Errorf("rule: %w", err)
+	}
+	return p, nil
+}
+
+// newRegion builds a run from a validated config with defaults.
+func newRegion(c Config) *Region {
+	rg := &Region{cfg: c, t0: T0, byName: map[string]int{}}
+	rg.sim = engine.New(T0, c.Seed)
+	rg.net = engine.NewNetwork(rg.sim, c.Nodes, c.Latency)
+	rg.trafficEnd = T0 + int64(c.Duration)
+	rg.end = rg.trafficEnd + int64(c.CallTimeout+c.DecideTimeout+c.Linger) + 2*int64(c.Tick)
+	rg.horizon = int64(c.CallTimeout+c.Linger) + int64(time.Millisecond)
+	rg.params, _ = bucketFor(c)
+	rg.ref, _ = bucket.NewGCRA(c.Limit, c.Window, c.Burst)
+	total := c.Nodes + countJoins(c.Faults)
+	rg.net.Grow(total)
+	for i := range total {
+		rg.names = append(rg.names, nodeName(i))
+		rg.byName[nodeName(i)] = i
+	}
+	rg.pending = make([][]pairChange, total)
+	for i := range total {
+		rg.pending[i] = make([]pairChange, total)
+		n := &node{rg: rg, id: i, name: rg.names[i]}
+		rg.nodes = append(rg.nodes, n)
+	}
+	rg.idNames = make([]string, c.IDs)
+	for i := range c.IDs {
+		rg.idNames[i] = "id-" + strconv.Itoa(i)
+	}
+	rg.refTAT = make([]bucket.TAT, c.IDs)
+	var ms []cluster.Member
+	for i := range c.Nodes {
+		ms = append(ms, cluster.Member{Name: rg.names[i], Addr: rg.names[i]})
+	}
+	rg.initialRing, _ = cluster.NewRing(1, ms)
+	rg.binsCluster = make([]int64, int((rg.end-T0)/int64(c.Bin))+1)
+	rg.binsRef = make([]int64, len(rg.binsCluster))
+	rg.deriveTerms()
+	rg.chk = newChecker(c.IDs, c.rate()/1e9, cleanSegments(rg.windows, rg.end-T0), int64(c.Duration), c.saturating())
+	return rg
+}
+
+// Run simulates one region under cfg and returns what it measured.
+func Run(cfg Config) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rg := newRegion(cfg.withDefaults())
+	rg.run()
+	return rg.result(), nil
+}
+
+func (rg *Region) run() {
+	c := &rg.cfg
+	// Static skews and the latency apply from the start.
+	for _, f := range c.Faults {
+		switch {
+		case f.Kind == FaultSkew && !f.Windowed:
+			rg.nodes[rg.byName[f.Node]].skew += int64(f.Skew)
+		case f.Kind == FaultLatency:
+			rg.net.SetLatency(f.Latency)
+		case f.Kind == FaultLoss && !f.Windowed:
+			rg.baseLoss = f.Loss
+			rg.net.SetLoss(f.Loss)
+		}
+	}
+	// The region is formed before traffic starts: every initial node's
+	// view holds every initial node.
+	for i := range c.Nodes {
+		for j := range c.Nodes {
+			if i != j {
+				rg.pending[i][j] = pairChange{want: true}
+			}
+		}
+	}
+	for i := range c.Nodes {
+		view := make([]bool, len(rg.nodes))
+		for j := range c.Nodes {
+			view[j] = j != i
+		}
+		n := rg.nodes[i]
+		n.start(view)
+		n.epoch = 1
+		n.coord.SetTable(n.now(), rg.tableOf(n, 1))
+	}
+	for _, f := range sortFaults(c.Faults) {
+		rg.scheduleFault(f)
+	}
+	rg.startTraffic()
+	if c.Progress != nil {
+		for k := 1; k <= 10; k++ {
+			at := rg.t0 + int64(c.Duration)*int64(k)/10
+			rg.sim.At(at, engine.EventFunc(func(s *engine.Sim) {
+				c.Progress(time.Duration(s.Now()-rg.t0), c.Duration)
+			}))
+		}
+	}
+	rg.sim.Run(rg.end)
+	rg.chk.finish()
+}
+
+// tickPhase spreads the nodes' ticks over one tick interval, so that they
+// do not all fire at once (they do not in production either).
+func (rg *Region) tickPhase(i int) int64 {
+	return int64(rg.cfg.Tick) * int64(i+1) / int64(len(rg.nodes)+1)
+}
+
+func (rg *Region) elapsed() time.Duration { return time.Duration(rg.sim.Now() - rg.t0) }
+
+func (rg *Region) logf(format string, args ...any) {
+	if rg.cfg.Log != nil {
+		fmt.Fprintf(rg.cfg.Log, "%v ", rg.elapsed())
+		fmt.Fprintf(rg.cfg.Log, format+"\n", args...)
+	}
+}
+
+// scheduleFault turns one fault into events.
+func (rg *Region) scheduleFault(f Fault) {
+	at := rg.t0 + int64(f.At)
+	switch f.Kind {
+	case FaultCrash:
+		n := rg.nodes[rg.byName[f.Node]]
+		rg.sim.At(at, engine.EventFunc(func(*engine.Sim) {
+			rg.logf("crash %s", n.name)
+			n.stop()
+			rg.topologyChanged(false)
+		}))
+	case FaultRestart, FaultJoin:
+		n := rg.nodes[rg.byName[f.Node]]
+		rg.sim.At(at, engine.EventFunc(func(*engine.Sim) {
+			rg.logf("%s %s", f.Kind, n.name)
+			// A new process knows only itself until gossip tells it more
+			// (the gateway starts with a ring of itself).
+			for j := range rg.pending[n.id] {
+				rg.pending[n.id][j] = pairChange{}
+			}
+			n.start(make([]bool, len(rg.nodes)))
+			rg.topologyChanged(false)
+		}))
+	case FaultLeave:
+		n := rg.nodes[rg.byName[f.Node]]
+		rg.sim.At(at, engine.EventFunc(func(s *engine.Sim) {
+			rg.logf("leave %s", n.name)
+			// Shell.Leave: hand every owned bucket to its owner in the
+			// ring without this node, report all spend, send at once.
+			rest := make([]bool, len(n.member))
+			copy(rest, n.member)
+			var ms []cluster.Member
+			for j, in := range rest {
+				if in {
+					ms = append(ms, cluster.Member{Name: rg.names[j], Addr: rg.names[j]})
+				}
+			}
+			if next, err := cluster.NewRing(n.epoch+1, ms); err == nil && next.Len() > 0 {
+				n.coord.HandoffAll(n.now(), next)
+			} else {
+				n.coord.FlushAll(n.now())
+			}
+			n.flush()
+			n.serving = false
+			rg.topologyChanged(true)
+			// It stops once the leave has spread (memberlist's Leave
+			// waits for its broadcast before Shutdown).
+			s.After(int64(rg.cfg.Gossip+rg.cfg.CallTimeout), engine.EventFunc(func(*engine.Sim) {
+				n.stop()
+				rg.topologyChanged(true)
+			}))
+		}))
+	case FaultPartition:
+		end := rg.t0 + int64(f.End)
+		var id int
+		rg.sim.At(at, engine.EventFunc(func(*engine.Sim) {
+			rg.logf("partition %s", f.Text)
+			id = rg.net.Partition(rg.groupsOf(f))
+			rg.topologyChanged(false)
+		}))
+		rg.sim.At(end, engine.EventFunc(func(*engine.Sim) {
+			rg.logf("heal %s", f.Text)
+			rg.net.Heal(id)
+			rg.topologyChanged(false)
+		}))
+	case FaultLoss:
+		if f.Windowed {
+			rg.sim.At(at, engine.EventFunc(func(*engine.Sim) { rg.net.SetLoss(f.Loss) }))
+			rg.sim.At(rg.t0+int64(f.End), engine.EventFunc(func(*engine.Sim) { rg.net.SetLoss(rg.baseLoss) }))
+		}
+	case FaultSkew:
+		if f.Windowed {
+			n := rg.nodes[rg.byName[f.Node]]
+			rg.sim.At(at, engine.EventFunc(func(*engine.Sim) {
+				rg.logf("clock step %s %v", n.name, f.Skew)
+				n.skew += int64(f.Skew)
+			}))
+		}
+	}
+}
+
+// groupsOf returns each node's side of a partition: its group's index, or
+// one more for nodes in no group.
+func (rg *Region) groupsOf(f Fault) []int {
+	g := make([]int, len(rg.nodes))
+	for i := range g {
+		g[i] = len(f.Groups)
+	}
+	for gi, grp := range f.Groups {
+		for _, name := range grp {
+			if i, ok := rg.byName[name]; ok {
+				g[i] = gi
+			}
+		}
+	}
+	return g
+}
+
+// arrive is a request of identity ident at node k (or, if k is down, the
+// next serving node).
+func (rg *Region) arrive(ident, k int) {
+	vnow := rg.sim.Now()
+	cost := rg.cfg.Cost
+	rg.requests++
+	if rg.ref.Step(&rg.refTAT[ident], vnow, cost).Allowed {
+		rg.refAdmitted += cost
+		rg.binsRef[(vnow-rg.t0)/int64(rg.cfg.Bin)] += cost
+	}
+	n := len(rg.nodes)
+	for range n {
+		if nd := rg.nodes[k]; nd.up && nd.serving {
+			nd.request(ident, cost)
+			if rg.requests&1023 == 0 {
+				rg.chk.drain(vnow - rg.t0 - rg.horizon)
+			}
+			return
+		}
+		k = (k + 1) % n
+	}
+	rg.unserved++
+}
+
+// outcome records a decision of node n for ident made at virtual time at.
+func (rg *Region) outcome(n *node, ident int, at int64, o cluster.Outcome, cost int64) {
+	if o.Degraded {
+		rg.degraded++
+	}
+	if !o.Allowed {
+		return
+	}
+	rg.admitted += cost
+	rg.bySource[o.Source] += cost
+	if o.Degraded {
+		rg.degradedAdmitted += cost
+	}
+	rg.binsCluster[(at-rg.t0)/int64(rg.cfg.Bin)] += cost
+	rg.chk.record(at-rg.t0, ident, cost, o.Degraded)
+}
+
+// deriveTerms computes S, the fault windows and the fault terms of the
+// envelope (docs/overshoot.md derives each).
+func (rg *Region) deriveTerms() {
+	c := &rg.cfg
+	p := &rg.params
+	B := float64(c.Burst)
+	r := c.rate()
+	T := c.Window.Seconds() / float64(c.Limit) // s per token
+	nMax := c.Nodes + countJoins(c.Faults)
+	live, liveMin, liveMax := c.Nodes, c.Nodes, c.Nodes
+	sideMin := nMax
+	for _, f := range sortFaults(c.Faults) {
+		switch f.Kind {
+		case FaultCrash, FaultLeave:
+			live--
+		case FaultRestart, FaultJoin:
+			live++
+		case FaultPartition:
+			for _, g := range rg.groupsOfN(f, nMax) {
+				sideMin = min(sideMin, g)
+			}
+		}
+		liveMin, liveMax = min(liveMin, live), max(liveMax, live)
+	}
+	rg.liveMin, rg.liveMax, rg.sideMin = liveMin, liveMax, sideMin
+	rg.slack = p.Slack(c.Nodes)
+	// S in fault-free stretches: the largest (n−1)·sᵢ(n) over the live
+	// counts the run passes through.
+	for n := max(liveMin, 1); n <= liveMax; n++ {
+		rg.sClean = max(rg.sClean, int64(n-1)*p.Slack(n))
+	}
+	// S while views disagree: any node may use the slack of the smallest
+	// view that still has a remote owner (a view of one owns everything).
+	nView := max(min(liveMin, sideMin), 2)
+	rg.sFault = max(int64(nMax-1)*p.Slack(nView), rg.sClean)
+	S := float64(rg.sFault)
+	s := float64(p.Slack(nView))
+	G := c.Gossip.Seconds()
+	tail := c.Detect + 2*c.Gossip + c.BreakerCooldown + c.CallTimeout + c.DecideTimeout + c.Sync + 2*c.Tick +
+		time.Duration((B+S)*T*1e9)
+	win := func(from, to time.Duration) {
+		rg.windows = append(rg.windows, segment{int64(from), int64(to + tail)})
+	}
+	// A fault's over-admission is charged as debt and paid back by refill,
+	// which holds admissions under r·Δ afterwards: the lower bound stays
+	// suspended until a term's worth of debt is repaid too.
+	addTerm := func(t Term) {
+		rg.terms = append(rg.terms, t)
+		if w := &rg.windows[len(rg.windows)-1]; w.to < 1<<62 {
+			w.to += int64(t.Tokens * T * 1e9)
+		}
+	}
+	ceil := math.Ceil
+	for _, f := range sortFaults(c.Faults) {
+		switch f.Kind {
+		case FaultCrash:
+			win(f.At, f.At)
+			addTerm(Term{f.Text, B + S, "B + S: the owner's bucket, debt included, is lost"})
+		case FaultRestart, FaultJoin:
+			win(f.At, f.At)
+			addTerm(Term{f.Text, 2*B + S + 2*ceil(r*G),
+				"2B + S + 2⌈r·G⌉: alone it owns every identity with fresh buckets until gossip reaches it (B + r·G); then two owners while views converge (B + r·G), a lost handoff (S)"})
+		case FaultLeave:
+			win(f.At, f.At+c.Gossip+c.CallTimeout)
+			addTerm(Term{f.Text, B + S + ceil(r*(G+c.CallTimeout.Seconds())),
+				"B + S + ⌈r·(G + call timeout)⌉: the leaver still decides for nodes whose view has not changed"})
+		case FaultPartition:
+			k := float64(len(f.Groups))
+			if len(rg.groupsOfN(f, nMax)) > len(f.Groups) {
+				k++
+			}
+			d := (f.End - f.At).Seconds()
+			win(f.At, f.End)
+			addTerm(Term{f.Text, (k - 1) * (2*B + 2*S + ceil(r*(d+2*G))),
+				"(k−1)·(2B + 2S + ⌈r·(D + 2G)⌉): each cut-off side elects its own owner, with a fresh bucket, for the partition; views converge twice"})
+		case FaultLoss:
+			if f.Windowed {
+				win(f.At, f.End)
+			} else {
+				rg.windows = append(rg.windows, segment{0, 1 << 62})
+			}
+			addTerm(Term{f.Text, 0,
+				"0 for accounted admissions: reports are cumulative; a lost exchange only adds on_failure decisions, counted apart"})
+		case FaultSkew:
+			if f.Windowed {
+				win(f.At, f.At)
+				t := s
+				if f.Skew > 0 {
+					t += min(ceil(r*f.Skew.Seconds()), B+S)
+				}
+				addTerm(Term{f.Text, t,
+					"min(⌈r·j⌉, B + S) + s for a forward step j: the owner's bucket refills by j at once, a node's views expire j early"})
+			}
+		}
+	}
+}
+
+// groupsOfN returns the sizes of a partition's sides among n nodes.
+func (rg *Region) groupsOfN(f Fault, n int) []int {
+	sizes := make([]int, len(f.Groups))
+	in := 0
+	for i, g := range f.Groups {
+		sizes[i] = len(g)
+		in += len(g)
+	}
+	if rest := n - in; rest > 0 {
+		sizes = append(sizes, rest)
+	}
+	return sizes
+}

@@ -1,0 +1,247 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/weir-dev/weir/quota"
+)
+
+// Grid is a sweep: every combination of its dimensions is one run. An
+// empty dimension keeps the base config's value.
+type Grid struct {
+	Nodes    []int
+	Accuracy []float64
+	Sync     []time.Duration
+	Traffic  []string
+	Faults   [][]Fault
+	Mode     []quota.Mode
+	Load     []float64
+}
+
+// GridSyntax documents the sweep spec; -help prints it.
+const GridSyntax = `A sweep spec is dimensions separated by ";", each NAME=VALUE,VALUE...
+  nodes=3,5,10  accuracy=0.05,0.1  sync=20ms,100ms  traffic=uneven,saturate
+  mode=shared,exact  load=2,3
+  faults=[none][crash:n1@2s,restart:n1@4s]   (each fault spec in brackets)
+"default" is the built-in grid (DefaultGrid).`
+
+// ErrGridSpec is wrapped by every error ParseGrid returns.
+var ErrGridSpec = errors.New("sweep spec")
+
+// DefaultGrid is the built-in sweep: 3, 5 and 10 nodes; accuracy 5 % and
+// 10 %; sync 20 ms and 100 ms; constant, uneven, onenode, saturate, bursty
+// and zipf traffic; no fault, an owner crash and restart, a partition, 1 %
+// loss, a graceful leave and join, and a clock step.
+func DefaultGrid() Grid {
+	g, err := ParseGrid("nodes=3,5,10;accuracy=0.05,0.1;sync=20ms,100ms;traffic=constant,uneven,onenode,saturate,bursty,zipf;" +
+		"faults=[none][crash:n1@3s,restart:n1@6s][partition:n0@3s-5s][loss:0.01][leave:n1@3s,join:n1@6s][skew:n0:+200ms@3s]")
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
+// ParseGrid parses a sweep spec (see GridSyntax).
+func ParseGrid(spec string) (Grid, error) {
+	var g Grid
+	spec = strings.TrimSpace(spec)
+	if spec == "default" {
+		return DefaultGrid(), nil
+	}
+	for dim := range strings.SplitSeq(spec, ";") {
+		dim = strings.TrimSpace(dim)
+		if dim == "" {
+			continue
+		}
+		name, vals, ok := strings.Cut(dim, "=")
+		if !ok || vals == "" {
+			return g, fmt.Errorf("%w: %q: want NAME=VALUE,...", ErrGridSpec, dim)
+		}
+		if name == "faults" {
+			fs, err := parseFaultList(vals)
+			if err != nil {
+				return g, err
+			}
+			g.Faults = fs
+			continue
+		}
+		for v := range strings.SplitSeq(vals, ",") {
+			v = strings.TrimSpace(v)
+			bad := func(err error) error { return fmt.Errorf("%w: %s=%q: %v", ErrGridSpec, name, v, err) }
+			switch name {
+			case "nodes":
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 1 {
+					return g, bad(errors.New("want a positive integer"))
+				}
+				g.Nodes = append(g.Nodes, n)
+			case "accuracy":
+				a, err := strconv.ParseFloat(v, 64)
+				if err != nil || a <= 0 || a > 0.5 {
+					return g, bad(errors.New("want a number in (0, 0.5]"))
+				}
+				g.Accuracy = append(g.Accuracy, a)
+			case "sync":
+				d, err := time.ParseDuration(v)
+				if err != nil || d <= 0 {
+					return g, bad(errors.New("want a positive duration"))
+				}
+				g.Sync = append(g.Sync, d)
+			case "traffic":
+				if !slices.Contains(TrafficKinds, v) {
+					return g, bad(fmt.Errorf("want one of %s", strings.Join(TrafficKinds, ", ")))
+				}
+				g.Traffic = append(g.Traffic, v)
+			case "mode":
+				if v != string(quota.ModeShared) && v != string(quota.ModeExact) {
+					return g, bad(errors.New("want shared or exact"))
+				}
+				g.Mode = append(g.Mode, quota.Mode(v))
+			case "load":
+				l, err := strconv.ParseFloat(v, 64)
+				if err != nil || l <= 0 {
+					return g, bad(errors.New("want a positive number"))
+				}
+				g.Load = append(g.Load, l)
+			default:
+				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, faults)", ErrGridSpec, name)
+			}
+		}
+	}
+	return g, nil
+}
+
+func parseFaultList(s string) ([][]Fault, error) {
+	var out [][]Fault
+	rest := strings.TrimSpace(s)
+	for rest != "" {
+		if rest[0] != '[' {
+			return nil, fmt.Errorf("%w: faults=%q: want [SPEC][SPEC]...", ErrGridSpec, s)
+		}
+		end := strings.IndexByte(rest, ']')
+		if end < 0 {
+			return nil, fmt.Errorf("%w: faults=%q: missing ]", ErrGridSpec, s)
+		}
+		fs, err := ParseFaults(rest[1:end])
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrGridSpec, err)
+		}
+		out = append(out, fs)
+		rest = strings.TrimSpace(rest[end+1:])
+	}
+	return out, nil
+}
+
+// Configs expands the grid over base. Run i gets seed base.Seed + i.
+func (g Grid) Configs(base Config) []Config {
+	or := func(n int) int { return max(n, 1) }
+	var out []Config
+	for a := range or(len(g.Nodes)) {
+		for b := range or(len(g.Accuracy)) {
+			for c := range or(len(g.Sync)) {
+				for d := range or(len(g.Traffic)) {
+					for e := range or(len(g.Faults)) {
+						for f := range or(len(g.Mode)) {
+							for h := range or(len(g.Load)) {
+								cfg := base
+								if len(g.Nodes) > 0 {
+									cfg.Nodes = g.Nodes[a]
+								}
+								if len(g.Accuracy) > 0 {
+									cfg.Accuracy = g.Accuracy[b]
+								}
+								if len(g.Sync) > 0 {
+									cfg.Sync = g.Sync[c]
+								}
+								if len(g.Traffic) > 0 {
+									cfg.Traffic = g.Traffic[d]
+								}
+								if len(g.Faults) > 0 {
+									cfg.Faults = g.Faults[e]
+								}
+								if len(g.Mode) > 0 {
+									cfg.Mode = g.Mode[f]
+								}
+								if len(g.Load) > 0 {
+									cfg.Load = g.Load[h]
+								}
+								cfg.Seed = base.Seed + uint64(len(out))
+								out = append(out, cfg)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Sweep runs every config of the grid, writes one line per run to w, and
+// returns the results. A run that breaks a bound is reported with the
+// seed and the flags of `go run ./sim` that reproduce it; the caller
+// decides what to do with it (the command exits non-zero). progress, when
+// set, is called after every run.
+func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]*Result, error) {
+	cfgs := g.Configs(base)
+	for i, c := range cfgs {
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("sweep run %d (%s): %w", i, c.Flags(), err)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "run\tnodes\tmode\tacc\tsync\ttraffic\tfaults\tS\texcess\tbound\tclean\tshortfall\tbound\ton_failure\tmsgs/s\tok\t\n")
+	var out []*Result
+	for i, c := range cfgs {
+		r, err := Run(c)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+		ok := "yes"
+		if !r.OK() {
+			ok = "NO"
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%v\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%s\t\n",
+			i, r.Config.Nodes, r.Config.Mode, r.Config.Accuracy, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
+			r.S, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), fmtTok(r.ExcessClean), fmtTok(r.Shortfall), fmtBound(r),
+			r.Degraded, r.MessagesPerSecond(), ok)
+		if progress != nil {
+			progress(i+1, len(cfgs))
+		}
+	}
+	tw.Flush()
+	bad := 0
+	for i, r := range out {
+		if r.OK() {
+			continue
+		}
+		bad++
+		fmt.Fprintf(w, "\nVIOLATION in run %d (seed %d):\n  %s\n  reproduce: go run ./sim %s\n", i, r.Config.Seed,
+			strings.Join(r.Violations, "\n  "), r.Config.Flags())
+	}
+	fmt.Fprintf(w, "\n%d runs, %d violations\n", len(out), bad)
+	return out, nil
+}
+
+func fmtBound(r *Result) string {
+	if math.IsNaN(r.Shortfall) {
+		return "-"
+	}
+	return fmtTok(r.BoundShortfall)
+}
+
+func shorten(s string, n int) string {
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
