@@ -418,6 +418,12 @@ type Coordinator struct {
 	warmUntil  int64
 	handoff    int64
 	handedOver map[string]uint64
+	// order lists pending tickets in the order they were created (their
+	// deadline order); nextScan is when Tick next walks every entry.
+	order    []uint64
+	nextScan int64
+	dests    []string   // the keys of out, in the order they were added
+	spare    []*Message // outboxes to reuse
 }
 
 // NewCoordinator returns a coordinator with no rules and no ring.
@@ -483,8 +489,14 @@ func (c *Coordinator) outbox(to string) *Message {
 		if c.table != nil {
 			epoch = c.table.Epoch()
 		}
-		m = &Message{Epoch: epoch}
+		if n := len(c.spare); n > 0 {
+			m, c.spare = c.spare[n-1], c.spare[:n-1]
+			*m = Message{Epoch: epoch}
+		} else {
+			m = &Message{Epoch: epoch}
+		}
 		c.out[to] = m
+		c.dests = append(c.dests, to)
 	}
 	return m
 }
@@ -507,7 +519,12 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	}
 	k := entryKey{ruleID, identity}
 	owner := c.cfg.Self
-	if c.table != nil {
+	// An entry made in this ring epoch knows its owner (SetTable moves
+	// every entry to the new epoch): no need to score the ring again.
+	e := c.entries[k]
+	if e != nil && c.table != nil && e.epoch == c.table.Epoch() {
+		owner = e.owner
+	} else if c.table != nil {
 		if o := c.table.OwnerName(identity); o != "" {
 			owner = o
 		}
@@ -520,12 +537,14 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		}
 		return Outcome{Decision: c.ownerStep(now, r, k, cost), Source: SourceOwner}, nil
 	}
-	if r.sk != nil && !c.down[owner] && c.entries[k] == nil {
-		if o, ok := c.gate(now, r, identity, cost); ok {
-			return o, nil
+	if e == nil {
+		if r.sk != nil && !c.down[owner] {
+			if o, ok := c.gate(now, r, identity, cost); ok {
+				return o, nil
+			}
 		}
+		e = c.entry(k, r, owner)
 	}
-	e := c.entry(k, r, owner)
 	if c.down[owner] {
 		return c.failure(now, r, e, cost), nil
 	}
@@ -571,6 +590,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	}
 	c.ticket++
 	c.pending[c.ticket] = &pendingReq{key: k, owner: owner, cost: cost, deadline: now + c.timeout}
+	c.order = append(c.order, c.ticket)
 	e.pending++
 	c.outbox(owner).Decides = append(c.outbox(owner).Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
 	c.stats.Forwarded++
@@ -789,6 +809,31 @@ func (c *Coordinator) result(now int64, r ResultItem) {
 // entries that equal no entry, and starts gated rules' sketches over at
 // their period boundaries.
 func (c *Coordinator) Tick(now int64) {
+	// Forwarded requests time out in ticket order: their deadlines are
+	// their decision time plus one timeout, so the queue is in deadline
+	// order (a clock stepped back delays the later ones by the step).
+	for len(c.order) > 0 {
+		t := c.order[0]
+		p, ok := c.pending[t]
+		if ok && now < p.deadline {
+			break
+		}
+		c.order = c.order[1:]
+		if ok {
+			c.expire(now, t)
+		}
+	}
+	if len(c.order) == 0 {
+		c.order = c.order[:0:0] // let a long queue's array go
+	}
+	// The scans below walk every entry: at most four times per sync
+	// interval, so that a tick with nothing due costs nothing. A sync due
+	// by the interval goes out up to a quarter interval late.
+	if now < c.nextScan {
+		c.rollSketches(now)
+		return
+	}
+	c.nextScan = now + max(c.interval/4, 1)
 	var due []entryKey
 	for k, e := range c.entries {
 		if e.spent > e.acked && now-e.lastSync >= c.interval {
@@ -798,16 +843,6 @@ func (c *Coordinator) Tick(now int64) {
 	slices.SortFunc(due, cmpKey)
 	for _, k := range due {
 		c.sync(now, k, c.entries[k])
-	}
-	var late []uint64
-	for t, p := range c.pending {
-		if now >= p.deadline {
-			late = append(late, t)
-		}
-	}
-	slices.Sort(late)
-	for _, t := range late {
-		c.expire(now, t)
 	}
 	for k, e := range c.entries {
 		if e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now {
@@ -819,6 +854,12 @@ func (c *Coordinator) Tick(now int64) {
 			delete(c.owned, k)
 		}
 	}
+	c.rollSketches(now)
+}
+
+// rollSketches starts gated rules' sketches over at their period
+// boundaries.
+func (c *Coordinator) rollSketches(now int64) {
 	// Each rule's sketch rolls on its own: the order does not matter.
 	for _, r := range c.rules {
 		if r.sk != nil {
@@ -1025,18 +1066,23 @@ func (c *Coordinator) Queued() int {
 // arrival).
 func (c *Coordinator) Ready() Ready {
 	var rd Ready
-	if len(c.out) > 0 {
-		names := make([]string, 0, len(c.out))
-		for n := range c.out {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		for _, n := range names {
-			if m := c.out[n]; !m.Empty() {
+	if len(c.dests) > 0 {
+		// The destinations come from a list, not from ranging over the
+		// map: that costs the map's capacity, which follows the busiest
+		// moment, and so does clearing it.
+		slices.Sort(c.dests)
+		rd.Messages = make([]Envelope, 0, len(c.dests))
+		for _, n := range c.dests {
+			m := c.out[n]
+			if !m.Empty() {
 				rd.Messages = append(rd.Messages, Envelope{To: n, Msg: *m})
 			}
+			delete(c.out, n)
+			*m = Message{} // its slices now belong to the envelope
+			c.spare = append(c.spare, m)
 		}
-		clear(c.out)
+		clear(c.dests)
+		c.dests = c.dests[:0]
 	}
 	rd.Completions, c.done = c.done, nil
 	return rd
