@@ -350,6 +350,7 @@ type entryKey struct{ rule, identity string }
 type ownerEntry struct {
 	tat       bucket.TAT
 	reports   []report
+	handed    bool   // handed to a new owner: kept only for lagging peers
 	warming   bool   // created during a warm-up, no handoff received yet
 	from      string // the previous owner whose marker ends the warm-up
 	warmSpent int64  // admitted while warming
@@ -606,20 +607,9 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 // for this ring, or the handoff timeout passes, the bucket admits only
 // within this node's slack, so that no free window is handed out.
 func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64) bucket.Decision {
-	oe := c.owned[k]
-	if oe == nil {
-		oe = &ownerEntry{}
-		if now < c.warmUntil && c.table != nil {
-			if from := c.table.OwnerNameExcept(k.identity, c.cfg.Self); from != "" && c.handedOver[from] != c.table.Digest() {
-				oe.warming, oe.from = true, from
-			}
-		}
-		c.owned[k] = oe
-	}
-	if oe.warming {
-		if now >= c.warmUntil || c.handedOver[oe.from] == c.table.Digest() {
-			oe.warming = false
-		} else if oe.warmSpent+cost > r.Slack(c.n()) {
+	oe := c.ownedEntry(now, k)
+	if c.warming(now, oe) {
+		if oe.warmSpent+cost > r.Slack(c.n()) {
 			d := r.gcra.Peek(oe.tat, now)
 			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
 			c.stats.ViewRejects++
@@ -631,6 +621,30 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 		oe.warmSpent += cost
 	}
 	return d
+}
+
+// ownedEntry returns this node's bucket of k, creating it: right after a
+// ring change, as a warming one (see ownerStep).
+func (c *Coordinator) ownedEntry(now int64, k entryKey) *ownerEntry {
+	oe := c.owned[k]
+	if oe == nil {
+		oe = &ownerEntry{}
+		if now < c.warmUntil && c.table != nil {
+			if from := c.table.OwnerNameExcept(k.identity, c.cfg.Self); from != "" && c.handedOver[from] != c.table.Digest() {
+				oe.warming, oe.from = true, from
+			}
+		}
+		c.owned[k] = oe
+	}
+	return oe
+}
+
+// warming reports whether oe still waits for its previous owner's handoff.
+func (c *Coordinator) warming(now int64, oe *ownerEntry) bool {
+	if oe.warming && (now >= c.warmUntil || c.handedOver[oe.from] == c.table.Digest()) {
+		oe.warming = false
+	}
+	return oe.warming
 }
 
 // entry returns the node entry of k, creating it or moving it to owner.
@@ -687,7 +701,9 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 	for _, h := range m.Handoffs {
 		k := entryKey{h.Rule, h.Identity}
 		oe := c.owned[k]
-		if oe == nil {
+		if oe == nil || oe.handed {
+			// What we kept after handing it over is in the state
+			// coming back.
 			oe = &ownerEntry{}
 			c.owned[k] = oe
 		}
@@ -723,11 +739,7 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 	if !ok {
 		return
 	}
-	oe := c.owned[k]
-	if oe == nil {
-		oe = &ownerEntry{}
-		c.owned[k] = oe
-	}
+	oe := c.ownedEntry(now, k)
 	i := slices.IndexFunc(oe.reports, func(p report) bool { return p.node == from })
 	if i < 0 {
 		oe.reports = append(oe.reports, report{node: from})
@@ -749,8 +761,16 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 	if s.Gen < p.gen {
 		total = s.Total // a stale generation: acknowledge as is, charge nothing
 	}
+	debt := int64(oe.tat) - now
+	if c.warming(now, oe) {
+		// The bucket's state is still on its way: an acknowledgement of a
+		// fresh bucket would let the node spend its slack again at every
+		// round trip. Show it spent: beyond its slack the node asks, and
+		// the warm-up decides.
+		debt = max(debt, r.gcra.Interval().Nanoseconds()*r.Burst)
+	}
 	m := c.outbox(from)
-	m.Acks = append(m.Acks, AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: int64(oe.tat) - now})
+	m.Acks = append(m.Acks, AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt})
 	c.stats.AcksSent++
 }
 
@@ -925,7 +945,7 @@ func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 	slices.SortFunc(keys, cmpKey)
 	for _, k := range keys {
 		oe := c.owned[k]
-		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && int64(oe.tat) > now {
+		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && !oe.handed && int64(oe.tat) > now {
 			m := c.outbox(o)
 			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
 		}
@@ -1028,9 +1048,15 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		}
 	}
 	var handed []entryKey
-	for k := range c.owned {
-		if o := t.OwnerName(k.identity); o != "" && o != c.cfg.Self {
+	for k, oe := range c.owned {
+		o := t.OwnerName(k.identity)
+		switch {
+		case o != "" && o != c.cfg.Self && !oe.handed:
 			handed = append(handed, k)
+		case (o == "" || o == c.cfg.Self) && oe.handed:
+			// Ours again: what we kept after handing it over is stale,
+			// and the owner in between hands the bucket back.
+			delete(c.owned, k)
 		}
 	}
 	slices.SortFunc(handed, cmpKey)
@@ -1040,7 +1066,12 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 			m := c.outbox(t.OwnerName(k.identity))
 			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
 		}
-		delete(c.owned, k)
+		// Kept, not deleted, until its bucket is full again: peers whose
+		// ring has not changed yet still send here, and they are decided
+		// on the spent bucket, not on a fresh one (the split-ownership
+		// term, bounded by this state rather than a burst).
+		oe.handed = true
+		oe.warming = false
 	}
 	if changed {
 		c.markHandedOver(t)

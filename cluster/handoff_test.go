@@ -157,3 +157,112 @@ func TestHandoffAddsToChargesMadeMeanwhile(t *testing.T) {
 		t.Errorf("4 charged here + 6 handed over = the burst of 10, yet one more was admitted")
 	}
 }
+
+// TestSyncDuringWarmUpKeepsTheBucketShut: while a new owner waits for the
+// previous owner's handoff, a node's sync must not come back acknowledged
+// against a fresh bucket, or the node could spend its slack again at every
+// round trip: the region admits at most the slacks until the state arrives,
+// and after it the spent bucket refuses.
+func TestSyncDuringWarmUpKeepsTheBucketShut(t *testing.T) {
+	rule := gcraRule("api", quota.ModeShared, 400, time.Minute, 20) // slack 5 on 4 nodes
+	h := newHarness(t, 3, time.Millisecond, rule)
+	c := NewCoordinator(CoordinatorConfig{Self: "node-3", SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
+	c.SetRules(ruleParams(t, []quota.Rule{rule}))
+	self, _ := NewRing(0, []Member{{Name: "node-3"}})
+	c.SetTable(h.now, self)
+	h.nodes["node-3"] = c
+	h.names = append(h.names, "node-3")
+	h.waiting["node-3"] = map[uint64]int64{}
+	var members []Member
+	for _, n := range h.names {
+		members = append(members, Member{Name: n, Addr: n})
+	}
+	next, _ := NewRing(2, members)
+	ids, from := movedTo(next, 1)
+	id, prev := ids[0], from[0]
+	// The previous owner's bucket is spent.
+	for range 20 {
+		h.request(prev, "api", id, 1)
+	}
+	var other string
+	for _, n := range h.names[:3] {
+		if n != prev {
+			other = n
+			break
+		}
+	}
+	for _, n := range h.names {
+		if n != prev {
+			h.nodes[n].SetTable(h.now, next)
+		}
+	}
+	h.flush()
+	before := len(h.admits)
+	for range 30 {
+		h.request(other, "api", id, 1)
+		h.step(time.Millisecond)
+	}
+	slack := ruleParams(t, []quota.Rule{rule})[0].Slack(4)
+	if got := int64(len(h.admits) - before); got > 2*slack {
+		t.Fatalf("during the warm-up the region admitted %d, more than the two slacks (%d)", got, 2*slack)
+	}
+	h.nodes[prev].SetTable(h.now, next)
+	h.flush()
+	h.step(5 * time.Millisecond)
+	h.step(30 * time.Millisecond) // the view refreshes on the next sync
+	mark := len(h.admits)
+	for range 10 {
+		h.request(other, "api", id, 1)
+		h.step(time.Millisecond)
+	}
+	if got := len(h.admits) - mark; got > 0 {
+		t.Errorf("after the handoff of a spent bucket %d more were admitted", got)
+	}
+}
+
+// TestLaggingPeerDecidedOnHandedBucket: a peer whose ring has not changed
+// yet still forwards to the old owner; the old owner decides on the bucket
+// it handed over, not on a fresh one.
+func TestLaggingPeerDecidedOnHandedBucket(t *testing.T) {
+	rule := gcraRule("api", quota.ModeExact, 10, time.Minute, 5)
+	h, next := joinHarness(t)
+	p := ruleParams(t, []quota.Rule{rule})
+	for _, n := range h.names {
+		h.nodes[n].SetRules(p)
+	}
+	ids, from := movedTo(next, 1)
+	id, prev := ids[0], from[0]
+	for range 5 {
+		h.request(prev, "api", id, 1)
+	}
+	var lagging string
+	for _, n := range h.names[:3] {
+		if n != prev {
+			lagging = n
+			break
+		}
+	}
+	// Everyone but the lagging node sees the join.
+	for _, n := range h.names {
+		if n != lagging {
+			h.nodes[n].SetTable(h.now, next)
+		}
+	}
+	h.flush()
+	// Past the new owners' warm-up too: membership on a LAN can take
+	// longer than that to reach every node.
+	h.step(DefaultHandoffTimeout + 10*time.Millisecond)
+	mark := len(h.admits)
+	for range 5 {
+		h.request(lagging, "api", id, 1) // forwarded to prev, the owner in its ring
+	}
+	for range 4 {
+		h.step(2 * time.Millisecond)
+	}
+	if len(h.waiting[lagging]) != 0 {
+		t.Fatalf("%d forwarded requests still wait", len(h.waiting[lagging]))
+	}
+	if got := len(h.admits) - mark; got != 0 {
+		t.Errorf("the old owner admitted %d for a lagging peer on a fresh bucket; its handed bucket was spent", got)
+	}
+}

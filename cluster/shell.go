@@ -138,8 +138,19 @@ func (s *Shell) SetRules(rules []RuleParams) {
 // SetRing installs a new ring (after a membership change).
 func (s *Shell) SetRing(r *Ring) {
 	s.mu.Lock()
-	s.ring.Store(r)
+	old := s.ring.Swap(r)
 	s.coord.SetTable(s.now(), r)
+	// A member that is back in the ring, or at a new address, is a new
+	// run of that node (a restart): the failures its breaker counted were
+	// the old run's, so its identities stop being decided by on_failure
+	// at once instead of after the cooldown.
+	for peer := range s.breaks {
+		if i := r.IndexOf(peer); i >= 0 {
+			if j := old.IndexOf(peer); j < 0 || old.Member(j).Addr != r.Member(i).Addr {
+				s.peerOK(peer)
+			}
+		}
+	}
 	s.mu.Unlock()
 	s.kick()
 }
