@@ -109,6 +109,9 @@ type RuleParams struct {
 	Accuracy  float64
 	// Sketch is the rule's sketch gating; the zero value is none.
 	Sketch SketchParams
+	// Scheme is how the rule's slack is spread over the nodes (shared
+	// rules only); NewRuleParams sets DefaultSlackScheme.
+	Scheme SlackScheme
 	gcra   bucket.GCRA
 	sk     *countMin // this coordinator's sketch of a gated rule
 }
@@ -134,15 +137,24 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 		}
 	}
 	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
-		Limit: r.Limit, Window: r.Window, Burst: r.Burst, Accuracy: acc, Sketch: sk, gcra: g}, nil
+		Limit: r.Limit, Window: r.Window, Burst: r.Burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme, gcra: g}, nil
 }
 
-// Slack returns sᵢ for a region of n live nodes: ⌊a·L ÷ n⌋ tokens for
-// shared rules (DESIGN.md: S = Σ sᵢ ≤ a·L), 0 for exact rules. A slack under
-// one token is 0: every admission then waits for the owner.
+// Slack returns the slack sᵢ every node of a region of n live nodes holds
+// without asking: under SlackFixed ⌊a·L ÷ n⌋ tokens (DESIGN.md: S = Σ sᵢ ≤
+// a·L); under SlackDemand the base ⌊P ÷ (2·(n−1))⌋ with P = ⌊a·L⌋ (P when n
+// is 1), to which the owner's grants add (slack.go). It is 0 for exact
+// rules. A slack under one token is 0: every admission beyond it then waits
+// for the owner (or, under SlackDemand, for a grant).
 func (p *RuleParams) Slack(n int) int64 {
 	if p.Mode != quota.ModeShared || n <= 0 {
 		return 0
+	}
+	if p.Scheme == SlackDemand {
+		if n == 1 {
+			return p.Pool()
+		}
+		return p.Pool() / int64(2*(n-1))
 	}
 	return int64(math.Floor(p.Accuracy * float64(p.Limit) / float64(n)))
 }
@@ -291,17 +303,26 @@ type SyncItem struct {
 	Identity string
 	Gen      uint64
 	Total    int64
+	// GrantEpoch is the highest demand grant epoch the node adopted for
+	// this generation (0: none) and Grant the extra slack it uses under it
+	// now (0 once lapsed): demand-following slack only (slack.go).
+	GrantEpoch uint64
+	Grant      int64
 }
 
 // AckItem acknowledges a SyncItem: the highest Total the owner has charged
 // for (Rule, Identity, Gen), and the owner's bucket after it as Debt
-// (TAT − now in ns; ≤ 0 when full).
+// (TAT − now in ns; ≤ 0 when full). Under demand-following slack it also
+// carries the owner's latest grant to the node for the generation:
+// GrantEpoch, and Grant, the extra slack beyond the base (slack.go).
 type AckItem struct {
-	Rule     string
-	Identity string
-	Gen      uint64
-	Total    int64
-	Debt     int64
+	Rule       string
+	Identity   string
+	Gen        uint64
+	Total      int64
+	Debt       int64
+	GrantEpoch uint64
+	Grant      int64
 }
 
 // DecideItem asks the owner to decide a request.
@@ -360,6 +381,7 @@ type report struct {
 	node  string
 	gen   uint64
 	total int64
+	grant grantState // demand-following slack only
 }
 
 // nodeEntry is what a non-owner knows of an identity it admits for.
@@ -375,6 +397,7 @@ type nodeEntry struct {
 	lastSync int64
 	pending  int // forwarded requests awaiting a result
 	fallback bucket.TAT
+	grant    nodeGrant // demand-following slack only
 }
 
 type pendingReq struct {
@@ -412,6 +435,7 @@ type Coordinator struct {
 	done     []Completion
 	ticket   uint64
 	gen      uint64
+	grantSeq uint64 // the last demand grant epoch issued (slack.go)
 	stats    Stats
 	// warmUntil ends the warm-up that follows a ring change (see Decide)
 	// at the latest; handedOver[p] is the digest of the last ring for
@@ -451,6 +475,7 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 		down:       map[string]bool{},
 		out:        map[string]*Message{},
 		gen:        cfg.Incarnation,
+		grantSeq:   cfg.Incarnation,
 	}
 }
 
@@ -571,7 +596,11 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 			RetryAfter: time.Duration(v - now - tau),
 		}}, nil
 	}
-	if s := r.Slack(c.n()); unconf+cost <= s {
+	s := r.Slack(c.n())
+	if r.Scheme == SlackDemand {
+		s += e.grant.extraAt(now)
+	}
+	if unconf+cost <= s {
 		e.spent += cost
 		c.stats.LocalAdmits++
 		if e.spent-e.sent >= max((s+1)/2, 1) {
@@ -587,6 +616,10 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// Beyond the slack: the owner decides. Report unsent spend first so it
 	// is charged before this request.
 	if e.spent > e.sent {
+		c.sync(now, k, e)
+	} else if r.Scheme == SlackDemand && r.Mode == quota.ModeShared && (e.lastSync == 0 || now-e.lastSync >= max(c.interval/4, 1)) {
+		// Ask for a grant: the report carries no new spend, but the
+		// owner counts the forwarded requests as this node's demand.
 		c.sync(now, k, e)
 	}
 	c.ticket++
@@ -665,7 +698,9 @@ func (c *Coordinator) entry(k entryKey, r *RuleParams, owner string) *nodeEntry 
 // sync queues a cumulative report of k's spend to its owner.
 func (c *Coordinator) sync(now int64, k entryKey, e *nodeEntry) {
 	m := c.outbox(e.owner)
-	m.Syncs = append(m.Syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent})
+	m.Syncs = append(m.Syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent,
+		GrantEpoch: e.grant.epoch, Grant: e.grant.extra})
+	e.grant.repEpoch, e.grant.repExtra = e.grant.epoch, e.grant.extra
 	e.sent = e.spent
 	e.lastSync = now
 	c.stats.SyncsSent++
@@ -746,14 +781,18 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 		i = len(oe.reports) - 1
 	}
 	p := &oe.reports[i]
+	var spent int64
 	switch {
 	case s.Gen > p.gen:
 		// A new generation starts from zero: the node only starts one
-		// once the previous generation was fully acknowledged.
+		// once the previous generation was fully acknowledged (and its
+		// demand grant given back), so the old grant goes too.
 		p.gen, p.total = s.Gen, 0
+		p.grant = grantState{demand: p.grant.demand, demandAt: p.grant.demandAt, decided: p.grant.decided}
 		fallthrough
 	case s.Gen == p.gen && s.Total > p.total:
-		r.gcra.Charge(&oe.tat, now, s.Total-p.total)
+		spent = s.Total - p.total
+		r.gcra.Charge(&oe.tat, now, spent)
 		p.total = s.Total
 		c.stats.ReportsCharged++
 	}
@@ -769,8 +808,13 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 		// the warm-up decides.
 		debt = max(debt, r.gcra.Interval().Nanoseconds()*r.Burst)
 	}
+	a := AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt}
+	if s.Gen == p.gen && r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
+		c.regrant(now, r, oe, i, s, spent)
+		a.GrantEpoch, a.Grant = p.grant.epoch, p.grant.extra
+	}
 	m := c.outbox(from)
-	m.Acks = append(m.Acks, AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt})
+	m.Acks = append(m.Acks, a)
 	c.stats.AcksSent++
 }
 
@@ -780,6 +824,9 @@ func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 	if r, ok := c.rules[d.Rule]; ok {
 		k := entryKey{d.Rule, d.Identity}
 		bd := c.ownerStep(now, r, k, d.Cost)
+		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
+			c.noteDemand(now, c.owned[k], from, d.Cost)
+		}
 		res = ResultItem{Ticket: d.Ticket, Allowed: bd.Allowed, Remaining: bd.Remaining,
 			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(c.owned[k].tat) - now}
 	} else {
@@ -799,6 +846,7 @@ func (c *Coordinator) ack(now int64, a AckItem) {
 	}
 	e.acked = min(a.Total, e.spent)
 	e.view = max(e.view, now+a.Debt)
+	e.grant.onAck(now, GrantLifetime(c.interval), a)
 }
 
 // result is a node receiving the owner's decision of a forwarded request.
@@ -856,7 +904,8 @@ func (c *Coordinator) Tick(now int64) {
 	c.nextScan = now + max(c.interval/4, 1)
 	var due []entryKey
 	for k, e := range c.entries {
-		if e.spent > e.acked && now-e.lastSync >= c.interval {
+		e.grant.lapse(now)
+		if (e.spent > e.acked || e.grant.unreported()) && now-e.lastSync >= c.interval {
 			due = append(due, k)
 		}
 	}
@@ -865,12 +914,12 @@ func (c *Coordinator) Tick(now int64) {
 		c.sync(now, k, c.entries[k])
 	}
 	for k, e := range c.entries {
-		if e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now {
+		if e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now && e.grant.idle() {
 			delete(c.entries, k)
 		}
 	}
 	for k, oe := range c.owned {
-		if int64(oe.tat) <= now {
+		if int64(oe.tat) <= now && !oe.reserving() {
 			delete(c.owned, k)
 		}
 	}

@@ -37,7 +37,8 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 	if len(m.Syncs) > 0 {
 		b.Syncs = make([]*peerpb.SyncItem, len(m.Syncs))
 		for i, s := range m.Syncs {
-			b.Syncs[i] = &peerpb.SyncItem{Rule: s.Rule, Identity: []byte(s.Identity), Gen: s.Gen, Total: s.Total}
+			b.Syncs[i] = &peerpb.SyncItem{Rule: s.Rule, Identity: []byte(s.Identity), Gen: s.Gen, Total: s.Total,
+				GrantEpoch: s.GrantEpoch, Grant: s.Grant}
 		}
 	}
 	if len(m.Decides) > 0 {
@@ -49,7 +50,8 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 	if len(m.Acks) > 0 {
 		b.Acks = make([]*peerpb.AckItem, len(m.Acks))
 		for i, a := range m.Acks {
-			b.Acks[i] = &peerpb.AckItem{Rule: a.Rule, Identity: []byte(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt}
+			b.Acks[i] = &peerpb.AckItem{Rule: a.Rule, Identity: []byte(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt,
+				GrantEpoch: a.GrantEpoch, Grant: a.Grant}
 		}
 	}
 	if len(m.Results) > 0 {
@@ -76,7 +78,7 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 //     (MaxRuleIDBytes), or one that is not valid UTF-8;
 //   - an identity over MaxIdentityBytes (identities are any bytes, and may
 //     be empty: a global rule's);
-//   - a negative Total, Cost, Remaining, Reset or RetryAfter;
+//   - a negative Total, Cost, Remaining, Reset, RetryAfter or Grant;
 //   - a zero Ticket (tickets start at 1).
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
@@ -105,7 +107,11 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if s.Total < 0 {
 				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative total %d", s.Total))
 			}
-			m.Syncs[i] = SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total}
+			if s.Grant < 0 {
+				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative grant %d", s.Grant))
+			}
+			m.Syncs[i] = SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
+				GrantEpoch: s.GrantEpoch, Grant: s.Grant}
 		}
 	}
 	if len(b.Decides) > 0 {
@@ -138,7 +144,11 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if a.Total < 0 {
 				return "", nil, itemErr("acks", i, fmt.Sprintf("negative total %d", a.Total))
 			}
-			m.Acks[i] = AckItem{Rule: a.Rule, Identity: string(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt}
+			if a.Grant < 0 {
+				return "", nil, itemErr("acks", i, fmt.Sprintf("negative grant %d", a.Grant))
+			}
+			m.Acks[i] = AckItem{Rule: a.Rule, Identity: string(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt,
+				GrantEpoch: a.GrantEpoch, Grant: a.Grant}
 		}
 	}
 	if len(b.Results) > 0 {

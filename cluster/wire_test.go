@@ -20,14 +20,14 @@ func fullMessage() *Message {
 		Epoch: math.MaxUint64 - 1,
 		Syncs: []SyncItem{
 			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5},
-			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64},
+			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64, GrantEpoch: math.MaxUint64, Grant: math.MaxInt64},
 		},
 		Decides: []DecideItem{
 			{Ticket: 1, Rule: "login", Identity: "10.0.0.1", Cost: 0},
 			{Ticket: math.MaxUint64, Rule: "login", Identity: strings.Repeat("i", MaxIdentityBytes), Cost: 3},
 		},
 		Acks: []AckItem{
-			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000},
+			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000, GrantEpoch: 3, Grant: 12},
 			{Rule: strings.Repeat("r", MaxRuleIDBytes), Identity: "x", Gen: 0, Total: 0, Debt: math.MinInt64},
 		},
 		Results: []ResultItem{
@@ -89,6 +89,8 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"long identity", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte(long(MaxIdentityBytes + 1))}}}, "decides[0]: identity of 1025 bytes"},
 		{"negative total", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Total: 1}, {Rule: "r", Identity: []byte("i"), Total: -1}}}, "syncs[1]: negative total -1"},
 		{"negative ack total", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Total: -2}}}, "acks[0]: negative total"},
+		{"negative sync grant", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Grant: -1}}}, "syncs[0]: negative grant -1"},
+		{"negative ack grant", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Grant: -3}}}, "acks[0]: negative grant -3"},
 		{"negative cost", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte("i"), Cost: -1}}}, "decides[0]: negative cost -1"},
 		{"zero decide ticket", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Rule: "r", Identity: []byte("i")}}}, "decides[0]: zero ticket"},
 		{"zero result ticket", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{}}}, "results[0]: zero ticket"},
@@ -130,6 +132,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	seed("n", &Message{})
 	seed("n", &Message{Decides: []DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}})
 	seed("", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "i"}}})
+	seed("n", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, GrantEpoch: 7, Grant: 4}},
+		Acks: []AckItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, Debt: -5, GrantEpoch: 8, Grant: 2}}})
+	seed("n", &Message{Acks: []AckItem{{Rule: "r", Identity: "i", Grant: -1}}})
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})             // from: invalid UTF-8
 	f.Add([]byte{0x1a, 0x80, 0x80, 0x80, 0x80, 0x01}) // a huge length prefix

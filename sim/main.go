@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/sim/region"
 )
@@ -131,6 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.StringVar(&mode, "mode", "shared", "shared or exact")
 	fs.Float64Var(&c.Accuracy, "accuracy", quota.DefaultAccuracy, "the rule's accuracy a: S = Σ sᵢ ≤ a·limit")
 	fs.Int64Var(&slack, "slack", -1, "per-node slack in tokens at the initial size (sets -accuracy; -1: use -accuracy)")
+	fs.StringVar(&c.Scheme, "scheme", cluster.DefaultSlackScheme.String(), "slack scheme: fixed (⌊a·L ÷ N⌋ per node) or demand (a base per node, the rest granted by demand)")
 	fs.StringVar(&onFailure, "on-failure", "local", "local, open or closed")
 	fs.Int64Var(&c.Cost, "cost", 1, "tokens per request")
 	fs.DurationVar(&c.Sync, "sync", 100*time.Millisecond, "the coordinator's sync interval")

@@ -137,11 +137,16 @@ func (x *Batch) GetHandedOver() uint64 {
 // SyncItem reports a node's cumulative spend (total >= 0) on an identity
 // under a rule, for one generation of the node's entry.
 type SyncItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
-	Gen           uint64                 `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
-	Total         int64                  `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Rule     string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
+	Gen      uint64                 `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
+	Total    int64                  `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
+	// grant_epoch is the highest slack grant epoch the node adopted for this
+	// generation (0: none); grant is the extra slack it uses now under it
+	// (0 once the grant expired). Demand-following slack only.
+	GrantEpoch    uint64 `protobuf:"varint,5,opt,name=grant_epoch,json=grantEpoch,proto3" json:"grant_epoch,omitempty"`
+	Grant         int64  `protobuf:"varint,6,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,15 +209,34 @@ func (x *SyncItem) GetTotal() int64 {
 	return 0
 }
 
+func (x *SyncItem) GetGrantEpoch() uint64 {
+	if x != nil {
+		return x.GrantEpoch
+	}
+	return 0
+}
+
+func (x *SyncItem) GetGrant() int64 {
+	if x != nil {
+		return x.Grant
+	}
+	return 0
+}
+
 // AckItem acknowledges a SyncItem. debt is the owner's TAT minus its now in
 // ns, <= 0 when the bucket is full (hence sint64).
 type AckItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
-	Gen           uint64                 `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
-	Total         int64                  `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
-	Debt          int64                  `protobuf:"zigzag64,5,opt,name=debt,proto3" json:"debt,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Rule     string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
+	Gen      uint64                 `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
+	Total    int64                  `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
+	Debt     int64                  `protobuf:"zigzag64,5,opt,name=debt,proto3" json:"debt,omitempty"`
+	// grant_epoch and grant are the owner's latest slack grant to the node
+	// for this generation: the extra slack (>= 0) beyond the base that the
+	// node may use. Demand-following slack only; 0 and 0 otherwise.
+	GrantEpoch    uint64 `protobuf:"varint,6,opt,name=grant_epoch,json=grantEpoch,proto3" json:"grant_epoch,omitempty"`
+	Grant         int64  `protobuf:"varint,7,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -278,6 +302,20 @@ func (x *AckItem) GetTotal() int64 {
 func (x *AckItem) GetDebt() int64 {
 	if x != nil {
 		return x.Debt
+	}
+	return 0
+}
+
+func (x *AckItem) GetGrantEpoch() uint64 {
+	if x != nil {
+		return x.GrantEpoch
+	}
+	return 0
+}
+
+func (x *AckItem) GetGrant() int64 {
+	if x != nil {
+		return x.Grant
 	}
 	return 0
 }
@@ -514,18 +552,24 @@ const file_peer_proto_rawDesc = "" +
 	"\aresults\x18\x06 \x03(\v2\x18.weir.peer.v1.ResultItemR\aresults\x125\n" +
 	"\bhandoffs\x18\a \x03(\v2\x19.weir.peer.v1.HandoffItemR\bhandoffs\x12\x1f\n" +
 	"\vhanded_over\x18\b \x01(\x06R\n" +
-	"handedOver\"b\n" +
+	"handedOver\"\x99\x01\n" +
 	"\bSyncItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
 	"\x03gen\x18\x03 \x01(\x04R\x03gen\x12\x14\n" +
-	"\x05total\x18\x04 \x01(\x03R\x05total\"u\n" +
+	"\x05total\x18\x04 \x01(\x03R\x05total\x12\x1f\n" +
+	"\vgrant_epoch\x18\x05 \x01(\x04R\n" +
+	"grantEpoch\x12\x14\n" +
+	"\x05grant\x18\x06 \x01(\x03R\x05grant\"\xac\x01\n" +
 	"\aAckItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
 	"\x03gen\x18\x03 \x01(\x04R\x03gen\x12\x14\n" +
 	"\x05total\x18\x04 \x01(\x03R\x05total\x12\x12\n" +
-	"\x04debt\x18\x05 \x01(\x12R\x04debt\"h\n" +
+	"\x04debt\x18\x05 \x01(\x12R\x04debt\x12\x1f\n" +
+	"\vgrant_epoch\x18\x06 \x01(\x04R\n" +
+	"grantEpoch\x12\x14\n" +
+	"\x05grant\x18\a \x01(\x03R\x05grant\"h\n" +
 	"\n" +
 	"DecideItem\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x12\n" +

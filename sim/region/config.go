@@ -61,6 +61,9 @@ type Config struct {
 	Accuracy  float64
 	OnFailure quota.OnFailure
 	Cost      int64
+	// Scheme is the rule's slack scheme, "fixed" or "demand" (""
+	// : cluster.DefaultSlackScheme).
+	Scheme string
 	// Sync is the coordinator's sync interval (0: cluster.DefaultSyncInterval).
 	Sync time.Duration
 	// DecideTimeout bounds a forwarded request (0: cluster.DefaultDecideTimeout).
@@ -134,6 +137,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Cost == 0 {
 		c.Cost = 1
+	}
+	if c.Scheme == "" {
+		c.Scheme = cluster.DefaultSlackScheme.String()
 	}
 	if c.Sync == 0 {
 		c.Sync = cluster.DefaultSyncInterval
@@ -312,8 +318,8 @@ func nodeName(i int) string { return "n" + strconv.Itoa(i) }
 func (c Config) Flags() string {
 	c = c.withDefaults()
 	var b strings.Builder
-	fmt.Fprintf(&b, "-nodes %d -limit %d -window %v -burst %d -mode %s -accuracy %g -on-failure %s -cost %d",
-		c.Nodes, c.Limit, c.Window, c.Burst, c.Mode, c.Accuracy, c.OnFailure, c.Cost)
+	fmt.Fprintf(&b, "-nodes %d -limit %d -window %v -burst %d -mode %s -accuracy %g -scheme %s -on-failure %s -cost %d",
+		c.Nodes, c.Limit, c.Window, c.Burst, c.Mode, c.Accuracy, c.Scheme, c.OnFailure, c.Cost)
 	fmt.Fprintf(&b, " -sync %v -decide-timeout %v -linger %v -call-timeout %v -breaker-failures %d -breaker-cooldown %v",
 		c.Sync, c.DecideTimeout, c.Linger, c.CallTimeout, c.BreakerFailures, c.BreakerCooldown)
 	fmt.Fprintf(&b, " -tick %v -detect %v -gossip %v -latency %s", c.Tick, c.Detect, c.Gossip, c.Latency)

@@ -172,8 +172,8 @@ func fmtTok(v float64) string {
 // inputs: the same seed gives the same bytes.
 func (r *Result) Summary(w io.Writer) {
 	c := &r.Config
-	fmt.Fprintf(w, "weir sim: %d nodes, %s rule %d/%v burst %d cost %d, accuracy %g (slack %d/node, S %d), sync %v, on_failure %s\n",
-		c.Nodes, c.Mode, c.Limit, c.Window, c.Burst, c.Cost, c.Accuracy, r.Slack, r.S, c.Sync, c.OnFailure)
+	fmt.Fprintf(w, "weir sim: %d nodes, %s rule %d/%v burst %d cost %d, accuracy %g (%s slack %d/node, S %d), sync %v, on_failure %s\n",
+		c.Nodes, c.Mode, c.Limit, c.Window, c.Burst, c.Cost, c.Accuracy, c.Scheme, r.Slack, r.S, c.Sync, c.OnFailure)
 	fmt.Fprintf(w, "traffic %s load %g ids %d", c.Traffic, c.Load, c.IDs)
 	if c.Traffic == TrafficZipf {
 		fmt.Fprintf(w, " rate %g/s zipf %g", c.Rate, c.ZipfS)

@@ -71,6 +71,9 @@ func bucketFor(c Config) (cluster.RuleParams, error) {
 	if err != nil {
 		return p, fmt.Errorf("rule: %w", err)
 	}
+	if p.Scheme, err = cluster.ParseSlackScheme(c.Scheme); err != nil {
+		return p, fmt.Errorf("slack scheme: %w", err)
+	}
 	return p, nil
 }
 
@@ -355,14 +358,16 @@ func (rg *Region) deriveTerms() {
 	// S in fault-free stretches: the largest (n−1)·sᵢ(n) over the live
 	// counts the run passes through.
 	for n := max(liveMin, 1); n <= liveMax; n++ {
-		rg.sClean = max(rg.sClean, int64(n-1)*p.Slack(n))
+		rg.sClean = max(rg.sClean, p.RegionSlack(n))
 	}
 	// S while views disagree: any node may use the slack of the smallest
 	// view that still has a remote owner (a view of one owns everything).
+	// Under demand-following slack a node may hold the largest grant of
+	// any owner it sees (MaxSlack).
 	nView := max(min(liveMin, sideMin), 2)
-	rg.sFault = max(int64(nMax-1)*p.Slack(nView), rg.sClean)
+	rg.sFault = max(int64(nMax-1)*p.MaxSlack(nView), rg.sClean)
 	S := float64(rg.sFault)
-	s := float64(p.Slack(nView))
+	s := float64(p.MaxSlack(nView))
 	G := c.Gossip.Seconds()
 	tail := c.Detect + 2*c.Gossip + c.BreakerCooldown + c.CallTimeout + c.DecideTimeout + c.Sync + 2*c.Tick +
 		time.Duration((B+S)*T*1e9)

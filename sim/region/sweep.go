@@ -24,12 +24,13 @@ type Grid struct {
 	Faults   [][]Fault
 	Mode     []quota.Mode
 	Load     []float64
+	Scheme   []string
 }
 
 // GridSyntax documents the sweep spec; -help prints it.
 const GridSyntax = `A sweep spec is dimensions separated by ";", each NAME=VALUE,VALUE...
   nodes=3,5,10  accuracy=0.05,0.1  sync=20ms,100ms  traffic=uneven,saturate
-  mode=shared,exact  load=2,3
+  mode=shared,exact  load=2,3  scheme=fixed,demand
   faults=[none][crash:n1@2s,restart:n1@4s]   (each fault spec in brackets)
 "default" is the built-in grid (DefaultGrid).`
 
@@ -39,9 +40,10 @@ var ErrGridSpec = errors.New("sweep spec")
 // DefaultGrid is the built-in sweep: 3, 5 and 10 nodes; accuracy 5 % and
 // 10 %; sync 20 ms and 100 ms; constant, uneven, onenode, saturate, bursty
 // and zipf traffic; no fault, an owner crash and restart, a partition, 1 %
-// loss, a graceful leave and join, and a clock step.
+// loss, a graceful leave and join, and a clock step; fixed and
+// demand-following slack.
 func DefaultGrid() Grid {
-	g, err := ParseGrid("nodes=3,5,10;accuracy=0.05,0.1;sync=20ms,100ms;traffic=constant,uneven,onenode,saturate,bursty,zipf;" +
+	g, err := ParseGrid("nodes=3,5,10;accuracy=0.05,0.1;sync=20ms,100ms;traffic=constant,uneven,onenode,saturate,bursty,zipf;scheme=fixed,demand;" +
 		"faults=[none][crash:n1@3s,restart:n1@6s][partition:n0@3s-5s][loss:0.01][leave:n1@3s,join:n1@6s][skew:n0:+200ms@3s]")
 	if err != nil {
 		panic(err)
@@ -105,6 +107,11 @@ func ParseGrid(spec string) (Grid, error) {
 					return g, bad(errors.New("want shared or exact"))
 				}
 				g.Mode = append(g.Mode, quota.Mode(v))
+			case "scheme":
+				if v != "fixed" && v != "demand" {
+					return g, bad(errors.New("want fixed or demand"))
+				}
+				g.Scheme = append(g.Scheme, v)
 			case "load":
 				l, err := strconv.ParseFloat(v, 64)
 				if err != nil || l <= 0 {
@@ -112,7 +119,7 @@ func ParseGrid(spec string) (Grid, error) {
 				}
 				g.Load = append(g.Load, l)
 			default:
-				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, faults)", ErrGridSpec, name)
+				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, faults)", ErrGridSpec, name)
 			}
 		}
 	}
@@ -151,30 +158,35 @@ func (g Grid) Configs(base Config) []Config {
 					for e := range or(len(g.Faults)) {
 						for f := range or(len(g.Mode)) {
 							for h := range or(len(g.Load)) {
-								cfg := base
-								if len(g.Nodes) > 0 {
-									cfg.Nodes = g.Nodes[a]
+								for x := range or(len(g.Scheme)) {
+									cfg := base
+									if len(g.Scheme) > 0 {
+										cfg.Scheme = g.Scheme[x]
+									}
+									if len(g.Nodes) > 0 {
+										cfg.Nodes = g.Nodes[a]
+									}
+									if len(g.Accuracy) > 0 {
+										cfg.Accuracy = g.Accuracy[b]
+									}
+									if len(g.Sync) > 0 {
+										cfg.Sync = g.Sync[c]
+									}
+									if len(g.Traffic) > 0 {
+										cfg.Traffic = g.Traffic[d]
+									}
+									if len(g.Faults) > 0 {
+										cfg.Faults = g.Faults[e]
+									}
+									if len(g.Mode) > 0 {
+										cfg.Mode = g.Mode[f]
+									}
+									if len(g.Load) > 0 {
+										cfg.Load = g.Load[h]
+									}
+									cfg.Seed = base.Seed + uint64(len(out))
+									out = append(out, cfg)
 								}
-								if len(g.Accuracy) > 0 {
-									cfg.Accuracy = g.Accuracy[b]
-								}
-								if len(g.Sync) > 0 {
-									cfg.Sync = g.Sync[c]
-								}
-								if len(g.Traffic) > 0 {
-									cfg.Traffic = g.Traffic[d]
-								}
-								if len(g.Faults) > 0 {
-									cfg.Faults = g.Faults[e]
-								}
-								if len(g.Mode) > 0 {
-									cfg.Mode = g.Mode[f]
-								}
-								if len(g.Load) > 0 {
-									cfg.Load = g.Load[h]
-								}
-								cfg.Seed = base.Seed + uint64(len(out))
-								out = append(out, cfg)
 							}
 						}
 					}
@@ -198,7 +210,7 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "run\tnodes\tmode\tacc\tsync\ttraffic\tfaults\tS\texcess\tbound\tclean\tshortfall\tbound\ton_failure\tmsgs/s\tok\t\n")
+	fmt.Fprintf(tw, "run\tnodes\tmode\tacc\tslack\tsync\ttraffic\tfaults\tS\texcess\tbound\tclean\tshortfall\tbound\ton_failure\tmsgs/s\tfwd\tok\t\n")
 	var out []*Result
 	for i, c := range cfgs {
 		r, err := Run(c)
@@ -210,10 +222,10 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 		if !r.OK() {
 			ok = "NO"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%v\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%s\t\n",
-			i, r.Config.Nodes, r.Config.Mode, r.Config.Accuracy, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%s\t%v\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%s\t\n",
+			i, r.Config.Nodes, r.Config.Mode, r.Config.Accuracy, r.Config.Scheme, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
 			r.S, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), fmtTok(r.ExcessClean), fmtTok(r.Shortfall), fmtBound(r),
-			r.Degraded, r.MessagesPerSecond(), ok)
+			r.Degraded, r.MessagesPerSecond(), r.Coord.Forwarded, ok)
 		if progress != nil {
 			progress(i+1, len(cfgs))
 		}
