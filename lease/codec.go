@@ -17,10 +17,14 @@ import (
 // An entry is one format byte and a body:
 //
 //	entryNoop    (0): no body; the FSM applies nothing (benchmarks, probes)
-//	entryCommand (1): a leasepb.Command, protobuf-encoded
+//	entryCommand (1): a leasepb.Command, protobuf-encoded: a lease Machine
+//	                  command (report, takeover, rules, tick) or a rule
+//	                  store change (put_rule, delete_rule)
 //
 // Any other first byte is refused, so a later format can be told apart from
-// this one.
+// this one. A put_rule carries the rule as its canonical JSON
+// (encodeRuleJSON), decoded strictly: an unknown field is a malformed
+// entry, not a field silently dropped.
 
 // Entry formats.
 const (
@@ -34,6 +38,13 @@ const MaxEntryBytes = 4 << 20
 // ErrMalformedEntry is wrapped by every error DecodeEntry returns.
 var ErrMalformedEntry = errors.New("lease: malformed log entry")
 
+// Entry is one decoded log entry: a lease Machine command or a rule store
+// change. At most one field is set; neither is a no-op entry.
+type Entry struct {
+	Command *Command
+	Rule    *RuleChange
+}
+
 // EncodeEntry encodes c as a log entry. It fails, wrapping ErrBadCommand, if
 // c does not set exactly one kind.
 func EncodeEntry(c Command) ([]byte, error) {
@@ -41,6 +52,33 @@ func EncodeEntry(c Command) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return encodePB(pc)
+}
+
+// EncodeRuleChange encodes a rule store change as a log entry. It fails,
+// wrapping ErrBadCommand, unless exactly one of Put and Delete is set, or
+// if the rule cannot be encoded. It checks the form only: RuleStore.Apply
+// validates the rule.
+func EncodeRuleChange(c RuleChange) ([]byte, error) {
+	pc, err := ruleChangeToPB(c)
+	if err != nil {
+		return nil, err
+	}
+	return encodePB(pc)
+}
+
+// encodeLogEntry encodes either kind of entry.
+func encodeLogEntry(e Entry) ([]byte, error) {
+	switch {
+	case e.Command != nil && e.Rule == nil:
+		return EncodeEntry(*e.Command)
+	case e.Rule != nil && e.Command == nil:
+		return EncodeRuleChange(*e.Rule)
+	}
+	return nil, fmt.Errorf("%w: an entry must hold a command or a rule change", ErrBadCommand)
+}
+
+func encodePB(pc *leasepb.Command) ([]byte, error) {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(pc)
 	if err != nil {
 		return nil, fmt.Errorf("lease: encoding a command: %w", err)
@@ -51,34 +89,103 @@ func EncodeEntry(c Command) ([]byte, error) {
 	return append([]byte{entryCommand}, b...), nil
 }
 
-// DecodeEntry decodes a log entry. ok is false for a no-op entry. A
-// malformed entry returns an error wrapping ErrMalformedEntry; it never
-// panics. A decoded command may still be refused by Machine.Apply (an
-// unknown rule, a bad rule set): the codec checks the form, the machine the
-// meaning.
+// DecodeEntry decodes a log entry holding a lease Machine command. ok is
+// false for an entry that holds none: a no-op, or a rule store change
+// (DecodeLogEntry reads every kind). A malformed entry returns an error
+// wrapping ErrMalformedEntry; it never panics. A decoded command may still
+// be refused by Machine.Apply (an unknown rule, a bad rule set): the codec
+// checks the form, the machine the meaning.
 func DecodeEntry(b []byte) (c Command, ok bool, err error) {
+	e, err := DecodeLogEntry(b)
+	if err != nil || e.Command == nil {
+		return Command{}, false, err
+	}
+	return *e.Command, true, nil
+}
+
+// DecodeLogEntry decodes a log entry of any kind; the zero Entry is a
+// no-op. A malformed entry returns an error wrapping ErrMalformedEntry; it
+// never panics. The codec checks the form only: Machine.Apply and
+// RuleStore.Apply check the meaning.
+func DecodeLogEntry(b []byte) (Entry, error) {
 	switch {
 	case len(b) == 0:
-		return Command{}, false, fmt.Errorf("%w: empty", ErrMalformedEntry)
+		return Entry{}, fmt.Errorf("%w: empty", ErrMalformedEntry)
 	case len(b) > MaxEntryBytes:
-		return Command{}, false, fmt.Errorf("%w: %d bytes, over %d", ErrMalformedEntry, len(b), MaxEntryBytes)
+		return Entry{}, fmt.Errorf("%w: %d bytes, over %d", ErrMalformedEntry, len(b), MaxEntryBytes)
 	case b[0] == entryNoop:
 		if len(b) != 1 {
-			return Command{}, false, fmt.Errorf("%w: a no-op entry with a %d-byte body", ErrMalformedEntry, len(b)-1)
+			return Entry{}, fmt.Errorf("%w: a no-op entry with a %d-byte body", ErrMalformedEntry, len(b)-1)
 		}
-		return Command{}, false, nil
+		return Entry{}, nil
 	case b[0] != entryCommand:
-		return Command{}, false, fmt.Errorf("%w: unknown format %d", ErrMalformedEntry, b[0])
+		return Entry{}, fmt.Errorf("%w: unknown format %d", ErrMalformedEntry, b[0])
 	}
 	var pc leasepb.Command
 	if err := proto.Unmarshal(b[1:], &pc); err != nil {
-		return Command{}, false, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
+		return Entry{}, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
 	}
-	c, err = commandFromPB(&pc)
+	e, err := entryFromPB(&pc)
 	if err != nil {
-		return Command{}, false, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
+		return Entry{}, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
 	}
-	return c, true, nil
+	return e, nil
+}
+
+// ruleChangeToPB converts a rule change; it fails, wrapping ErrBadCommand,
+// unless exactly one of Put and Delete is set.
+func ruleChangeToPB(c RuleChange) (*leasepb.Command, error) {
+	pc := &leasepb.Command{Now: c.Now}
+	switch {
+	case c.Put != nil && c.Delete == "":
+		b, err := encodeRuleJSON(*c.Put)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadCommand, err)
+		}
+		pc.Kind = &leasepb.Command_PutRule{PutRule: &leasepb.RulePut{Principal: c.Principal, Rule: b, RequestId: c.RequestID}}
+	case c.Put == nil && c.Delete != "":
+		pc.Kind = &leasepb.Command_DeleteRule{DeleteRule: &leasepb.RuleDelete{Principal: c.Principal, Id: c.Delete, RequestId: c.RequestID}}
+	default:
+		return nil, fmt.Errorf("%w: a rule change must set exactly one of put and delete", ErrBadCommand)
+	}
+	return pc, nil
+}
+
+// entryToPB converts either kind of entry.
+func entryToPB(e Entry) (*leasepb.Command, error) {
+	switch {
+	case e.Command != nil && e.Rule == nil:
+		return commandToPB(*e.Command)
+	case e.Rule != nil && e.Command == nil:
+		return ruleChangeToPB(*e.Rule)
+	}
+	return nil, fmt.Errorf("%w: an entry must hold a command or a rule change", ErrBadCommand)
+}
+
+// entryFromPB converts and checks the form of a wire command of any kind.
+func entryFromPB(pc *leasepb.Command) (Entry, error) {
+	switch k := pc.GetKind().(type) {
+	case *leasepb.Command_PutRule:
+		if k.PutRule == nil {
+			return Entry{}, errors.New("put_rule is missing")
+		}
+		r, err := decodeRuleJSON(k.PutRule.GetRule())
+		if err != nil {
+			return Entry{}, fmt.Errorf("put_rule: %w", err)
+		}
+		return Entry{Rule: &RuleChange{Now: pc.GetNow(), Principal: k.PutRule.GetPrincipal(), RequestID: k.PutRule.GetRequestId(), Put: &r}}, nil
+	case *leasepb.Command_DeleteRule:
+		if k.DeleteRule.GetId() == "" {
+			return Entry{}, errors.New("delete_rule with no id")
+		}
+		return Entry{Rule: &RuleChange{Now: pc.GetNow(), Principal: k.DeleteRule.GetPrincipal(), RequestID: k.DeleteRule.GetRequestId(),
+			Delete: k.DeleteRule.GetId()}}, nil
+	}
+	c, err := commandFromPB(pc)
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Command: &c}, nil
 }
 
 // commandToPB converts c; it fails, wrapping ErrBadCommand, unless exactly

@@ -3,19 +3,26 @@ package lease
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/weir-dev/weir/quota"
 )
 
-// FSM is the raft.FSM over a Machine: Apply decodes a log entry and calls
-// Machine.Apply, nothing else; Snapshot and Restore go through
-// MarshalState and RestoreState. Its methods are safe for concurrent use
-// (raft calls Apply, Snapshot and Restore from one goroutine; readers such
-// as Check may run beside it).
+// FSM is the raft.FSM over a Machine and the RuleStore beside it: Apply
+// decodes a log entry and hands it to the Machine (a lease command) or the
+// rule store (a rule change, which passes the set's global rules on to the
+// Machine in the same step), nothing else; Snapshot and Restore encode and
+// restore both together (snapshot.go). Its methods are safe for concurrent
+// use (raft calls Apply, Snapshot and Restore from one goroutine; readers
+// such as Check and ReadRules may run beside it).
 type FSM struct {
 	mu       sync.Mutex
 	m        *Machine
+	rules    *RuleStore
 	restores int // how many snapshots Restore installed
 }
 
@@ -24,29 +31,30 @@ var (
 	_ raft.FSMSnapshot = fsmSnapshot(nil)
 )
 
-// NewFSM returns the FSM over m. The FSM owns m from then on: read it only
-// through the FSM's methods.
-func NewFSM(m *Machine) *FSM { return &FSM{m: m} }
+// NewFSM returns the FSM over m and an empty rule store. The FSM owns m
+// from then on: read it only through the FSM's methods.
+func NewFSM(m *Machine) *FSM { return &FSM{m: m, rules: NewRuleStore()} }
 
 // ApplyResponse is what FSM.Apply returns (raft's ApplyFuture.Response):
-// the command's Result, or the error that refused it (a malformed entry,
-// or one Machine.Apply refused). A no-op entry gives the zero value.
+// the command's Result, or the rule store's version after a rule change, or
+// the error that refused it (a malformed entry, or one Machine.Apply or
+// RuleStore.Apply refused). A no-op entry gives the zero value.
 type ApplyResponse struct {
-	Result Result
-	Err    error
+	Result      Result
+	RuleVersion uint64
+	Err         error
 }
 
 // Apply implements raft.FSM. Entries that are not commands (raft's own
 // configuration and no-op entries) never reach it.
 func (f *FSM) Apply(l *raft.Log) any {
-	c, ok, err := DecodeEntry(l.Data)
-	if err != nil || !ok {
+	e, err := DecodeLogEntry(l.Data)
+	if err != nil {
 		return ApplyResponse{Err: err}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	res, err := f.m.Apply(c)
-	return ApplyResponse{Result: res, Err: err}
+	return applyEntry(f.m, f.rules, e)
 }
 
 // Snapshot implements raft.FSM: it encodes the state at once, so Persist
@@ -65,18 +73,60 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.m.RestoreState(b); err != nil {
+	if err := restoreState(f.m, f.rules, b); err != nil {
 		return err
 	}
 	f.restores++
 	return nil
 }
 
-// State returns the machine's MarshalState.
+// State returns the encoded replicated state: the machine's and the rule
+// store's (snapshot.go), what Snapshot persists.
 func (f *FSM) State() []byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.m.MarshalState()
+	return marshalState(f.m, f.rules)
+}
+
+// RuleView is one consistent read of the rule store.
+type RuleView struct {
+	// Version is the store's version; Digest quota's digest of the set.
+	Version uint64
+	Digest  string
+	// Rules are the rules, normalised and ordered by id (nil unless
+	// asked for).
+	Rules []quota.Rule
+	// History holds the audit entries asked for, oldest first; Oldest is
+	// the version of the oldest entry the store still keeps (0: none).
+	History []AuditEntry
+	Oldest  uint64
+}
+
+// ReadRules reads the rule store: its rules when withRules, and up to limit
+// audit entries newer than since when withHistory (limit ≤ 0: all kept).
+func (f *FSM) ReadRules(withRules, withHistory bool, since uint64, limit int) RuleView {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v := RuleView{Version: f.rules.Version(), Digest: f.rules.Digest(), Oldest: f.rules.Oldest()}
+	if withRules {
+		v.Rules = f.rules.Rules()
+	}
+	if withHistory {
+		v.History = f.rules.History(since, limit)
+	}
+	return v
+}
+
+// LeaseRules returns the rules the lease Machine holds, ordered by id.
+func (f *FSM) LeaseRules() []Rule {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ids := slices.Sorted(maps.Keys(f.m.rules))
+	out := make([]Rule, len(ids))
+	for i, id := range ids {
+		out[i] = f.m.rules[id]
+	}
+	return out
 }
 
 // Check runs Machine.Check.

@@ -464,27 +464,36 @@ func (g *Group) FSM() *FSM { return g.fsm }
 // leader) and ctx's error. Retrying is safe: a Report with a Seq already
 // applied changes nothing and returns the current leases, and Takeover,
 // Tick and a rule set are idempotent. A command may have been applied even
-// when Propose fails (the reply was lost).
+// when Propose fails (the reply was lost). Once the rule store has a
+// version (PutRule, DeleteRule), it owns the machine's rules and a
+// Command{Rules} is refused with ErrBadCommand.
 func (g *Group) Propose(ctx context.Context, c Command) (Result, error) {
-	if _, err := commandToPB(c); err != nil {
-		return Result{}, err
+	resp, err := g.propose(ctx, Entry{Command: &c})
+	return resp.Result, err
+}
+
+// propose applies a log entry of either kind through the leader, retrying
+// as Propose describes.
+func (g *Group) propose(ctx context.Context, e Entry) (ApplyResponse, error) {
+	if _, err := entryToPB(e); err != nil {
+		return ApplyResponse{}, err
 	}
-	var res Result
+	var resp ApplyResponse
 	err := g.retry(ctx, "propose", func(ctx context.Context) (bool, error) {
 		var err error
 		var retry bool
 		if l := g.lead(); l != nil {
-			res, retry, err = g.proposeLocal(ctx, l, c)
+			resp, retry, err = g.proposeLocal(ctx, l, e)
 			return retry, err
 		}
 		name, rpcAddr, err := g.leaderRPC()
 		if err != nil {
 			return true, err
 		}
-		res, retry, err = g.forwardPropose(ctx, name, rpcAddr, c)
+		resp, retry, err = g.forwardPropose(ctx, name, rpcAddr, e)
 		return retry, err
 	})
-	return res, err
+	return resp, err
 }
 
 // AddVoter adds a voter (its ServerID and Raft address) to the group, on the
@@ -539,27 +548,47 @@ func (g *Group) retry(ctx context.Context, what string, once func(context.Contex
 	}
 }
 
-// proposeLocal applies c on this leader once its Takeover is applied.
-func (g *Group) proposeLocal(ctx context.Context, l *leadership, c Command) (Result, bool, error) {
-	select {
-	case <-l.ready:
-	case <-l.stop:
-		return Result{}, true, ErrNotLeader
-	case <-g.done:
-		return Result{}, false, ErrClosed
-	case <-ctx.Done():
-		return Result{}, true, fmt.Errorf("lease: waiting for the takeover: %w", ErrNotLeader)
+// proposeLocal applies e on this leader once its Takeover is applied.
+func (g *Group) proposeLocal(ctx context.Context, l *leadership, e Entry) (ApplyResponse, bool, error) {
+	if retry, err := g.waitReady(ctx, l); err != nil {
+		return ApplyResponse{}, retry, err
 	}
-	return g.apply(ctx, c)
+	return g.apply(ctx, e)
 }
 
-// apply stamps c with this node's clock and applies it through Raft. retry
-// is true for failures another attempt may cure (leadership lost).
-func (g *Group) apply(ctx context.Context, c Command) (Result, bool, error) {
-	c.Now = g.cfg.Clock()
-	data, err := EncodeEntry(c)
+// waitReady waits until leadership l has applied its Takeover.
+func (g *Group) waitReady(ctx context.Context, l *leadership) (retry bool, err error) {
+	select {
+	case <-l.ready:
+		return false, nil
+	case <-l.stop:
+		return true, ErrNotLeader
+	case <-g.done:
+		return false, ErrClosed
+	case <-ctx.Done():
+		return true, fmt.Errorf("lease: waiting for the takeover: %w", ErrNotLeader)
+	}
+}
+
+// apply stamps e with this node's clock and applies it through Raft. retry
+// is true for failures another attempt may cure (leadership lost). The
+// response's Err, the machine's or the rule store's refusal, is returned
+// as the error too.
+func (g *Group) apply(ctx context.Context, e Entry) (ApplyResponse, bool, error) {
+	now := g.cfg.Clock()
+	if e.Command != nil {
+		c := *e.Command
+		c.Now = now
+		e.Command = &c
+	}
+	if e.Rule != nil {
+		rc := *e.Rule
+		rc.Now = now
+		e.Rule = &rc
+	}
+	data, err := encodeLogEntry(e)
 	if err != nil {
-		return Result{}, false, err
+		return ApplyResponse{}, false, err
 	}
 	timeout := g.cfg.ProposeTimeout
 	if d, ok := ctx.Deadline(); ok {
@@ -567,10 +596,10 @@ func (g *Group) apply(ctx context.Context, c Command) (Result, bool, error) {
 	}
 	f := g.raft.Apply(data, timeout)
 	if err := f.Error(); err != nil {
-		return Result{}, raftRetryable(err), g.raftError(err)
+		return ApplyResponse{}, raftRetryable(err), g.raftError(err)
 	}
 	resp, _ := f.Response().(ApplyResponse)
-	return resp.Result, false, resp.Err
+	return resp, false, resp.Err
 }
 
 // addVoterLocal adds a voter on this leader.
@@ -677,7 +706,7 @@ func (g *Group) leaderLoop(l *leadership) {
 	defer g.wg.Done()
 	wait := 5 * time.Millisecond
 	for {
-		_, retry, err := g.apply(context.Background(), Command{Takeover: true})
+		_, retry, err := g.apply(context.Background(), Entry{Command: &Command{Takeover: true}})
 		if err == nil {
 			close(l.ready)
 			break
@@ -710,7 +739,7 @@ func (g *Group) leaderLoop(l *leadership) {
 		case <-g.done:
 			return
 		case <-tk.C:
-			if _, _, err := g.apply(context.Background(), Command{Tick: true}); err != nil {
+			if _, _, err := g.apply(context.Background(), Entry{Command: &Command{Tick: true}}); err != nil {
 				g.log.Warn("tick failed", "err", err)
 			}
 		}

@@ -14,10 +14,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/quota"
 )
 
 // This file is the forwarding service: a follower sends a write to the
-// leader's LeaseGroup.Propose (or AddVoter) and returns its reply. The
+// leader's LeaseGroup.Propose (or AddVoter) and returns its reply. A client
+// that is not a voter (client.go) calls ChangeRule and ReadRules on any
+// voter, which forwards as its own Group methods do. The
 // leader applies a forwarded command exactly as its own (stamped with its
 // clock, after its Takeover); a node that is not the leader answers
 // NOT_LEADER and the follower retries with whoever leads then. Nothing is
@@ -86,7 +89,7 @@ func (s *rpcServer) stop(grace time.Duration) {
 
 // Propose implements leasepb.LeaseGroupServer.
 func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*leasepb.ProposeReply, error) {
-	c, err := commandFromPB(req.GetCommand())
+	e, err := entryFromPB(req.GetCommand())
 	if err != nil {
 		s.g.malformed.Add(1)
 		s.g.log.Debug("malformed forwarded command refused", "from", req.GetFrom(), "err", err)
@@ -96,11 +99,123 @@ func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*
 	if l == nil {
 		return &leasepb.ProposeReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 	}
-	res, _, err := s.g.proposeLocal(ctx, l, c)
+	resp, _, err := s.g.proposeLocal(ctx, l, e)
+	return proposeReply(resp, err), nil
+}
+
+// proposeReply is the wire form of an applied entry's response.
+func proposeReply(resp ApplyResponse, err error) *leasepb.ProposeReply {
 	if err != nil {
-		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error()}, nil
+		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
 	}
-	return &leasepb.ProposeReply{Result: resultToPB(res)}, nil
+	return &leasepb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
+}
+
+// problemsToPB lists the *quota.Error values in err.
+func problemsToPB(err error) []*leasepb.Problem {
+	var out []*leasepb.Problem
+	for _, q := range quotaProblems(err) {
+		out = append(out, &leasepb.Problem{Field: q.Field, Message: q.Msg, RuleId: q.RuleID})
+	}
+	return out
+}
+
+// ChangeRule implements leasepb.LeaseGroupServer: the receiver puts or
+// deletes the rule through Group.PutRule or DeleteRule, which forward to
+// the leader when it does not lead.
+func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleRequest) (*leasepb.ProposeReply, error) {
+	var (
+		v   uint64
+		err error
+	)
+	switch c := req.GetChange().(type) {
+	case *leasepb.ChangeRuleRequest_Put:
+		var r quota.Rule
+		if r, err = decodeRuleJSON(c.Put.GetRule()); err != nil {
+			s.g.malformed.Add(1)
+			return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", ErrBadCommand, err)}, nil
+		}
+		v, err = s.g.putRule(ctx, c.Put.GetPrincipal(), r, c.Put.GetRequestId())
+	case *leasepb.ChangeRuleRequest_Delete:
+		v, err = s.g.deleteRule(ctx, c.Delete.GetPrincipal(), c.Delete.GetId(), c.Delete.GetRequestId())
+	default:
+		s.g.malformed.Add(1)
+		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", ErrBadCommand)}, nil
+	}
+	return proposeReply(ApplyResponse{RuleVersion: v}, err), nil
+}
+
+// ReadRules implements leasepb.LeaseGroupServer.
+func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest) (*leasepb.ReadRulesReply, error) {
+	q := readQuery{linearizable: req.GetLinearizable(), rules: req.GetWithRules(), history: req.GetWithHistory(),
+		since: req.GetSince(), limit: int(min(req.GetLimit(), MaxHistoryLimit))}
+	var (
+		v   RuleView
+		err error
+	)
+	if q.linearizable && req.GetForwarded() {
+		// A voter forwarded it here as to the leader: answer or refuse,
+		// never forward again.
+		l := s.g.lead()
+		if l == nil {
+			return &leasepb.ReadRulesReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+		}
+		v, _, err = s.g.readLeader(ctx, l, q)
+	} else {
+		v, err = s.g.read(ctx, q)
+	}
+	if err != nil {
+		return &leasepb.ReadRulesReply{Code: errorCode(err), Message: err.Error()}, nil
+	}
+	return viewToPB(v)
+}
+
+// viewToPB converts a read of the rule store.
+func viewToPB(v RuleView) (*leasepb.ReadRulesReply, error) {
+	rep := &leasepb.ReadRulesReply{Version: v.Version, Oldest: v.Oldest}
+	for _, r := range v.Rules {
+		b, err := encodeRuleJSON(r)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "lease: %v", err)
+		}
+		rep.Rules = append(rep.Rules, b)
+	}
+	for _, e := range v.History {
+		rep.History = append(rep.History, &leasepb.AuditEntry{Version: e.Version, At: e.At, Principal: e.Principal,
+			Op: e.Op.String(), RuleId: e.RuleID, Before: e.Before, After: e.After, Digest: e.Digest, RequestId: e.RequestID})
+	}
+	return rep, nil
+}
+
+// viewFromPB converts a wire read of the rule store, checking its form.
+func viewFromPB(rep *leasepb.ReadRulesReply) (RuleView, error) {
+	v := RuleView{Version: rep.GetVersion(), Oldest: rep.GetOldest()}
+	for i, b := range rep.GetRules() {
+		r, err := decodeRuleJSON(b)
+		if err != nil {
+			return RuleView{}, fmt.Errorf("rule %d: %w", i, err)
+		}
+		v.Rules = append(v.Rules, r)
+	}
+	for i, e := range rep.GetHistory() {
+		op, ok := parseRuleOp(e.GetOp())
+		if !ok {
+			return RuleView{}, fmt.Errorf("history entry %d: unknown op %q", i, e.GetOp())
+		}
+		a := AuditEntry{Version: e.GetVersion(), At: e.GetAt(), Principal: e.GetPrincipal(), RequestID: e.GetRequestId(), Op: op, RuleID: e.GetRuleId(),
+			Before: e.GetBefore(), After: e.GetAfter(), Digest: e.GetDigest()}
+		if len(a.Before) == 0 {
+			a.Before = nil
+		}
+		if len(a.After) == 0 {
+			a.After = nil
+		}
+		if _, _, err := a.Rules(); err != nil {
+			return RuleView{}, err
+		}
+		v.History = append(v.History, a)
+	}
+	return v, nil
 }
 
 // AddVoter implements leasepb.LeaseGroupServer.
@@ -120,6 +235,10 @@ func (s *rpcServer) AddVoter(ctx context.Context, req *leasepb.AddVoterRequest) 
 // errorCode classifies an error for the wire.
 func errorCode(err error) leasepb.Code {
 	switch {
+	case errors.Is(err, quota.ErrInvalidRule):
+		return leasepb.Code_INVALID_RULE
+	case errors.Is(err, ErrRuleNotFound):
+		return leasepb.Code_NOT_FOUND
 	case errors.Is(err, ErrUnknownRule):
 		return leasepb.Code_UNKNOWN_RULE
 	case errors.Is(err, ErrUnknownRegion):
@@ -147,13 +266,25 @@ func (e *remoteError) Unwrap() error { return e.sentinel }
 // sentinel (code FAILED).
 var ErrRemote = errors.New("lease: the leader failed the request")
 
-// codeError turns a reply's code and message back into an error; retry is
-// true for NOT_LEADER.
-func codeError(leader string, code leasepb.Code, msg string) (retry bool, err error) {
+// codeError turns a reply's code, message and problems back into an error;
+// retry is true for NOT_LEADER. INVALID_RULE gives the problems back as
+// *quota.Error values.
+func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb.Problem) (retry bool, err error) {
 	var sentinel error
 	switch code {
 	case leasepb.Code_OK:
 		return false, nil
+	case leasepb.Code_INVALID_RULE:
+		sentinel = quota.ErrInvalidRule
+		if len(problems) > 0 {
+			errs := make([]error, len(problems))
+			for i, p := range problems {
+				errs[i] = &quota.Error{Field: p.GetField(), Msg: p.GetMessage(), RuleID: p.GetRuleId(), Err: quota.ErrInvalidRule}
+			}
+			sentinel = errors.Join(errs...)
+		}
+	case leasepb.Code_NOT_FOUND:
+		sentinel = ErrRuleNotFound
 	case leasepb.Code_BAD_COMMAND:
 		sentinel = ErrBadCommand
 	case leasepb.Code_UNKNOWN_RULE:
@@ -168,28 +299,53 @@ func codeError(leader string, code leasepb.Code, msg string) (retry bool, err er
 	return false, &remoteError{msg: fmt.Sprintf("lease: leader %q: %s", leader, msg), sentinel: sentinel}
 }
 
-// forwardPropose sends c to the leader's forwarding service.
-func (g *Group) forwardPropose(ctx context.Context, leader, addr string, c Command) (Result, bool, error) {
-	pc, err := commandToPB(c)
+// forwardPropose sends e to the leader's forwarding service.
+func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e Entry) (ApplyResponse, bool, error) {
+	pc, err := entryToPB(e)
 	if err != nil {
-		return Result{}, false, err
+		return ApplyResponse{}, false, err
 	}
 	cc, err := g.conn(addr)
 	if err != nil {
-		return Result{}, false, err
+		return ApplyResponse{}, false, err
 	}
 	rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: g.cfg.Name, Command: pc})
 	if err != nil {
-		return Result{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
+		return ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}
-	if retry, err := codeError(leader, rep.GetCode(), rep.GetMessage()); err != nil {
-		return Result{}, retry, err
+	return replyResponse(leader, rep)
+}
+
+// replyResponse turns a ProposeReply back into a response or an error.
+func replyResponse(from string, rep *leasepb.ProposeReply) (ApplyResponse, bool, error) {
+	if retry, err := codeError(from, rep.GetCode(), rep.GetMessage(), rep.GetProblems()); err != nil {
+		return ApplyResponse{}, retry, err
 	}
 	res, err := resultFromPB(rep.GetResult())
 	if err != nil {
-		return Result{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
+		return ApplyResponse{}, false, fmt.Errorf("lease: malformed reply from %q: %w", from, err)
 	}
-	return res, false, nil
+	return ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}, false, nil
+}
+
+// forwardRead sends a linearizable read to the leader's forwarding service.
+func (g *Group) forwardRead(ctx context.Context, leader, addr string, q readQuery) (RuleView, bool, error) {
+	cc, err := g.conn(addr)
+	if err != nil {
+		return RuleView{}, false, err
+	}
+	rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(true))
+	if err != nil {
+		return RuleView{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding a read to the leader %q at %s: %w", leader, addr, err)
+	}
+	if retry, err := codeError(leader, rep.GetCode(), rep.GetMessage(), nil); err != nil {
+		return RuleView{}, retry, err
+	}
+	v, err := viewFromPB(rep)
+	if err != nil {
+		return RuleView{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
+	}
+	return v, false, nil
 }
 
 // forwardAddVoter sends an AddVoter to the leader's forwarding service.
@@ -202,7 +358,7 @@ func (g *Group) forwardAddVoter(ctx context.Context, leader, addr, name, raftAdd
 	if err != nil {
 		return callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}
-	return codeError(leader, rep.GetCode(), rep.GetMessage())
+	return codeError(leader, rep.GetCode(), rep.GetMessage(), nil)
 }
 
 // callRetryable reports whether a failed call may pass on another attempt:

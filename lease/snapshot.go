@@ -9,26 +9,44 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/weir-dev/weir/quota"
 )
 
-// This file encodes a Machine's replicated state for Raft snapshots. The
-// encoding is versioned and deterministic: maps are written in sorted key
-// order, so equal states encode to equal bytes on every replica.
+// This file encodes the replicated state, a Machine's and the RuleStore's
+// beside it, for Raft snapshots. The encoding is versioned and
+// deterministic: maps are written in sorted key order, so equal states
+// encode to equal bytes on every replica.
 //
-//	"WLS" version(1)
+//	"WLS" version(2)
 //	now guard (varint) epoch (uvarint)
 //	regions: count, each a string                     (must match Config)
 //	rules: count, each id limit window burst maxCost  (sorted by id)
 //	seqs: count, each reporter seq                    (sorted by reporter)
 //	keys: count, each rule identity, then per region  (sorted by rule, identity)
 //	      share epoch expiry hold release relTo relEp demand seen
+//	rule store (version 2 only):
+//	      version (uvarint)
+//	      rules: count, each a rule's canonical JSON  (sorted by id)
+//	      history: count, each version at principal requestID op id before
+//	               after digest
+//	               (oldest first; op 1 put, 2 delete; before and after are
+//	               canonical JSON, empty for none)
 //
-// Integers are varints (signed) or uvarints (counts, epochs, sequences);
-// strings are a uvarint length and the bytes.
+// Integers are varints (signed) or uvarints (counts, epochs, sequences,
+// versions, ops); strings are a uvarint length and the bytes. Version 1
+// (the machine alone) is still read, as a state with an empty rule store.
+//
+// Restoring checks the rule store as well as the form: its rules are a
+// valid quota set in canonical, normalised form and id order; the history
+// has at most MaxHistory entries with consecutive versions ending at the
+// store's version, times that never go back, and a last digest equal to
+// the set's; and once the store has a version, the machine's rules are the
+// set's global rules (RuleStore.Apply keeps them so).
 
 const (
 	stateMagic   = "WLS"
-	stateVersion = 1
+	stateVersion = 2
 )
 
 // ErrBadState is wrapped by every error RestoreState returns for bytes it
@@ -37,8 +55,12 @@ var ErrBadState = errors.New("lease: malformed state")
 
 // MarshalState encodes the machine's replicated state (not its Config) in a
 // versioned, deterministic form: two machines in the same state give the
-// same bytes.
-func (m *Machine) MarshalState() []byte {
+// same bytes. The rule store section is empty: FSM.State encodes a
+// machine with its rule store.
+func (m *Machine) MarshalState() []byte { return marshalState(m, nil) }
+
+// marshalState encodes m and rs (nil: an empty store).
+func marshalState(m *Machine, rs *RuleStore) []byte {
 	var w stateWriter
 	w.buf.WriteString(stateMagic)
 	w.buf.WriteByte(stateVersion)
@@ -84,13 +106,39 @@ func (m *Machine) MarshalState() []byte {
 			w.int(l.seen)
 		}
 	}
+	if rs == nil {
+		rs = NewRuleStore()
+	}
+	w.uint(rs.version)
+	w.uint(uint64(len(rs.raw)))
+	for _, b := range rs.raw {
+		w.bytes(b)
+	}
+	w.uint(uint64(len(rs.history)))
+	for _, e := range rs.history {
+		w.uint(e.Version)
+		w.int(e.At)
+		w.str(e.Principal)
+		w.str(e.RequestID)
+		w.uint(uint64(e.Op))
+		w.str(e.RuleID)
+		w.bytes(e.Before)
+		w.bytes(e.After)
+		w.str(e.Digest)
+	}
 	return w.buf.Bytes()
 }
 
 // RestoreState replaces the machine's replicated state with one that
 // MarshalState encoded. The machine's Config must name the same regions as
-// the encoder's. On error (wrapping ErrBadState) the machine is unchanged.
-func (m *Machine) RestoreState(b []byte) error {
+// the encoder's. A state whose rule store is not empty is refused (restore
+// it with its store, through FSM.Restore). On error (wrapping ErrBadState)
+// the machine is unchanged.
+func (m *Machine) RestoreState(b []byte) error { return restoreState(m, nil, b) }
+
+// restoreState replaces m's state and rs's with b's; rs nil means b's rule
+// store must be empty. On error (wrapping ErrBadState) neither changes.
+func restoreState(m *Machine, rs *RuleStore, b []byte) error {
 	s, err := decodeState(b)
 	if err != nil {
 		return err
@@ -103,7 +151,22 @@ func (m *Machine) RestoreState(b []byte) error {
 			return fmt.Errorf("%w: %w", ErrBadState, err)
 		}
 	}
+	if s.store.version > 0 {
+		if rs == nil {
+			return fmt.Errorf("%w: the state holds a rule store (version %d): restore it through FSM.Restore", ErrBadState, s.store.version)
+		}
+		want := map[string]Rule{}
+		for _, r := range s.store.LeaseRules() {
+			want[r.ID] = r
+		}
+		if !maps.Equal(want, s.rules) {
+			return fmt.Errorf("%w: the machine's rules differ from the rule store's global rules", ErrBadState)
+		}
+	}
 	m.now, m.guard, m.epoch, m.rules, m.seqs, m.keys = s.now, s.guard, s.epoch, s.rules, s.seqs, s.keys
+	if rs != nil {
+		*rs = *s.store
+	}
 	return nil
 }
 
@@ -115,6 +178,7 @@ type state struct {
 	rules      map[string]Rule
 	seqs       map[string]uint64
 	keys       map[key]*keyState
+	store      *RuleStore // never nil
 }
 
 // decodeState reads MarshalState's encoding; it never panics.
@@ -123,8 +187,9 @@ func decodeState(b []byte) (*state, error) {
 	if !bytes.HasPrefix(b, []byte(stateMagic)) || len(b) < len(stateMagic)+1 {
 		return nil, fmt.Errorf("%w: not a lease state", ErrBadState)
 	}
-	if v := b[len(stateMagic)]; v != stateVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d", ErrBadState, v, stateVersion)
+	v := b[len(stateMagic)]
+	if v != 1 && v != stateVersion {
+		return nil, fmt.Errorf("%w: version %d, want %d (or 1)", ErrBadState, v, stateVersion)
 	}
 	r.b = b[len(stateMagic)+1:]
 	s := &state{rules: map[string]Rule{}, seqs: map[string]uint64{}, keys: map[key]*keyState{}}
@@ -168,6 +233,10 @@ func decodeState(b []byte) (*state, error) {
 			break
 		}
 	}
+	s.store = NewRuleStore()
+	if v >= 2 && r.err == nil {
+		s.store = r.ruleStore()
+	}
 	if r.err == nil && len(r.b) != 0 {
 		r.fail(fmt.Sprintf("%d bytes left over", len(r.b)))
 	}
@@ -187,6 +256,10 @@ func (w *stateWriter) uint(v uint64) { w.buf.Write(binary.AppendUvarint(w.tmp[:0
 func (w *stateWriter) str(s string) {
 	w.uint(uint64(len(s)))
 	w.buf.WriteString(s)
+}
+func (w *stateWriter) bytes(b []byte) {
+	w.uint(uint64(len(b)))
+	w.buf.Write(b)
 }
 
 // stateReader reads varints and strings; after the first error every read
@@ -249,4 +322,129 @@ func (r *stateReader) str() string {
 	s := string(r.b[:n])
 	r.b = r.b[n:]
 	return s
+}
+
+// ruleStore reads and checks the rule store section; on failure it records
+// the error and returns an empty store.
+func (r *stateReader) ruleStore() *RuleStore {
+	empty := NewRuleStore()
+	version := r.uint()
+	n := r.count()
+	raw := make([][]byte, 0, min(n, 1024))
+	rules := make([]quota.Rule, 0, min(n, 1024))
+	for range n {
+		b := []byte(r.str())
+		if r.err != nil {
+			return empty
+		}
+		rule, err := decodeRuleJSON(b)
+		if err != nil {
+			r.fail(fmt.Sprintf("rule %d: %v", len(rules), err))
+			return empty
+		}
+		if len(rules) > 0 && rules[len(rules)-1].ID >= rule.ID {
+			r.fail(fmt.Sprintf("rule %q out of id order", rule.ID))
+			return empty
+		}
+		raw, rules = append(raw, b), append(rules, rule)
+	}
+	set, err := quota.NewSet(rules, version)
+	if err != nil {
+		r.fail(fmt.Sprintf("the rule set is invalid: %v", err))
+		return empty
+	}
+	for i := range raw {
+		canon, err := encodeRuleJSON(*set.Rule(i))
+		if err != nil || !bytes.Equal(canon, raw[i]) {
+			r.fail(fmt.Sprintf("rule %q is not in canonical form", rules[i].ID))
+			return empty
+		}
+	}
+	nh := r.count()
+	if nh > MaxHistory {
+		r.fail(fmt.Sprintf("%d history entries, over %d", nh, MaxHistory))
+		return empty
+	}
+	history := make([]AuditEntry, 0, min(nh, 1024))
+	for range nh {
+		e := AuditEntry{Version: r.uint(), At: r.int(), Principal: r.str(), RequestID: r.str()}
+		op := r.uint()
+		e.RuleID = r.str()
+		before, after := r.str(), r.str()
+		e.Digest = r.str()
+		if r.err != nil {
+			return empty
+		}
+		if before != "" {
+			e.Before = []byte(before)
+		}
+		if after != "" {
+			e.After = []byte(after)
+		}
+		if msg := checkAudit(e, op, history); msg != "" {
+			r.fail(fmt.Sprintf("history entry %d: %s", len(history), msg))
+			return empty
+		}
+		e.Op = RuleOp(op)
+		history = append(history, e)
+	}
+	switch {
+	case version == 0 && (len(rules) > 0 || len(history) > 0):
+		r.fail("a rule store of version 0 with rules or history")
+		return empty
+	case version > 0 && len(history) == 0:
+		r.fail(fmt.Sprintf("a rule store of version %d with no history", version))
+		return empty
+	case version > 0 && history[len(history)-1].Version != version:
+		r.fail(fmt.Sprintf("the history ends at version %d, the store is at %d", history[len(history)-1].Version, version))
+		return empty
+	case version > 0 && history[len(history)-1].Digest != set.Digest():
+		r.fail("the last audit entry's digest is not the rule set's")
+		return empty
+	}
+	return &RuleStore{version: version, set: set, raw: raw, history: history}
+}
+
+// checkAudit checks one audit entry against the ones before it; it returns
+// what is wrong, or "".
+func checkAudit(e AuditEntry, op uint64, prev []AuditEntry) string {
+	if n := len(prev); n > 0 {
+		if p := prev[n-1]; e.Version != p.Version+1 || e.At < p.At {
+			return fmt.Sprintf("version %d at %d after version %d at %d", e.Version, e.At, p.Version, p.At)
+		}
+	}
+	if e.Version == 0 {
+		return "version 0"
+	}
+	if err := checkChange(RuleChange{Principal: e.Principal, RequestID: e.RequestID, Delete: "x"}); err != nil {
+		return err.Error()
+	}
+	if e.RuleID == "" {
+		return "no rule id"
+	}
+	switch RuleOp(op) {
+	case OpPut:
+		if e.After == nil {
+			return "a put with no rule after it"
+		}
+	case OpDelete:
+		if e.Before == nil || e.After != nil {
+			return "a delete must have a rule before it and none after"
+		}
+	default:
+		return fmt.Sprintf("unknown op %d", op)
+	}
+	for _, b := range [][]byte{e.Before, e.After} {
+		if b == nil {
+			continue
+		}
+		rule, err := decodeRuleJSON(b)
+		if err != nil {
+			return err.Error()
+		}
+		if rule.ID != e.RuleID {
+			return fmt.Sprintf("a rule %q in an entry for %q", rule.ID, e.RuleID)
+		}
+	}
+	return ""
 }

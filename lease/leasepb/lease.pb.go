@@ -1,8 +1,11 @@
 // The lease group's protocol: the commands of its replicated log, and the
-// RPC service through which a follower forwards a write to the leader. It
-// mirrors lease.Command, lease.Result and lease.Grant field for field;
-// lease/codec.go converts and validates. Times and durations are
-// nanoseconds.
+// RPC service through which a follower forwards a write to the leader and a
+// client that is not a voter reads and changes the rule store. It mirrors
+// lease.Command, lease.RuleChange, lease.Result, lease.Grant and
+// lease.AuditEntry field for field; lease/codec.go converts and validates.
+// Times and durations are nanoseconds. A rule travels as the canonical JSON
+// of a quota.Rule (encoding/json of the Go struct: Go field names,
+// durations in nanoseconds), the form lease/codec.go writes.
 //
 // Regenerate with scripts/gen-proto.sh; the generated code is committed.
 
@@ -43,6 +46,11 @@ const (
 	Code_NOT_LEADER Code = 4
 	// Any other failure; message says what.
 	Code_FAILED Code = 5
+	// The rule store refused an invalid rule (quota.ErrInvalidRule); the
+	// reply's problems name the fields.
+	Code_INVALID_RULE Code = 6
+	// The rule store has no rule with that id (lease.ErrRuleNotFound).
+	Code_NOT_FOUND Code = 7
 )
 
 // Enum value maps for Code.
@@ -54,6 +62,8 @@ var (
 		3: "UNKNOWN_REGION",
 		4: "NOT_LEADER",
 		5: "FAILED",
+		6: "INVALID_RULE",
+		7: "NOT_FOUND",
 	}
 	Code_value = map[string]int32{
 		"OK":             0,
@@ -62,6 +72,8 @@ var (
 		"UNKNOWN_REGION": 3,
 		"NOT_LEADER":     4,
 		"FAILED":         5,
+		"INVALID_RULE":   6,
+		"NOT_FOUND":      7,
 	}
 )
 
@@ -103,6 +115,8 @@ type Command struct {
 	//	*Command_Takeover
 	//	*Command_Rules
 	//	*Command_Tick
+	//	*Command_PutRule
+	//	*Command_DeleteRule
 	Kind          isCommand_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -188,6 +202,24 @@ func (x *Command) GetTick() bool {
 	return false
 }
 
+func (x *Command) GetPutRule() *RulePut {
+	if x != nil {
+		if x, ok := x.Kind.(*Command_PutRule); ok {
+			return x.PutRule
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetDeleteRule() *RuleDelete {
+	if x != nil {
+		if x, ok := x.Kind.(*Command_DeleteRule); ok {
+			return x.DeleteRule
+		}
+	}
+	return nil
+}
+
 type isCommand_Kind interface {
 	isCommand_Kind()
 }
@@ -209,6 +241,15 @@ type Command_Tick struct {
 	Tick bool `protobuf:"varint,5,opt,name=tick,proto3,oneof"`
 }
 
+type Command_PutRule struct {
+	// A change of the rule store (lease.RuleChange).
+	PutRule *RulePut `protobuf:"bytes,6,opt,name=put_rule,json=putRule,proto3,oneof"`
+}
+
+type Command_DeleteRule struct {
+	DeleteRule *RuleDelete `protobuf:"bytes,7,opt,name=delete_rule,json=deleteRule,proto3,oneof"`
+}
+
 func (*Command_Report) isCommand_Kind() {}
 
 func (*Command_Takeover) isCommand_Kind() {}
@@ -216,6 +257,135 @@ func (*Command_Takeover) isCommand_Kind() {}
 func (*Command_Rules) isCommand_Kind() {}
 
 func (*Command_Tick) isCommand_Kind() {}
+
+func (*Command_PutRule) isCommand_Kind() {}
+
+func (*Command_DeleteRule) isCommand_Kind() {}
+
+// RulePut creates or replaces the rule rule.ID of the rule store.
+// principal is who asked (an authenticated name); rule is a quota.Rule's
+// canonical JSON; request_id names the request across retries (a change
+// whose request_id is in the history already is not applied again).
+type RulePut struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Rule          []byte                 `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
+	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RulePut) Reset() {
+	*x = RulePut{}
+	mi := &file_lease_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RulePut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RulePut) ProtoMessage() {}
+
+func (x *RulePut) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RulePut.ProtoReflect.Descriptor instead.
+func (*RulePut) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RulePut) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RulePut) GetRule() []byte {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *RulePut) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// RuleDelete deletes the rule id of the rule store.
+type RuleDelete struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleDelete) Reset() {
+	*x = RuleDelete{}
+	mi := &file_lease_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleDelete) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleDelete) ProtoMessage() {}
+
+func (x *RuleDelete) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleDelete.ProtoReflect.Descriptor instead.
+func (*RuleDelete) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RuleDelete) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RuleDelete) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RuleDelete) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
 
 // Report is lease.Report.
 type Report struct {
@@ -230,7 +400,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_lease_proto_msgTypes[1]
+	mi := &file_lease_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +412,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[1]
+	mi := &file_lease_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +425,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{1}
+	return file_lease_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Report) GetReporter() string {
@@ -300,7 +470,7 @@ type ReportItem struct {
 
 func (x *ReportItem) Reset() {
 	*x = ReportItem{}
-	mi := &file_lease_proto_msgTypes[2]
+	mi := &file_lease_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +482,7 @@ func (x *ReportItem) String() string {
 func (*ReportItem) ProtoMessage() {}
 
 func (x *ReportItem) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[2]
+	mi := &file_lease_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +495,7 @@ func (x *ReportItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportItem.ProtoReflect.Descriptor instead.
 func (*ReportItem) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{2}
+	return file_lease_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReportItem) GetRule() string {
@@ -373,7 +543,7 @@ type RuleSet struct {
 
 func (x *RuleSet) Reset() {
 	*x = RuleSet{}
-	mi := &file_lease_proto_msgTypes[3]
+	mi := &file_lease_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +555,7 @@ func (x *RuleSet) String() string {
 func (*RuleSet) ProtoMessage() {}
 
 func (x *RuleSet) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[3]
+	mi := &file_lease_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +568,7 @@ func (x *RuleSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleSet.ProtoReflect.Descriptor instead.
 func (*RuleSet) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{3}
+	return file_lease_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RuleSet) GetRules() []*Rule {
@@ -422,7 +592,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_lease_proto_msgTypes[4]
+	mi := &file_lease_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +604,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[4]
+	mi := &file_lease_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +617,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{4}
+	return file_lease_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Rule) GetId() string {
@@ -501,7 +671,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_lease_proto_msgTypes[5]
+	mi := &file_lease_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +683,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[5]
+	mi := &file_lease_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +696,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{5}
+	return file_lease_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Grant) GetRule() string {
@@ -581,7 +751,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_lease_proto_msgTypes[6]
+	mi := &file_lease_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +763,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[6]
+	mi := &file_lease_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +776,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{6}
+	return file_lease_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Result) GetGrants() []*Grant {
@@ -627,7 +797,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_lease_proto_msgTypes[7]
+	mi := &file_lease_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +809,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[7]
+	mi := &file_lease_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +822,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{7}
+	return file_lease_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProposeRequest) GetFrom() string {
@@ -669,19 +839,86 @@ func (x *ProposeRequest) GetCommand() *Command {
 	return nil
 }
 
+// Problem is one validation problem of a rule (a quota.Error): field is
+// the path within the rule in the rules file's names ("window",
+// "overrides[0].burst"), message what is wrong, rule_id the rule.
+type Problem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Field         string                 `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	RuleId        string                 `protobuf:"bytes,3,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Problem) Reset() {
+	*x = Problem{}
+	mi := &file_lease_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Problem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Problem) ProtoMessage() {}
+
+func (x *Problem) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Problem.ProtoReflect.Descriptor instead.
+func (*Problem) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Problem) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *Problem) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Problem) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
 // ProposeReply is the command's result, or code and message.
+// rule_version is the rule store's version after a rule change; problems
+// come with INVALID_RULE.
 type ProposeReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
 	Code          Code                   `protobuf:"varint,2,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
 	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	RuleVersion   uint64                 `protobuf:"varint,4,opt,name=rule_version,json=ruleVersion,proto3" json:"rule_version,omitempty"`
+	Problems      []*Problem             `protobuf:"bytes,5,rep,name=problems,proto3" json:"problems,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProposeReply) Reset() {
 	*x = ProposeReply{}
-	mi := &file_lease_proto_msgTypes[8]
+	mi := &file_lease_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +930,7 @@ func (x *ProposeReply) String() string {
 func (*ProposeReply) ProtoMessage() {}
 
 func (x *ProposeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[8]
+	mi := &file_lease_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +943,7 @@ func (x *ProposeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeReply.ProtoReflect.Descriptor instead.
 func (*ProposeReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{8}
+	return file_lease_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProposeReply) GetResult() *Result {
@@ -730,6 +967,400 @@ func (x *ProposeReply) GetMessage() string {
 	return ""
 }
 
+func (x *ProposeReply) GetRuleVersion() uint64 {
+	if x != nil {
+		return x.RuleVersion
+	}
+	return 0
+}
+
+func (x *ProposeReply) GetProblems() []*Problem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+// ChangeRuleRequest carries one rule change from a client; from names the
+// caller, for logs.
+type ChangeRuleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	From  string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// Types that are valid to be assigned to Change:
+	//
+	//	*ChangeRuleRequest_Put
+	//	*ChangeRuleRequest_Delete
+	Change        isChangeRuleRequest_Change `protobuf_oneof:"change"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeRuleRequest) Reset() {
+	*x = ChangeRuleRequest{}
+	mi := &file_lease_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeRuleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeRuleRequest) ProtoMessage() {}
+
+func (x *ChangeRuleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeRuleRequest.ProtoReflect.Descriptor instead.
+func (*ChangeRuleRequest) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ChangeRuleRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ChangeRuleRequest) GetChange() isChangeRuleRequest_Change {
+	if x != nil {
+		return x.Change
+	}
+	return nil
+}
+
+func (x *ChangeRuleRequest) GetPut() *RulePut {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeRuleRequest_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *ChangeRuleRequest) GetDelete() *RuleDelete {
+	if x != nil {
+		if x, ok := x.Change.(*ChangeRuleRequest_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+type isChangeRuleRequest_Change interface {
+	isChangeRuleRequest_Change()
+}
+
+type ChangeRuleRequest_Put struct {
+	Put *RulePut `protobuf:"bytes,2,opt,name=put,proto3,oneof"`
+}
+
+type ChangeRuleRequest_Delete struct {
+	Delete *RuleDelete `protobuf:"bytes,3,opt,name=delete,proto3,oneof"`
+}
+
+func (*ChangeRuleRequest_Put) isChangeRuleRequest_Change() {}
+
+func (*ChangeRuleRequest_Delete) isChangeRuleRequest_Change() {}
+
+// ReadRulesRequest asks for the rule set (with_rules) and audit entries
+// newer than since, at most limit of them (with_history; limit 0 means the
+// server's default). forwarded marks a read a voter forwarded to the
+// leader: the receiver answers it or says NOT_LEADER, never forwards it
+// again.
+type ReadRulesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Linearizable  bool                   `protobuf:"varint,1,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
+	WithRules     bool                   `protobuf:"varint,2,opt,name=with_rules,json=withRules,proto3" json:"with_rules,omitempty"`
+	WithHistory   bool                   `protobuf:"varint,3,opt,name=with_history,json=withHistory,proto3" json:"with_history,omitempty"`
+	Since         uint64                 `protobuf:"varint,4,opt,name=since,proto3" json:"since,omitempty"`
+	Limit         uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	Forwarded     bool                   `protobuf:"varint,6,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadRulesRequest) Reset() {
+	*x = ReadRulesRequest{}
+	mi := &file_lease_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadRulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadRulesRequest) ProtoMessage() {}
+
+func (x *ReadRulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadRulesRequest.ProtoReflect.Descriptor instead.
+func (*ReadRulesRequest) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReadRulesRequest) GetLinearizable() bool {
+	if x != nil {
+		return x.Linearizable
+	}
+	return false
+}
+
+func (x *ReadRulesRequest) GetWithRules() bool {
+	if x != nil {
+		return x.WithRules
+	}
+	return false
+}
+
+func (x *ReadRulesRequest) GetWithHistory() bool {
+	if x != nil {
+		return x.WithHistory
+	}
+	return false
+}
+
+func (x *ReadRulesRequest) GetSince() uint64 {
+	if x != nil {
+		return x.Since
+	}
+	return 0
+}
+
+func (x *ReadRulesRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ReadRulesRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
+}
+
+// ReadRulesReply is one consistent view of the rule store: its version,
+// its rules (each a quota.Rule's canonical JSON, ordered by id), the audit
+// entries asked for (oldest first), and the oldest version the history
+// still holds (0: none). On failure, code and message.
+type ReadRulesReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          Code                   `protobuf:"varint,1,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Rules         [][]byte               `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	History       []*AuditEntry          `protobuf:"bytes,5,rep,name=history,proto3" json:"history,omitempty"`
+	Oldest        uint64                 `protobuf:"varint,6,opt,name=oldest,proto3" json:"oldest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadRulesReply) Reset() {
+	*x = ReadRulesReply{}
+	mi := &file_lease_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadRulesReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadRulesReply) ProtoMessage() {}
+
+func (x *ReadRulesReply) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadRulesReply.ProtoReflect.Descriptor instead.
+func (*ReadRulesReply) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReadRulesReply) GetCode() Code {
+	if x != nil {
+		return x.Code
+	}
+	return Code_OK
+}
+
+func (x *ReadRulesReply) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ReadRulesReply) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ReadRulesReply) GetRules() [][]byte {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *ReadRulesReply) GetHistory() []*AuditEntry {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+func (x *ReadRulesReply) GetOldest() uint64 {
+	if x != nil {
+		return x.Oldest
+	}
+	return 0
+}
+
+// AuditEntry is lease.AuditEntry: at is the leader's clock (unix ns), op
+// "put" or "delete", before and after the rule's canonical JSON (empty:
+// none), digest the rule set's digest after the change.
+type AuditEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	At            int64                  `protobuf:"varint,2,opt,name=at,proto3" json:"at,omitempty"`
+	Principal     string                 `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	Op            string                 `protobuf:"bytes,4,opt,name=op,proto3" json:"op,omitempty"`
+	RuleId        string                 `protobuf:"bytes,5,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	Before        []byte                 `protobuf:"bytes,6,opt,name=before,proto3" json:"before,omitempty"`
+	After         []byte                 `protobuf:"bytes,7,opt,name=after,proto3" json:"after,omitempty"`
+	Digest        string                 `protobuf:"bytes,8,opt,name=digest,proto3" json:"digest,omitempty"`
+	RequestId     string                 `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_lease_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AuditEntry) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetBefore() []byte {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetAfter() []byte {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // AddVoterRequest names the new voter (its ServerID) and its Raft address.
 type AddVoterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -741,7 +1372,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_lease_proto_msgTypes[9]
+	mi := &file_lease_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +1384,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[9]
+	mi := &file_lease_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +1397,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{9}
+	return file_lease_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AddVoterRequest) GetName() string {
@@ -794,7 +1425,7 @@ type AddVoterReply struct {
 
 func (x *AddVoterReply) Reset() {
 	*x = AddVoterReply{}
-	mi := &file_lease_proto_msgTypes[10]
+	mi := &file_lease_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1437,7 @@ func (x *AddVoterReply) String() string {
 func (*AddVoterReply) ProtoMessage() {}
 
 func (x *AddVoterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[10]
+	mi := &file_lease_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1450,7 @@ func (x *AddVoterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterReply.ProtoReflect.Descriptor instead.
 func (*AddVoterReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{10}
+	return file_lease_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AddVoterReply) GetCode() Code {
@@ -840,14 +1471,28 @@ var File_lease_proto protoreflect.FileDescriptor
 
 const file_lease_proto_rawDesc = "" +
 	"\n" +
-	"\vlease.proto\x12\rweir.lease.v1\"\xb8\x01\n" +
+	"\vlease.proto\x12\rweir.lease.v1\"\xab\x02\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12/\n" +
 	"\x06report\x18\x02 \x01(\v2\x15.weir.lease.v1.ReportH\x00R\x06report\x12\x1c\n" +
 	"\btakeover\x18\x03 \x01(\bH\x00R\btakeover\x12.\n" +
 	"\x05rules\x18\x04 \x01(\v2\x16.weir.lease.v1.RuleSetH\x00R\x05rules\x12\x14\n" +
-	"\x04tick\x18\x05 \x01(\bH\x00R\x04tickB\x06\n" +
-	"\x04kind\"\x7f\n" +
+	"\x04tick\x18\x05 \x01(\bH\x00R\x04tick\x123\n" +
+	"\bput_rule\x18\x06 \x01(\v2\x16.weir.lease.v1.RulePutH\x00R\aputRule\x12<\n" +
+	"\vdelete_rule\x18\a \x01(\v2\x19.weir.lease.v1.RuleDeleteH\x00R\n" +
+	"deleteRuleB\x06\n" +
+	"\x04kind\"Z\n" +
+	"\aRulePut\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
+	"\x04rule\x18\x02 \x01(\fR\x04rule\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"Y\n" +
+	"\n" +
+	"RuleDelete\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"\x7f\n" +
 	"\x06Report\x12\x1a\n" +
 	"\breporter\x18\x01 \x01(\tR\breporter\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
@@ -879,17 +1524,55 @@ const file_lease_proto_rawDesc = "" +
 	"\x06grants\x18\x01 \x03(\v2\x14.weir.lease.v1.GrantR\x06grants\"V\n" +
 	"\x0eProposeRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x120\n" +
-	"\acommand\x18\x02 \x01(\v2\x16.weir.lease.v1.CommandR\acommand\"\x80\x01\n" +
+	"\acommand\x18\x02 \x01(\v2\x16.weir.lease.v1.CommandR\acommand\"R\n" +
+	"\aProblem\x12\x14\n" +
+	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x17\n" +
+	"\arule_id\x18\x03 \x01(\tR\x06ruleId\"\xd7\x01\n" +
 	"\fProposeReply\x12-\n" +
 	"\x06result\x18\x01 \x01(\v2\x15.weir.lease.v1.ResultR\x06result\x12'\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"?\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12!\n" +
+	"\frule_version\x18\x04 \x01(\x04R\vruleVersion\x122\n" +
+	"\bproblems\x18\x05 \x03(\v2\x16.weir.lease.v1.ProblemR\bproblems\"\x92\x01\n" +
+	"\x11ChangeRuleRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12*\n" +
+	"\x03put\x18\x02 \x01(\v2\x16.weir.lease.v1.RulePutH\x00R\x03put\x123\n" +
+	"\x06delete\x18\x03 \x01(\v2\x19.weir.lease.v1.RuleDeleteH\x00R\x06deleteB\b\n" +
+	"\x06change\"\xc2\x01\n" +
+	"\x10ReadRulesRequest\x12\"\n" +
+	"\flinearizable\x18\x01 \x01(\bR\flinearizable\x12\x1d\n" +
+	"\n" +
+	"with_rules\x18\x02 \x01(\bR\twithRules\x12!\n" +
+	"\fwith_history\x18\x03 \x01(\bR\vwithHistory\x12\x14\n" +
+	"\x05since\x18\x04 \x01(\x04R\x05since\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\x12\x1c\n" +
+	"\tforwarded\x18\x06 \x01(\bR\tforwarded\"\xd0\x01\n" +
+	"\x0eReadRulesReply\x12'\n" +
+	"\x04code\x18\x01 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x14\n" +
+	"\x05rules\x18\x04 \x03(\fR\x05rules\x123\n" +
+	"\ahistory\x18\x05 \x03(\v2\x19.weir.lease.v1.AuditEntryR\ahistory\x12\x16\n" +
+	"\x06oldest\x18\x06 \x01(\x04R\x06oldest\"\xe2\x01\n" +
+	"\n" +
+	"AuditEntry\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x0e\n" +
+	"\x02at\x18\x02 \x01(\x03R\x02at\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12\x0e\n" +
+	"\x02op\x18\x04 \x01(\tR\x02op\x12\x17\n" +
+	"\arule_id\x18\x05 \x01(\tR\x06ruleId\x12\x16\n" +
+	"\x06before\x18\x06 \x01(\fR\x06before\x12\x14\n" +
+	"\x05after\x18\a \x01(\fR\x05after\x12\x16\n" +
+	"\x06digest\x18\b \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\t \x01(\tR\trequestId\"?\n" +
 	"\x0fAddVoterRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\"R\n" +
 	"\rAddVoterReply\x12'\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage*a\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage*\x82\x01\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\x0f\n" +
 	"\vBAD_COMMAND\x10\x01\x12\x10\n" +
@@ -898,11 +1581,16 @@ const file_lease_proto_rawDesc = "" +
 	"\n" +
 	"NOT_LEADER\x10\x04\x12\n" +
 	"\n" +
-	"\x06FAILED\x10\x052\x9d\x01\n" +
+	"\x06FAILED\x10\x05\x12\x10\n" +
+	"\fINVALID_RULE\x10\x06\x12\r\n" +
+	"\tNOT_FOUND\x10\a2\xb7\x02\n" +
 	"\n" +
 	"LeaseGroup\x12E\n" +
 	"\aPropose\x12\x1d.weir.lease.v1.ProposeRequest\x1a\x1b.weir.lease.v1.ProposeReply\x12H\n" +
-	"\bAddVoter\x12\x1e.weir.lease.v1.AddVoterRequest\x1a\x1c.weir.lease.v1.AddVoterReplyB(Z&github.com/weir-dev/weir/lease/leasepbb\x06proto3"
+	"\bAddVoter\x12\x1e.weir.lease.v1.AddVoterRequest\x1a\x1c.weir.lease.v1.AddVoterReply\x12K\n" +
+	"\n" +
+	"ChangeRule\x12 .weir.lease.v1.ChangeRuleRequest\x1a\x1b.weir.lease.v1.ProposeReply\x12K\n" +
+	"\tReadRules\x12\x1f.weir.lease.v1.ReadRulesRequest\x1a\x1d.weir.lease.v1.ReadRulesReplyB(Z&github.com/weir-dev/weir/lease/leasepbb\x06proto3"
 
 var (
 	file_lease_proto_rawDescOnce sync.Once
@@ -917,40 +1605,58 @@ func file_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_lease_proto_goTypes = []any{
-	(Code)(0),               // 0: weir.lease.v1.Code
-	(*Command)(nil),         // 1: weir.lease.v1.Command
-	(*Report)(nil),          // 2: weir.lease.v1.Report
-	(*ReportItem)(nil),      // 3: weir.lease.v1.ReportItem
-	(*RuleSet)(nil),         // 4: weir.lease.v1.RuleSet
-	(*Rule)(nil),            // 5: weir.lease.v1.Rule
-	(*Grant)(nil),           // 6: weir.lease.v1.Grant
-	(*Result)(nil),          // 7: weir.lease.v1.Result
-	(*ProposeRequest)(nil),  // 8: weir.lease.v1.ProposeRequest
-	(*ProposeReply)(nil),    // 9: weir.lease.v1.ProposeReply
-	(*AddVoterRequest)(nil), // 10: weir.lease.v1.AddVoterRequest
-	(*AddVoterReply)(nil),   // 11: weir.lease.v1.AddVoterReply
+	(Code)(0),                 // 0: weir.lease.v1.Code
+	(*Command)(nil),           // 1: weir.lease.v1.Command
+	(*RulePut)(nil),           // 2: weir.lease.v1.RulePut
+	(*RuleDelete)(nil),        // 3: weir.lease.v1.RuleDelete
+	(*Report)(nil),            // 4: weir.lease.v1.Report
+	(*ReportItem)(nil),        // 5: weir.lease.v1.ReportItem
+	(*RuleSet)(nil),           // 6: weir.lease.v1.RuleSet
+	(*Rule)(nil),              // 7: weir.lease.v1.Rule
+	(*Grant)(nil),             // 8: weir.lease.v1.Grant
+	(*Result)(nil),            // 9: weir.lease.v1.Result
+	(*ProposeRequest)(nil),    // 10: weir.lease.v1.ProposeRequest
+	(*Problem)(nil),           // 11: weir.lease.v1.Problem
+	(*ProposeReply)(nil),      // 12: weir.lease.v1.ProposeReply
+	(*ChangeRuleRequest)(nil), // 13: weir.lease.v1.ChangeRuleRequest
+	(*ReadRulesRequest)(nil),  // 14: weir.lease.v1.ReadRulesRequest
+	(*ReadRulesReply)(nil),    // 15: weir.lease.v1.ReadRulesReply
+	(*AuditEntry)(nil),        // 16: weir.lease.v1.AuditEntry
+	(*AddVoterRequest)(nil),   // 17: weir.lease.v1.AddVoterRequest
+	(*AddVoterReply)(nil),     // 18: weir.lease.v1.AddVoterReply
 }
 var file_lease_proto_depIdxs = []int32{
-	2,  // 0: weir.lease.v1.Command.report:type_name -> weir.lease.v1.Report
-	4,  // 1: weir.lease.v1.Command.rules:type_name -> weir.lease.v1.RuleSet
-	3,  // 2: weir.lease.v1.Report.items:type_name -> weir.lease.v1.ReportItem
-	5,  // 3: weir.lease.v1.RuleSet.rules:type_name -> weir.lease.v1.Rule
-	6,  // 4: weir.lease.v1.Result.grants:type_name -> weir.lease.v1.Grant
-	1,  // 5: weir.lease.v1.ProposeRequest.command:type_name -> weir.lease.v1.Command
-	7,  // 6: weir.lease.v1.ProposeReply.result:type_name -> weir.lease.v1.Result
-	0,  // 7: weir.lease.v1.ProposeReply.code:type_name -> weir.lease.v1.Code
-	0,  // 8: weir.lease.v1.AddVoterReply.code:type_name -> weir.lease.v1.Code
-	8,  // 9: weir.lease.v1.LeaseGroup.Propose:input_type -> weir.lease.v1.ProposeRequest
-	10, // 10: weir.lease.v1.LeaseGroup.AddVoter:input_type -> weir.lease.v1.AddVoterRequest
-	9,  // 11: weir.lease.v1.LeaseGroup.Propose:output_type -> weir.lease.v1.ProposeReply
-	11, // 12: weir.lease.v1.LeaseGroup.AddVoter:output_type -> weir.lease.v1.AddVoterReply
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	4,  // 0: weir.lease.v1.Command.report:type_name -> weir.lease.v1.Report
+	6,  // 1: weir.lease.v1.Command.rules:type_name -> weir.lease.v1.RuleSet
+	2,  // 2: weir.lease.v1.Command.put_rule:type_name -> weir.lease.v1.RulePut
+	3,  // 3: weir.lease.v1.Command.delete_rule:type_name -> weir.lease.v1.RuleDelete
+	5,  // 4: weir.lease.v1.Report.items:type_name -> weir.lease.v1.ReportItem
+	7,  // 5: weir.lease.v1.RuleSet.rules:type_name -> weir.lease.v1.Rule
+	8,  // 6: weir.lease.v1.Result.grants:type_name -> weir.lease.v1.Grant
+	1,  // 7: weir.lease.v1.ProposeRequest.command:type_name -> weir.lease.v1.Command
+	9,  // 8: weir.lease.v1.ProposeReply.result:type_name -> weir.lease.v1.Result
+	0,  // 9: weir.lease.v1.ProposeReply.code:type_name -> weir.lease.v1.Code
+	11, // 10: weir.lease.v1.ProposeReply.problems:type_name -> weir.lease.v1.Problem
+	2,  // 11: weir.lease.v1.ChangeRuleRequest.put:type_name -> weir.lease.v1.RulePut
+	3,  // 12: weir.lease.v1.ChangeRuleRequest.delete:type_name -> weir.lease.v1.RuleDelete
+	0,  // 13: weir.lease.v1.ReadRulesReply.code:type_name -> weir.lease.v1.Code
+	16, // 14: weir.lease.v1.ReadRulesReply.history:type_name -> weir.lease.v1.AuditEntry
+	0,  // 15: weir.lease.v1.AddVoterReply.code:type_name -> weir.lease.v1.Code
+	10, // 16: weir.lease.v1.LeaseGroup.Propose:input_type -> weir.lease.v1.ProposeRequest
+	17, // 17: weir.lease.v1.LeaseGroup.AddVoter:input_type -> weir.lease.v1.AddVoterRequest
+	13, // 18: weir.lease.v1.LeaseGroup.ChangeRule:input_type -> weir.lease.v1.ChangeRuleRequest
+	14, // 19: weir.lease.v1.LeaseGroup.ReadRules:input_type -> weir.lease.v1.ReadRulesRequest
+	12, // 20: weir.lease.v1.LeaseGroup.Propose:output_type -> weir.lease.v1.ProposeReply
+	18, // 21: weir.lease.v1.LeaseGroup.AddVoter:output_type -> weir.lease.v1.AddVoterReply
+	12, // 22: weir.lease.v1.LeaseGroup.ChangeRule:output_type -> weir.lease.v1.ProposeReply
+	15, // 23: weir.lease.v1.LeaseGroup.ReadRules:output_type -> weir.lease.v1.ReadRulesReply
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_lease_proto_init() }
@@ -963,6 +1669,12 @@ func file_lease_proto_init() {
 		(*Command_Takeover)(nil),
 		(*Command_Rules)(nil),
 		(*Command_Tick)(nil),
+		(*Command_PutRule)(nil),
+		(*Command_DeleteRule)(nil),
+	}
+	file_lease_proto_msgTypes[12].OneofWrappers = []any{
+		(*ChangeRuleRequest_Put)(nil),
+		(*ChangeRuleRequest_Delete)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -970,7 +1682,7 @@ func file_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lease_proto_rawDesc), len(file_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,8 +1,11 @@
 // The lease group's protocol: the commands of its replicated log, and the
-// RPC service through which a follower forwards a write to the leader. It
-// mirrors lease.Command, lease.Result and lease.Grant field for field;
-// lease/codec.go converts and validates. Times and durations are
-// nanoseconds.
+// RPC service through which a follower forwards a write to the leader and a
+// client that is not a voter reads and changes the rule store. It mirrors
+// lease.Command, lease.RuleChange, lease.Result, lease.Grant and
+// lease.AuditEntry field for field; lease/codec.go converts and validates.
+// Times and durations are nanoseconds. A rule travels as the canonical JSON
+// of a quota.Rule (encoding/json of the Go struct: Go field names,
+// durations in nanoseconds), the form lease/codec.go writes.
 //
 // Regenerate with scripts/gen-proto.sh; the generated code is committed.
 
@@ -27,8 +30,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LeaseGroup_Propose_FullMethodName  = "/weir.lease.v1.LeaseGroup/Propose"
-	LeaseGroup_AddVoter_FullMethodName = "/weir.lease.v1.LeaseGroup/AddVoter"
+	LeaseGroup_Propose_FullMethodName    = "/weir.lease.v1.LeaseGroup/Propose"
+	LeaseGroup_AddVoter_FullMethodName   = "/weir.lease.v1.LeaseGroup/AddVoter"
+	LeaseGroup_ChangeRule_FullMethodName = "/weir.lease.v1.LeaseGroup/ChangeRule"
+	LeaseGroup_ReadRules_FullMethodName  = "/weir.lease.v1.LeaseGroup/ReadRules"
 )
 
 // LeaseGroupClient is the client API for LeaseGroup service.
@@ -40,6 +45,14 @@ type LeaseGroupClient interface {
 	Propose(ctx context.Context, in *ProposeRequest, opts ...grpc.CallOption) (*ProposeReply, error)
 	// AddVoter adds a voter to the group's configuration, on the leader.
 	AddVoter(ctx context.Context, in *AddVoterRequest, opts ...grpc.CallOption) (*AddVoterReply, error)
+	// ChangeRule puts or deletes one rule of the rule store. Unlike Propose,
+	// a receiver that does not lead forwards the change to the leader (through
+	// the leader's Propose), so a client may call any voter.
+	ChangeRule(ctx context.Context, in *ChangeRuleRequest, opts ...grpc.CallOption) (*ProposeReply, error)
+	// ReadRules reads the rule store: from the receiver's replica, or, with
+	// linearizable set, on the leader once it has confirmed its leadership
+	// (the receiver forwards such a read to the leader once).
+	ReadRules(ctx context.Context, in *ReadRulesRequest, opts ...grpc.CallOption) (*ReadRulesReply, error)
 }
 
 type leaseGroupClient struct {
@@ -70,6 +83,26 @@ func (c *leaseGroupClient) AddVoter(ctx context.Context, in *AddVoterRequest, op
 	return out, nil
 }
 
+func (c *leaseGroupClient) ChangeRule(ctx context.Context, in *ChangeRuleRequest, opts ...grpc.CallOption) (*ProposeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ProposeReply)
+	err := c.cc.Invoke(ctx, LeaseGroup_ChangeRule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *leaseGroupClient) ReadRules(ctx context.Context, in *ReadRulesRequest, opts ...grpc.CallOption) (*ReadRulesReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadRulesReply)
+	err := c.cc.Invoke(ctx, LeaseGroup_ReadRules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LeaseGroupServer is the server API for LeaseGroup service.
 // All implementations must embed UnimplementedLeaseGroupServer
 // for forward compatibility.
@@ -79,6 +112,14 @@ type LeaseGroupServer interface {
 	Propose(context.Context, *ProposeRequest) (*ProposeReply, error)
 	// AddVoter adds a voter to the group's configuration, on the leader.
 	AddVoter(context.Context, *AddVoterRequest) (*AddVoterReply, error)
+	// ChangeRule puts or deletes one rule of the rule store. Unlike Propose,
+	// a receiver that does not lead forwards the change to the leader (through
+	// the leader's Propose), so a client may call any voter.
+	ChangeRule(context.Context, *ChangeRuleRequest) (*ProposeReply, error)
+	// ReadRules reads the rule store: from the receiver's replica, or, with
+	// linearizable set, on the leader once it has confirmed its leadership
+	// (the receiver forwards such a read to the leader once).
+	ReadRules(context.Context, *ReadRulesRequest) (*ReadRulesReply, error)
 	mustEmbedUnimplementedLeaseGroupServer()
 }
 
@@ -94,6 +135,12 @@ func (UnimplementedLeaseGroupServer) Propose(context.Context, *ProposeRequest) (
 }
 func (UnimplementedLeaseGroupServer) AddVoter(context.Context, *AddVoterRequest) (*AddVoterReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method AddVoter not implemented")
+}
+func (UnimplementedLeaseGroupServer) ChangeRule(context.Context, *ChangeRuleRequest) (*ProposeReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ChangeRule not implemented")
+}
+func (UnimplementedLeaseGroupServer) ReadRules(context.Context, *ReadRulesRequest) (*ReadRulesReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadRules not implemented")
 }
 func (UnimplementedLeaseGroupServer) mustEmbedUnimplementedLeaseGroupServer() {}
 func (UnimplementedLeaseGroupServer) testEmbeddedByValue()                    {}
@@ -152,6 +199,42 @@ func _LeaseGroup_AddVoter_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LeaseGroup_ChangeRule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangeRuleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseGroupServer).ChangeRule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseGroup_ChangeRule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseGroupServer).ChangeRule(ctx, req.(*ChangeRuleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LeaseGroup_ReadRules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadRulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseGroupServer).ReadRules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseGroup_ReadRules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseGroupServer).ReadRules(ctx, req.(*ReadRulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LeaseGroup_ServiceDesc is the grpc.ServiceDesc for LeaseGroup service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -166,6 +249,14 @@ var LeaseGroup_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AddVoter",
 			Handler:    _LeaseGroup_AddVoter_Handler,
+		},
+		{
+			MethodName: "ChangeRule",
+			Handler:    _LeaseGroup_ChangeRule_Handler,
+		},
+		{
+			MethodName: "ReadRules",
+			Handler:    _LeaseGroup_ReadRules_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

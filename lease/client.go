@@ -1,0 +1,240 @@
+package lease
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/quota"
+)
+
+// This file is the rule store's client for a node that is not a voter: it
+// calls any voter's forwarding service (ChangeRule, ReadRules), and the
+// voter forwards writes and linearizable reads to the leader as its own
+// Group methods do.
+
+// ClientConfig configures a Client. Voters is required; the zero value of
+// every other field works.
+type ClientConfig struct {
+	// Voters are the voters' forwarding addresses (GroupConfig.RPCAddr),
+	// host:port. The client calls one, and moves to the next when it is
+	// unreachable or has no leader to forward to.
+	Voters []string
+	// Name identifies the client in the voters' logs.
+	Name string
+	// TLS secures the calls; nil means plaintext. A voter whose ServerTLS
+	// requires client certificates needs one here.
+	TLS *tls.Config
+	// DialOptions are added to every connection's options.
+	DialOptions []grpc.DialOption
+	// Timeout bounds a call whose ctx has no deadline; 0 means
+	// DefaultProposeTimeout.
+	Timeout time.Duration
+}
+
+// Client reads and changes the lease group's rule store from a node that
+// is not a voter. Its methods are safe for concurrent use.
+//
+// The voters' forwarding service trusts the principal a client names: it
+// is the admin API's (AdminHandler's) job to authenticate, and the
+// service's to admit only trusted callers (ServerTLS with
+// tls.RequireAndVerifyClientCert).
+type Client struct {
+	cfg   ClientConfig
+	conns []*grpc.ClientConn
+	next  atomic.Int64 // the voter that answered last
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// NewClient returns a client of the voters in cfg. It does not connect:
+// the first call does.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if len(cfg.Voters) == 0 {
+		return nil, errors.New("lease: ClientConfig.Voters is empty")
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("lease: ClientConfig.Timeout is negative (%v)", cfg.Timeout)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultProposeTimeout
+	}
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS)
+	}
+	c := &Client{cfg: cfg}
+	for i, addr := range cfg.Voters {
+		if addr == "" {
+			c.closeConns()
+			return nil, fmt.Errorf("lease: ClientConfig.Voters[%d] is empty", i)
+		}
+		opts := append([]grpc.DialOption{
+			grpc.WithTransportCredentials(creds),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRPCBytes), grpc.MaxCallSendMsgSize(maxRPCBytes)),
+		}, cfg.DialOptions...)
+		cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+		if err != nil {
+			c.closeConns()
+			return nil, fmt.Errorf("lease: ClientConfig.Voters[%d] %q: %w", i, addr, err)
+		}
+		c.conns = append(c.conns, cc)
+	}
+	return c, nil
+}
+
+// Close closes the connections. Calls after it fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.closeConns()
+}
+
+func (c *Client) closeConns() error {
+	var errs []error
+	for _, cc := range c.conns {
+		errs = append(errs, cc.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// PutRule implements RuleService through a voter. The rule is validated
+// here first, so an invalid one costs no round trip. Every attempt, on any
+// voter, carries the same request id, so a put retried after a lost reply
+// is applied once.
+func (c *Client) PutRule(ctx context.Context, principal string, r quota.Rule) (uint64, error) {
+	reqID := newRequestID()
+	if err := checkChange(RuleChange{Principal: principal, Put: &r}); err != nil {
+		return 0, err
+	}
+	if err := quota.Validate([]quota.Rule{r}); err != nil {
+		return 0, ruleErrors(OpPut, r.ID, err, 0)
+	}
+	b, err := encodeRuleJSON(r)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrBadCommand, err)
+	}
+	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
+		Change: &leasepb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: principal, Rule: b, RequestId: reqID}}})
+}
+
+// DeleteRule implements RuleService through a voter, under one request id
+// like PutRule: a delete retried after a lost reply returns its version.
+func (c *Client) DeleteRule(ctx context.Context, principal, id string) (uint64, error) {
+	if id == "" {
+		return 0, fmt.Errorf("%w: DeleteRule with an empty id", ErrBadCommand)
+	}
+	if err := checkChange(RuleChange{Principal: principal, Delete: id}); err != nil {
+		return 0, err
+	}
+	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
+		Change: &leasepb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: principal, Id: id, RequestId: newRequestID()}}})
+}
+
+func (c *Client) change(ctx context.Context, req *leasepb.ChangeRuleRequest) (uint64, error) {
+	var v uint64
+	err := c.do(ctx, "rule change", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
+		rep, err := leasepb.NewLeaseGroupClient(cc).ChangeRule(ctx, req)
+		if err != nil {
+			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
+		}
+		resp, retry, err := replyResponse("voter "+addr, rep)
+		v = resp.RuleVersion
+		return retry, err
+	})
+	return v, err
+}
+
+// ReadRules implements RuleService: from the replica of the voter reached,
+// or, when linearizable, from the leader (the voter forwards the read).
+func (c *Client) ReadRules(ctx context.Context, linearizable bool) (uint64, []quota.Rule, error) {
+	v, err := c.read(ctx, readQuery{linearizable: linearizable, rules: true})
+	return v.Version, v.Rules, err
+}
+
+// ReadHistory implements RuleService, like ReadRules.
+func (c *Client) ReadHistory(ctx context.Context, q HistoryQuery) (HistoryPage, error) {
+	v, err := c.read(ctx, readQuery{linearizable: q.Linearizable, history: true, since: q.Since, limit: historyLimit(q.Limit)})
+	if err != nil {
+		return HistoryPage{}, err
+	}
+	return HistoryPage{Version: v.Version, Oldest: v.Oldest, Entries: v.History}, nil
+}
+
+func (c *Client) read(ctx context.Context, q readQuery) (RuleView, error) {
+	var v RuleView
+	err := c.do(ctx, "read", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
+		rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(false))
+		if err != nil {
+			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
+		}
+		if retry, err := codeError("voter "+addr, rep.GetCode(), rep.GetMessage(), nil); err != nil {
+			return retry, err
+		}
+		if v, err = viewFromPB(rep); err != nil {
+			return false, fmt.Errorf("lease: malformed reply from voter %s: %w", addr, err)
+		}
+		return false, nil
+	})
+	return v, err
+}
+
+// do calls once on a voter, starting with the one that answered last, and
+// moves to the next while the failure is retryable (unreachable, no
+// leader), pausing after every voter was tried, until ctx (bounded by
+// Timeout) ends.
+func (c *Client) do(ctx context.Context, what string, once func(context.Context, *grpc.ClientConn, string) (bool, error)) error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+	}
+	n := int64(len(c.conns))
+	start := c.next.Load()
+	wait := 5 * time.Millisecond
+	for attempt := int64(0); ; attempt++ {
+		i := (start + attempt) % n
+		retry, err := once(ctx, c.conns[i], c.cfg.Voters[i])
+		if err == nil {
+			c.next.Store(i)
+			return nil
+		}
+		if !retry {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("lease: %s gave up: %w (%w)", what, err, ctx.Err())
+		}
+		if (attempt+1)%n != 0 {
+			continue
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("lease: %s gave up: %w (%w)", what, err, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
