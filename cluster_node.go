@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,9 +238,16 @@ func (n *Node) watchMembers(region string) {
 			}
 			var members []cluster.Member
 			for _, mi := range cp.mem.Members() {
+				if n.cfg.Lease != nil && n.cfg.Lease.Rules {
+					n.noteRulesVersion(mi.Meta.RulesVersion)
+				}
 				if mi.Meta.Region == region && mi.Meta.RPCAddr != "" {
 					members = append(members, cluster.Member{Name: mi.Name, Addr: mi.Meta.RPCAddr})
 				}
+			}
+			slices.SortFunc(members, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
+			if cur := cp.shell.Ring(); cur != nil && slices.Equal(cur.Members(), members) {
+				continue // a metadata change (a rule version): same ring
 			}
 			ring, err := cluster.NewRing(cp.epoch.Add(1), members)
 			if err != nil {

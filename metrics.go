@@ -82,7 +82,7 @@ type metrics struct {
 	reloadErrors prometheus.Counter
 	latency      prometheus.Histogram // safe for concurrent use on its own
 
-	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults *prometheus.Desc
+	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults, behind *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -110,6 +110,8 @@ func newMetrics(n *Node) *metrics {
 			[]string{"store", "reason"}, nil),
 		versionDesc: prometheus.NewDesc("weir_rules_version",
 			"Version of the rule set in force on this node.", nil, nil),
+		behind: prometheus.NewDesc("weir_rules_versions_behind",
+			"How many versions the rules in force trail the newest version heard of from the lease group or a peer's gossip (0 without a lease group). Alert when it stays above 0.", nil, nil),
 		defaults: prometheus.NewDesc("weir_rules_defaults_active",
 			"1 while the node enforces Config.DefaultRules because its rule file could not be loaded.", nil, nil),
 	}
@@ -127,6 +129,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.keysEvicted
 	ch <- m.versionDesc
 	ch <- m.defaults
+	ch <- m.behind
 }
 
 // Collect implements prometheus.Collector.
@@ -153,4 +156,5 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		def = 1
 	}
 	ch <- prometheus.MustNewConstMetric(m.defaults, prometheus.GaugeValue, def)
+	ch <- prometheus.MustNewConstMetric(m.behind, prometheus.GaugeValue, float64(m.n.rulesBehind()))
 }

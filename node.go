@@ -121,6 +121,11 @@ type Config struct {
 	// shared and exact rules are then decided together with the other
 	// nodes. Nil: every rule is enforced on this node alone.
 	Cluster *ClusterConfig
+
+	// Lease, when set, connects the node to the lease group (as a voter
+	// or a client): with Lease.Rules the node takes its rules from there,
+	// and RulesAdminHandler serves the rules API.
+	Lease *LeaseConfig
 }
 
 // Node is one weir limiter. It is safe for concurrent use by many goroutines.
@@ -141,6 +146,7 @@ type Node struct {
 	watcher *quota.Watcher
 	eng     engineHolder
 	cluster *clusterPart // nil without Config.Cluster
+	lease   *leasePart   // nil without Config.Lease
 
 	mu           sync.Mutex // guards closed and the rule-stats registry
 	closed       bool
@@ -217,13 +223,21 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 
+	if cfg.Lease != nil {
+		if err := n.startLease(cfg.Lease); err != nil {
+			n.unregister()
+			return nil, err
+		}
+	}
 	if cfg.Cluster != nil {
 		if err := n.startCluster(cfg.Cluster); err != nil {
+			n.stopLease()
 			n.unregister()
 			return nil, err
 		}
 	}
 	if err := n.loadInitialRules(); err != nil {
+		n.stopLease()
 		n.stopCluster()
 		n.unregister()
 		return nil, err
@@ -239,6 +253,9 @@ func (n *Node) unregister() {
 
 // loadInitialRules installs the first rule set and starts the file watcher.
 func (n *Node) loadInitialRules() error {
+	if n.cfg.Lease != nil && n.cfg.Lease.Rules {
+		return n.loadLeaseRules()
+	}
 	if n.cfg.RulesFile == "" {
 		set, err := quota.NewSet(n.cfg.Rules, 1)
 		if err != nil {
@@ -361,6 +378,9 @@ func (n *Node) Close() error {
 	n.closed = true
 	n.mu.Unlock()
 	err := n.stopCluster()
+	if e := n.stopLease(); err == nil {
+		err = e
+	}
 	if n.watcher != nil {
 		if e := n.watcher.Close(); err == nil {
 			err = e

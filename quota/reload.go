@@ -244,3 +244,23 @@ func versionOf(s *Set) uint64 {
 	}
 	return s.Version()
 }
+
+// ApplyVersion installs rules as the set of the given version, when that is
+// newer than the set in force: how a node takes a version decided elsewhere
+// (the lease group's rule store), keeping its number. An older or equal
+// version changes nothing and returns the set in force; invalid rules
+// return it with the validation error.
+func (h *Holder) ApplyVersion(rules []Rule, version uint64) (*Set, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cur := h.cur.Load()
+	if cur != nil && version <= cur.Version() {
+		return cur, nil
+	}
+	s, err := NewSet(rules, version)
+	if err != nil {
+		return cur, err
+	}
+	h.cur.Store(s)
+	return s, nil
+}

@@ -1,0 +1,266 @@
+package weir
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/quota"
+)
+
+// LeaseConfig connects a Node to the lease group: the small Raft group that
+// keeps the rules (versioned and audited) and will lease global limits to
+// regions. A node is either one of the group's voters (Voter) or a client of
+// them (Voters); see lease.Group and docs/rules-api.md.
+type LeaseConfig struct {
+	// Voter makes this node a voter: the group's configuration (data
+	// directory, Raft and RPC addresses, the initial voters).
+	Voter *lease.GroupConfig
+	// Voters are the lease RPC addresses of the voters, for a node that is
+	// not one. Exactly one of Voter and Voters is set.
+	Voters []string
+	// ClientTLS secures a client's calls to the voters.
+	ClientTLS *tls.Config
+	// Rules makes the group this node's only source of rules: Config.Rules
+	// and Config.RulesFile must then be empty. Until the first rule set
+	// arrives the node enforces Config.DefaultRules (and says so in Status
+	// and the weir_rules_defaults_active metric).
+	Rules bool
+	// CheckInterval is how often the node asks the group for its rule
+	// version, catching a change that gossip missed; 0 means 5s. A rule
+	// change usually arrives sooner: a voter sees it as it applies, and
+	// every node fetches as soon as gossip shows a peer running a newer
+	// version.
+	CheckInterval time.Duration
+	// AdminTokens maps each bearer token of RulesAdminHandler to the
+	// principal it authenticates (recorded in the audit history).
+	AdminTokens map[string]string
+}
+
+// leasePart is a node's connection to the lease group.
+type leasePart struct {
+	group  *lease.Group  // when a voter
+	client *lease.Client // otherwise
+	svc    lease.RuleService
+	admin  *lease.Admin
+	kick   chan struct{}
+	done   chan struct{}
+	wg     sync.WaitGroup
+	seen   atomic.Uint64 // the newest rule version heard of (group or gossip)
+	every  time.Duration
+}
+
+// startLease connects the node to the lease group (before its rules are
+// loaded: with LeaseConfig.Rules the group is where they come from).
+func (n *Node) startLease(lc *LeaseConfig) error {
+	if (lc.Voter == nil) == (len(lc.Voters) == 0) {
+		return errors.New("weir: Config.Lease: set exactly one of Voter (this node is a voter) and Voters (the voters' addresses)")
+	}
+	if lc.Rules && (n.cfg.RulesFile != "" || len(n.cfg.Rules) > 0) {
+		return errors.New("weir: Config.Lease.Rules: the lease group is then the only source of rules; leave Config.Rules and Config.RulesFile empty")
+	}
+	if lc.CheckInterval < 0 {
+		return fmt.Errorf("weir: Config.Lease.CheckInterval: must not be negative, got %v", lc.CheckInterval)
+	}
+	lp := &leasePart{kick: make(chan struct{}, 1), done: make(chan struct{}), every: lc.CheckInterval}
+	if lp.every == 0 {
+		lp.every = 5 * time.Second
+	}
+	if lc.Voter != nil {
+		g, err := lease.StartGroup(*lc.Voter)
+		if err != nil {
+			return fmt.Errorf("weir: Config.Lease.Voter: %w", err)
+		}
+		lp.group, lp.svc = g, g
+	} else {
+		c, err := lease.NewClient(lease.ClientConfig{Voters: lc.Voters, TLS: lc.ClientTLS})
+		if err != nil {
+			return fmt.Errorf("weir: Config.Lease.Voters: %w", err)
+		}
+		lp.client, lp.svc = c, c
+	}
+	if len(lc.AdminTokens) > 0 {
+		a, err := lease.AdminHandler(lease.AdminConfig{Store: lp.svc, Tokens: lc.AdminTokens, Logger: n.log})
+		if err != nil {
+			lp.close()
+			return fmt.Errorf("weir: Config.Lease.AdminTokens: %w", err)
+		}
+		lp.admin = a
+	}
+	n.lease = lp
+	return nil
+}
+
+// loadLeaseRules installs DefaultRules, tries once to fetch the group's
+// rules, and starts the loop that follows the group's versions.
+func (n *Node) loadLeaseRules() error {
+	set, err := quota.NewSet(n.cfg.DefaultRules, 0)
+	if err != nil {
+		return fmt.Errorf("weir: Config.DefaultRules: %w", err)
+	}
+	n.holder = quota.NewHolder(set)
+	n.mu.Lock()
+	n.usingDefault = true
+	n.mu.Unlock()
+	n.install(set)
+	lp := n.lease
+	n.fetchRules(lp.every)
+	lp.wg.Add(1)
+	go n.followRules()
+	return nil
+}
+
+// followRules fetches the group's rule set when a newer version is heard of
+// (a voter's own replica, gossip) or every CheckInterval.
+func (n *Node) followRules() {
+	lp := n.lease
+	defer lp.wg.Done()
+	check := time.NewTicker(lp.every)
+	defer check.Stop()
+	// A voter reads its own replica, which costs nothing: often.
+	local := time.NewTicker(100 * time.Millisecond)
+	defer local.Stop()
+	for {
+		select {
+		case <-lp.done:
+			return
+		case <-lp.kick:
+			n.fetchRules(lp.every)
+		case <-check.C:
+			n.fetchRules(lp.every)
+		case <-local.C:
+			if lp.group != nil {
+				if v, _ := lp.group.Rules(); v > n.rulesVersion() {
+					n.fetchRules(lp.every)
+				}
+			}
+		}
+	}
+}
+
+// fetchRules reads the group's rules and installs them if newer.
+func (n *Node) fetchRules(timeout time.Duration) {
+	lp := n.lease
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-lp.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	v, rules, err := lp.svc.ReadRules(ctx, false)
+	if err != nil {
+		n.log.Warn("lease group: could not read the rules; keeping the set in force", "err", err)
+		return
+	}
+	n.noteRulesVersion(v)
+	if v == 0 || v <= n.rulesVersion() {
+		return
+	}
+	set, err := n.holder.ApplyVersion(rules, v)
+	if err != nil {
+		n.metrics.reloadErrors.Inc()
+		n.log.Error("lease group: its rule set does not validate here; keeping the set in force", "version", v, "err", err)
+		return
+	}
+	n.mu.Lock()
+	n.usingDefault = false
+	n.lastErr = nil
+	n.mu.Unlock()
+	n.install(set)
+	n.log.Info("rules from the lease group", "version", set.Version(), "rules", set.Len())
+}
+
+// noteRulesVersion records a rule version heard of; a newer one than in
+// force wakes the loop that fetches it.
+func (n *Node) noteRulesVersion(v uint64) {
+	lp := n.lease
+	if lp == nil {
+		return
+	}
+	for {
+		old := lp.seen.Load()
+		if v <= old || lp.seen.CompareAndSwap(old, v) {
+			break
+		}
+	}
+	if n.cfg.Lease.Rules && v > n.rulesVersion() {
+		select {
+		case lp.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// rulesBehind is how many versions the node's rules trail the newest one it
+// heard of (from the group or a peer's gossip).
+func (n *Node) rulesBehind() uint64 {
+	lp := n.lease
+	if lp == nil {
+		return 0
+	}
+	if s, cur := lp.seen.Load(), n.rulesVersion(); s > cur {
+		return s - cur
+	}
+	return 0
+}
+
+// RulesAdminHandler serves the rules API of docs/rules-api.md (PUT, GET,
+// DELETE /v1/rules/{id}, GET /v1/rules, GET /v1/rules/history) against the
+// lease group, authenticated by Config.Lease.AdminTokens or a verified
+// client certificate. Serve it over TLS. It answers 503 on a node with no
+// lease group or no tokens configured.
+func (n *Node) RulesAdminHandler() http.Handler {
+	if n.lease == nil || n.lease.admin == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "weir: no lease group or no admin tokens configured on this node", http.StatusServiceUnavailable)
+		})
+	}
+	return n.lease.admin
+}
+
+// LeaseGroup returns the lease group this node is a voter of, or nil.
+func (n *Node) LeaseGroup() *lease.Group {
+	if n.lease == nil {
+		return nil
+	}
+	return n.lease.group
+}
+
+// stopLease stops following the group and closes the connection to it.
+func (n *Node) stopLease() error {
+	lp := n.lease
+	if lp == nil {
+		return nil
+	}
+	close(lp.done)
+	lp.wg.Wait()
+	return lp.close()
+}
+
+func (lp *leasePart) close() error {
+	if lp.group != nil {
+		return lp.group.Close()
+	}
+	if lp.client != nil {
+		return lp.client.Close()
+	}
+	return nil
+}
+
+// rulesVersion is the version of the rules in force, 0 before any (gossip
+// may report peers while New is still loading the rules).
+func (n *Node) rulesVersion() uint64 {
+	if e := n.eng.load(); e != nil {
+		return e.set.Version()
+	}
+	return 0
+}
