@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"flag"
@@ -50,6 +51,7 @@ type client struct {
 	admits                          []int64 // send times of the admitted requests, for the envelope
 	sent, admitted, rejected, other atomic.Int64
 	sample429                       atomic.Pointer[string]
+	firstFailure                    atomic.Pointer[string] // the first request that got neither 200 nor 429
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -325,7 +327,7 @@ func (c *client) drive(ctx context.Context, hc *http.Client, f *fleet) {
 		var wg sync.WaitGroup
 		for range c.burst {
 			wg.Add(1)
-			go func() { defer wg.Done(); c.send(ctx, hc, f.pick()+"/api/items") }()
+			go func() { defer wg.Done(); c.send(ctx, hc, f.pick) }()
 		}
 		wg.Wait()
 		select {
@@ -336,17 +338,29 @@ func (c *client) drive(ctx context.Context, hc *http.Client, f *fleet) {
 	}
 }
 
-func (c *client) send(ctx context.Context, hc *http.Client, url string) {
-	// The request outlives the run's context: one sent just before the end
-	// is answered and counted, so admitted matches the upstream's count.
-	req, _ := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, url, nil)
-	req.Header.Set("X-API-Key", c.key)
+func (c *client) send(ctx context.Context, hc *http.Client, pick func() string) {
 	sent := time.Now().UnixNano()
 	c.mu.Lock()
 	c.sends = append(c.sends, sent)
 	c.mu.Unlock()
-	resp, err := hc.Do(req)
+	// A gateway taken out of rotation just after it was picked refuses
+	// the connection; like a load balancer, try the next one (the request
+	// never reached a decision there).
+	var resp *http.Response
+	var err error
+	for range 3 {
+		// The request outlives the run's context: one sent just before
+		// the end is answered and counted, so admitted matches the
+		// upstream's count.
+		req, _ := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, pick()+"/api/items", nil)
+		req.Header.Set("X-API-Key", c.key)
+		if resp, err = hc.Do(req); err == nil {
+			break
+		}
+	}
 	if err != nil {
+		msg := err.Error()
+		c.firstFailure.CompareAndSwap(nil, &msg)
 		c.other.Add(1)
 		c.mu.Lock()
 		c.sends = c.sends[:len(c.sends)-1] // never reached the gateway's decision
@@ -370,6 +384,8 @@ func (c *client) send(ctx context.Context, hc *http.Client, url string) {
 			c.sample429.Store(&s)
 		}
 	default:
+		msg := fmt.Sprintf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(body))
+		c.firstFailure.CompareAndSwap(nil, &msg)
 		c.other.Add(1)
 	}
 }
@@ -516,6 +532,11 @@ func summarize(w io.Writer, clients []*client, upstream int64, f *fleet, perNode
 		fmt.Fprintf(w, "top throttled on %s: %s under %s (~%.0f recent rejections)\n", f.all()[0].name, top[0].Identity, top[0].Rule, top[0].Count)
 	}
 	if !ok {
+		for _, c := range clients {
+			if f := c.firstFailure.Load(); f != nil {
+				fmt.Fprintf(w, "%s: %d requests failed; the first: %s\n", c.name, c.other.Load(), *f)
+			}
+		}
 		fmt.Fprintln(w, "RESULT: a client's admissions left the envelope, or requests failed")
 		return 1
 	}
