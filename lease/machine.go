@@ -436,7 +436,14 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 	for i := range ks.regions {
 		l := &ks.regions[i]
 		demand[i] = l.demand
-		active[i] = l.seen != 0 && now-l.seen < m.active && l.demand > 0
+		// After a leader change, a region's last report counts as
+		// recent from the takeover on: the regions that report first
+		// must not find the others idle because the leader was away.
+		since := l.seen
+		if takeover := m.guard - m.lease - m.skew; m.guard != 0 && since != 0 && takeover > since {
+			since = takeover
+		}
+		active[i] = l.seen != 0 && now-since < m.active && l.demand > 0
 	}
 	target := Allocate(r.Limit, m.floor(r), demand, active)
 	for i := range ks.regions {

@@ -6,6 +6,11 @@
 //
 //	go run ./sim -nodes 5 -traffic uneven -faults 'crash:n1@10s,restart:n1@20s' -duration 1m -seed 7
 //	go run ./sim -sweep default
+//	go run ./sim -global -regions 3 -demand move -faults 'partition:r1@15s-35s' -seed 7
+//	go run ./sim -global -doorman
+//
+// With -global it simulates a global limit leased across regions instead
+// (package sim/global).
 //
 // See docs/overshoot.md for the contract it checks and the tables it made.
 package main
@@ -17,11 +22,13 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/quota"
+	"github.com/weir-dev/weir/sim/global"
 	"github.com/weir-dev/weir/sim/region"
 )
 
@@ -35,6 +42,11 @@ func main() {
 // run is the command: it returns the exit code (0 ok, 1 a bound broken, 2
 // bad flags or an error).
 func run(args []string, stdout, stderr io.Writer) int {
+	for i, a := range args {
+		if a == "-global" || a == "--global" {
+			return global.Main(append(slices.Clone(args[:i]), args[i+1:]...), stdout, stderr)
+		}
+	}
 	cfg, opts, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
