@@ -344,8 +344,8 @@ func (n *Node) clusterRules(e *engine) {
 	}
 	for i := range e.rules {
 		c := &e.rules[i]
-		if c.r.Algorithm != quota.AlgorithmGCRA || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) {
-			continue
+		if c.r.Algorithm != quota.AlgorithmGCRA || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {
+			continue // durable rules are decided by the lease group
 		}
 		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)
 		for id, s := range c.overrides {

@@ -35,6 +35,9 @@ type crule struct {
 	penalty    *bucket.Penalty
 	penaltyRec *bucket.PenaltyRecorder
 	stats      *ruleStats
+	// durable: the rule is decided through the lease group (durable: true
+	// and a node with Config.Lease; New refuses a durable rule without it).
+	durable bool
 }
 
 // limitSpec is a rule's limits for one class of identity (the rule itself,
@@ -97,6 +100,21 @@ func (n *Node) install(set *quota.Set) {
 		}
 	}
 	n.clusterRules(e)
+	for i := range e.rules {
+		if c := &e.rules[i]; c.r.Durable && c.r.Algorithm == quota.AlgorithmGCRA && n.lease != nil {
+			// The lease group decides it, not the ring: clusterRules
+			// registered it like any shared or exact rule (it stays idle
+			// in the coordinator); no spec of it goes there.
+			c.durable = true
+			c.base.cid = ""
+			for _, s := range c.overrides {
+				s.cid = ""
+			}
+			for _, s := range c.tiers {
+				s.cid = ""
+			}
+		}
+	}
 	n.eng.store(e)
 }
 
@@ -150,6 +168,11 @@ type pending struct {
 	cost  int64
 }
 
+// remote reports whether p is decided over the network (by the identity's
+// owner in the ring, or by the lease group for a durable rule), so that it
+// cannot be looked at without a charge.
+func (p *pending) remote() bool { return p.spec.cid != "" || p.c.durable }
+
 // latencySampleMask samples one decision in 64 for the latency histogram.
 const latencySampleMask = 63
 
@@ -159,8 +182,10 @@ const latencySampleMask = 63
 // if enforced when the request is admitted, and never reject. Rules decided
 // by the cluster (mode shared or exact with Config.Cluster set) cost no
 // network call while a node's slack lasts; a request beyond it waits for
-// the identity's owner, bounded by the decide timeout and by ctx. Allow is
-// safe for concurrent use.
+// the identity's owner, bounded by the decide timeout and by ctx. Durable
+// rules cost one Raft commit of the lease group each, bounded by
+// Config.Lease.DurableTimeout and by ctx (docs/durable.md). Allow is safe
+// for concurrent use.
 func (n *Node) Allow(ctx context.Context, req Request) (d Decision) {
 	sampled := rand.Uint32()&latencySampleMask == 0
 	var t0 time.Time
@@ -206,7 +231,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		ps = append(ps, pending{order: len(ps), c: c, spec: c.specFor(id, req.Tier), id: id, key: bucket.Mix(c.salt, n.hasher.Sum(id)), cost: cost})
 		if !c.r.Shadow {
 			enforced++
-			if ps[len(ps)-1].spec.cid != "" {
+			if ps[len(ps)-1].remote() {
 				clustered++
 			}
 		}
@@ -222,7 +247,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 	if enforced > 1 {
 		for i := range ps {
 			p := &ps[i]
-			if p.c.r.Shadow || p.spec.cid != "" {
+			if p.c.r.Shadow || p.remote() {
 				continue
 			}
 			if bd, locked := n.peek(p, now); !bd.Allowed {
@@ -232,30 +257,43 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		}
 	}
 	if clustered > 0 {
-		// Cluster rules one by one, stopping at the first rejection; the
-		// ones that admitted before it get their tokens back, so that two
-		// rules on one request do not starve each other.
-		for i := range ps {
-			p := &ps[i]
-			if p.c.r.Shadow || p.spec.cid == "" {
-				continue
-			}
-			if !d.Allowed {
-				n.reportUncharged(d, p, now)
-				continue
-			}
-			n.record(ctx, d, p, now)
-			if !d.Allowed {
-				for j := range i {
-					if q := &ps[j]; !q.c.r.Shadow && q.spec.cid != "" {
-						n.refundCluster(q)
+		// Cluster rules one by one, then durable rules, stopping at the
+		// first rejection; the cluster rules that admitted before it get
+		// their tokens back, so that two rules on one request do not
+		// starve each other. A durable admission is not given back (a
+		// refund would be a second Raft commit, lost if this node crashed
+		// between the two, and inexact, since a full bucket forgets the
+		// time it filled): durable rules are asked last, once every other
+		// enforced rule has passed (the node-local ones on look), so a
+		// durable rule is charged for a request that is then rejected only
+		// when a node-local bucket is spent between its look and its
+		// charge, or when a request carries two durable rules.
+		var abuf [inlineResults]int
+		admitted := abuf[:0]
+		for pass := range 2 {
+			for i := range ps {
+				p := &ps[i]
+				if p.c.r.Shadow || !p.remote() || p.c.durable != (pass == 1) {
+					continue
+				}
+				if !d.Allowed {
+					n.reportUncharged(d, p, now)
+					continue
+				}
+				n.record(ctx, d, p, now)
+				switch {
+				case d.Allowed && p.spec.cid != "":
+					admitted = append(admitted, i)
+				case !d.Allowed:
+					for _, j := range admitted {
+						n.refundCluster(&ps[j])
 					}
 				}
 			}
 		}
 		if !d.Allowed {
 			for i := range ps {
-				if p := &ps[i]; !p.c.r.Shadow && p.spec.cid == "" {
+				if p := &ps[i]; !p.c.r.Shadow && !p.remote() {
 					n.reportUncharged(d, p, now)
 				}
 			}
@@ -264,7 +302,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		}
 	}
 	for i := range ps {
-		if p := &ps[i]; !p.c.r.Shadow && p.spec.cid == "" {
+		if p := &ps[i]; !p.c.r.Shadow && !p.remote() {
 			n.record(ctx, d, p, now)
 		}
 	}
@@ -289,13 +327,13 @@ func (n *Node) shadows(ctx context.Context, d *Decision, ps []pending, now int64
 }
 
 // peek evaluates p without charging anything. A cluster rule cannot be
-// looked at without asking its owner: it reports this node's fallback
-// bucket, which is what it would enforce on failure.
+// looked at without asking its owner, nor a durable rule without a Raft
+// commit: it reports this node's fallback bucket as it stands.
 func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
 	if bd, locked := n.locked(p, now); locked {
 		return bd, true
 	}
-	if p.spec.cid != "" {
+	if p.remote() {
 		bd := p.spec.lim.peek(p.key, now, 0)
 		bd.Allowed, bd.RetryAfter = true, 0
 		return bd, false
@@ -334,7 +372,7 @@ func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int
 // would have passed reports its state as it stands.
 func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
 	bd, locked := n.peek(p, now)
-	if bd.Allowed && p.spec.cid == "" { // a cluster rule's peek is already the state as it stands
+	if bd.Allowed && !p.remote() { // a remote rule's peek is already the state as it stands
 		bd = p.spec.lim.peek(p.key, now, 0)
 		bd.Allowed = true
 	}
@@ -345,6 +383,11 @@ func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
 func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
 	if bd, locked := n.locked(p, now); locked {
 		n.report(d, p, bd, true, now, true, false)
+		return
+	}
+	if p.c.durable {
+		bd, degraded := n.decideDurable(ctx, p)
+		n.report(d, p, bd, false, now, true, degraded)
 		return
 	}
 	if p.spec.cid != "" {
@@ -370,7 +413,11 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	r.release, r.key, r.order, r.charged = p.spec.rel, p.key, int32(p.order), charged
 	if degraded {
 		r.Degraded, d.Degraded = true, true
-		n.noteDegraded(c, p, now)
+		if c.durable {
+			n.noteDurableDegraded(c, p, now)
+		} else {
+			n.noteDegraded(c, p, now)
+		}
 	}
 	stripe := p.key
 	switch {

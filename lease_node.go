@@ -5,17 +5,20 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"iter"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
 
 // LeaseConfig connects a Node to the lease group: the small Raft group that
-// keeps the rules (versioned and audited) and will lease global limits to
+// keeps the rules (versioned and audited), decides durable rules (one Raft
+// commit per decision; docs/durable.md) and will lease global limits to
 // regions. A node is either one of the group's voters (Voter) or a client of
 // them (Voters); see lease.Group and docs/rules-api.md.
 type LeaseConfig struct {
@@ -41,7 +44,17 @@ type LeaseConfig struct {
 	// AdminTokens maps each bearer token of RulesAdminHandler to the
 	// principal it authenticates (recorded in the audit history).
 	AdminTokens map[string]string
+	// DurableTimeout bounds how long a request waits for the lease group's
+	// decision of a durable rule (one Raft commit, forwarded to the leader)
+	// before the rule's on_failure decides it, degraded and counted (a
+	// request's ctx bounds it too); 0 means DefaultDurableTimeout. See
+	// docs/durable.md.
+	DurableTimeout time.Duration
 }
+
+// DefaultDurableTimeout is LeaseConfig.DurableTimeout's default: far above
+// a healthy Raft commit (milliseconds), far below an election.
+const DefaultDurableTimeout = 250 * time.Millisecond
 
 // leasePart is a node's connection to the lease group.
 type leasePart struct {
@@ -54,6 +67,10 @@ type leasePart struct {
 	wg     sync.WaitGroup
 	seen   atomic.Uint64 // the newest rule version heard of (group or gossip)
 	every  time.Duration
+
+	durable        lease.DurableService // the group or the client
+	durableTimeout time.Duration
+	lastLog        atomic.Int64 // unix ns of the last durable fail-open log line
 }
 
 // startLease connects the node to the lease group (before its rules are
@@ -68,22 +85,29 @@ func (n *Node) startLease(lc *LeaseConfig) error {
 	if lc.CheckInterval < 0 {
 		return fmt.Errorf("weir: Config.Lease.CheckInterval: must not be negative, got %v", lc.CheckInterval)
 	}
-	lp := &leasePart{kick: make(chan struct{}, 1), done: make(chan struct{}), every: lc.CheckInterval}
+	if lc.DurableTimeout < 0 {
+		return fmt.Errorf("weir: Config.Lease.DurableTimeout: must not be negative, got %v", lc.DurableTimeout)
+	}
+	lp := &leasePart{kick: make(chan struct{}, 1), done: make(chan struct{}), every: lc.CheckInterval,
+		durableTimeout: lc.DurableTimeout}
 	if lp.every == 0 {
 		lp.every = 5 * time.Second
+	}
+	if lp.durableTimeout == 0 {
+		lp.durableTimeout = DefaultDurableTimeout
 	}
 	if lc.Voter != nil {
 		g, err := lease.StartGroup(*lc.Voter)
 		if err != nil {
 			return fmt.Errorf("weir: Config.Lease.Voter: %w", err)
 		}
-		lp.group, lp.svc = g, g
+		lp.group, lp.svc, lp.durable = g, g, g
 	} else {
 		c, err := lease.NewClient(lease.ClientConfig{Voters: lc.Voters, TLS: lc.ClientTLS})
 		if err != nil {
 			return fmt.Errorf("weir: Config.Lease.Voters: %w", err)
 		}
-		lp.client, lp.svc = c, c
+		lp.client, lp.svc, lp.durable = c, c, c
 	}
 	if len(lc.AdminTokens) > 0 {
 		a, err := lease.AdminHandler(lease.AdminConfig{Store: lp.svc, Tokens: lc.AdminTokens, Logger: n.log})
@@ -263,4 +287,74 @@ func (n *Node) rulesVersion() uint64 {
 		return e.set.Version()
 	}
 	return 0
+}
+
+// ErrDurableNeedsLease is wrapped by the error that refuses a rule set
+// holding a durable rule on a node without Config.Lease (New, SetRules, a
+// rule file's reload): a durable rule's counters live in the lease group.
+var ErrDurableNeedsLease = errors.New("weir: a durable rule needs Config.Lease")
+
+// checkDurable refuses rules holding a durable rule when the node has no
+// lease group, naming the first such rule.
+func (n *Node) checkDurable(rules iter.Seq[quota.Rule]) error {
+	if n.cfg.Lease != nil {
+		return nil
+	}
+	for r := range rules {
+		if r.Durable {
+			return fmt.Errorf("%w: rule %q is durable (its counters live in the lease group, decided through Raft), but the node has no lease group: set Config.Lease or drop durable", ErrDurableNeedsLease, r.ID)
+		}
+	}
+	return nil
+}
+
+// setRules iterates a set's rules for checkDurable.
+func setRules(s *quota.Set) iter.Seq[quota.Rule] {
+	return func(yield func(quota.Rule) bool) {
+		for i := range s.Len() {
+			if !yield(*s.Rule(i)) {
+				return
+			}
+		}
+	}
+}
+
+// decideDurable decides a durable rule's request through the lease group,
+// bounded by Config.Lease.DurableTimeout and ctx. When the group cannot
+// answer in time (no leader, no quorum, unreachable, or the caller gave
+// up), the rule's on_failure decides, degraded: open admits; closed
+// rejects; and local rejects too, for on a durable rule a node-local
+// bucket would start full on every node and hand out exactly the free
+// window that durable exists to prevent (docs/durable.md). Such a
+// rejection says retry in a second. A failed call may still have been
+// applied by the group: rejecting then never admits too much.
+func (n *Node) decideDurable(ctx context.Context, p *pending) (bucket.Decision, bool) {
+	if p.cost > p.spec.burst {
+		// It can never pass (GCRA's edge case): no commit needed.
+		return bucket.Decision{Limit: p.spec.burst, RetryAfter: bucket.Never}, false
+	}
+	lp := n.lease
+	ctx, cancel := context.WithTimeout(ctx, lp.durableTimeout)
+	defer cancel()
+	rule := lease.DurableRule{ID: p.c.r.ID, Limit: p.spec.limit, Window: p.spec.window, Burst: p.spec.burst}
+	bd, err := lp.durable.Durable(ctx, rule, p.id, p.cost)
+	if err == nil {
+		return bd, false
+	}
+	if p.c.r.OnFailure == quota.OnFailureOpen {
+		return bucket.Decision{Allowed: true, Limit: p.spec.burst, Remaining: p.spec.burst}, true
+	}
+	return bucket.Decision{Limit: p.spec.burst, RetryAfter: time.Second}, true
+}
+
+// noteDurableDegraded counts and logs (at most once a second) a durable
+// decision made by on_failure because the lease group did not answer: the
+// same counter as the cluster's fail-open (weir_fail_open_total).
+func (n *Node) noteDurableDegraded(c *crule, p *pending, now int64) {
+	c.stats.degraded.add(p.key)
+	lp := n.lease
+	if last := lp.lastLog.Load(); now-last >= int64(time.Second) && lp.lastLog.CompareAndSwap(last, now) {
+		n.log.Warn("lease group did not answer a durable decision: decided by on_failure", "rule", c.r.ID,
+			"on_failure", c.r.OnFailure, "timeout", lp.durableTimeout)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -124,7 +125,8 @@ type Config struct {
 
 	// Lease, when set, connects the node to the lease group (as a voter
 	// or a client): with Lease.Rules the node takes its rules from there,
-	// and RulesAdminHandler serves the rules API.
+	// RulesAdminHandler serves the rules API, and durable rules are decided
+	// there. Nil: a rule set with a durable rule is refused.
 	Lease *LeaseConfig
 }
 
@@ -261,6 +263,9 @@ func (n *Node) loadInitialRules() error {
 		if err != nil {
 			return fmt.Errorf("weir: Config.Rules: %w", err)
 		}
+		if err := n.checkDurable(setRules(set)); err != nil {
+			return fmt.Errorf("weir: Config.Rules: %w", err)
+		}
 		n.holder = quota.NewHolder(set)
 		n.install(set)
 		return nil
@@ -268,9 +273,15 @@ func (n *Node) loadInitialRules() error {
 	if _, err := quota.NewSet(n.cfg.DefaultRules, 1); err != nil {
 		return fmt.Errorf("weir: Config.DefaultRules: %w", err)
 	}
+	if err := n.checkDurable(slices.Values(n.cfg.DefaultRules)); err != nil {
+		return fmt.Errorf("weir: Config.DefaultRules: %w", err)
+	}
 	set, loadErr := quota.LoadOrDefault(n.cfg.RulesFile, n.cfg.DefaultRules)
 	if set == nil {
 		return fmt.Errorf("weir: Config.RulesFile: %w", loadErr)
+	}
+	if err := n.checkDurable(setRules(set)); err != nil {
+		return fmt.Errorf("weir: Config.RulesFile %s: %w", n.cfg.RulesFile, err)
 	}
 	n.holder = quota.NewHolder(set)
 	if loadErr != nil {
@@ -293,6 +304,14 @@ func (n *Node) loadInitialRules() error {
 }
 
 func (n *Node) onReload(set *quota.Set) {
+	if err := n.checkDurable(setRules(set)); err != nil {
+		// Refused like an invalid file: the last good set stays in force.
+		// (The watcher's holder has moved on to the refused set; the next
+		// change of the file, back to the old content included, is a new
+		// version that is checked again.)
+		n.onReloadError(fmt.Errorf("quota: rules file %s rejected, keeping version %d: %w", n.cfg.RulesFile, n.rulesVersion(), err))
+		return
+	}
 	n.mu.Lock()
 	wasDefault := n.usingDefault
 	n.usingDefault = false
@@ -317,6 +336,10 @@ func (n *Node) onReloadError(err error) {
 func (n *Node) SetRules(rules []quota.Rule) error {
 	if n.isClosed() {
 		return ErrClosed
+	}
+	if err := n.checkDurable(slices.Values(rules)); err != nil {
+		n.metrics.reloadErrors.Inc()
+		return err
 	}
 	set, err := n.holder.Apply(rules)
 	if err != nil {

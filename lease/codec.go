@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease/leasepb"
 )
 
@@ -18,8 +19,9 @@ import (
 //
 //	entryNoop    (0): no body; the FSM applies nothing (benchmarks, probes)
 //	entryCommand (1): a leasepb.Command, protobuf-encoded: a lease Machine
-//	                  command (report, takeover, rules, tick) or a rule
-//	                  store change (put_rule, delete_rule)
+//	                  command (report, takeover, rules, tick), a rule
+//	                  store change (put_rule, delete_rule), or a durable
+//	                  rule's decision (durable)
 //
 // Any other first byte is refused, so a later format can be told apart from
 // this one. A put_rule carries the rule as its canonical JSON
@@ -38,11 +40,61 @@ const MaxEntryBytes = 4 << 20
 // ErrMalformedEntry is wrapped by every error DecodeEntry returns.
 var ErrMalformedEntry = errors.New("lease: malformed log entry")
 
-// Entry is one decoded log entry: a lease Machine command or a rule store
-// change. At most one field is set; neither is a no-op entry.
+// Entry is one decoded log entry: a lease Machine command, a rule store
+// change or a durable rule's decision. At most one field is set; none is a
+// no-op entry.
 type Entry struct {
 	Command *Command
 	Rule    *RuleChange
+	Durable *DurableCommand
+}
+
+// EncodeDurable encodes a durable decision as a log entry. It fails,
+// wrapping ErrBadCommand, if the command is malformed (DurableStore.Apply
+// would refuse it).
+func EncodeDurable(c DurableCommand) ([]byte, error) {
+	pc, err := durableToPB(c)
+	if err != nil {
+		return nil, err
+	}
+	return encodePB(pc)
+}
+
+// durableToPB converts and checks a durable command.
+func durableToPB(c DurableCommand) (*leasepb.Command, error) {
+	if _, err := c.check(); err != nil {
+		return nil, err
+	}
+	return &leasepb.Command{Now: c.Now, Kind: &leasepb.Command_Durable{Durable: durableDecideToPB(c)}}, nil
+}
+
+func durableDecideToPB(c DurableCommand) *leasepb.DurableDecide {
+	return &leasepb.DurableDecide{Rule: c.Rule.ID, Limit: c.Rule.Limit, Window: int64(c.Rule.Window), Burst: c.Rule.Burst,
+		Identity: []byte(c.Identity), Cost: c.Cost, RequestId: c.RequestID}
+}
+
+// durableFromPB converts and checks the form of a wire durable command.
+func durableFromPB(now int64, d *leasepb.DurableDecide) (DurableCommand, error) {
+	if d == nil {
+		return DurableCommand{}, errors.New("durable is missing")
+	}
+	c := DurableCommand{Now: now, RequestID: d.GetRequestId(), Identity: string(d.GetIdentity()), Cost: d.GetCost(),
+		Rule: DurableRule{ID: d.GetRule(), Limit: d.GetLimit(), Window: time.Duration(d.GetWindow()), Burst: d.GetBurst()}}
+	if _, err := c.check(); err != nil {
+		return DurableCommand{}, fmt.Errorf("durable: %w", err)
+	}
+	return c, nil
+}
+
+// decisionToPB and decisionFromPB convert a durable decision.
+func decisionToPB(d bucket.Decision) *leasepb.Decision {
+	return &leasepb.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetIn: int64(d.Reset),
+		RetryAfter: int64(d.RetryAfter)}
+}
+
+func decisionFromPB(d *leasepb.Decision) bucket.Decision {
+	return bucket.Decision{Allowed: d.GetAllowed(), Limit: d.GetLimit(), Remaining: d.GetRemaining(),
+		Reset: time.Duration(d.GetResetIn()), RetryAfter: time.Duration(d.GetRetryAfter())}
 }
 
 // EncodeEntry encodes c as a log entry. It fails, wrapping ErrBadCommand, if
@@ -75,7 +127,11 @@ func encodeLogEntry(e Entry) ([]byte, error) {
 	case e.Rule != nil && e.Command == nil:
 		return EncodeRuleChange(*e.Rule)
 	}
-	return nil, fmt.Errorf("%w: an entry must hold a command or a rule change", ErrBadCommand)
+	pc, err := entryToPB(e)
+	if err != nil {
+		return nil, err
+	}
+	return encodePB(pc)
 }
 
 func encodePB(pc *leasepb.Command) ([]byte, error) {
@@ -151,15 +207,17 @@ func ruleChangeToPB(c RuleChange) (*leasepb.Command, error) {
 	return pc, nil
 }
 
-// entryToPB converts either kind of entry.
+// entryToPB converts an entry of any kind.
 func entryToPB(e Entry) (*leasepb.Command, error) {
 	switch {
-	case e.Command != nil && e.Rule == nil:
+	case e.Command != nil && e.Rule == nil && e.Durable == nil:
 		return commandToPB(*e.Command)
-	case e.Rule != nil && e.Command == nil:
+	case e.Rule != nil && e.Command == nil && e.Durable == nil:
 		return ruleChangeToPB(*e.Rule)
+	case e.Durable != nil && e.Command == nil && e.Rule == nil:
+		return durableToPB(*e.Durable)
 	}
-	return nil, fmt.Errorf("%w: an entry must hold a command or a rule change", ErrBadCommand)
+	return nil, fmt.Errorf("%w: an entry must hold exactly one of a command, a rule change and a durable decision", ErrBadCommand)
 }
 
 // entryFromPB converts and checks the form of a wire command of any kind.
@@ -180,6 +238,12 @@ func entryFromPB(pc *leasepb.Command) (Entry, error) {
 		}
 		return Entry{Rule: &RuleChange{Now: pc.GetNow(), Principal: k.DeleteRule.GetPrincipal(), RequestID: k.DeleteRule.GetRequestId(),
 			Delete: k.DeleteRule.GetId()}}, nil
+	case *leasepb.Command_Durable:
+		c, err := durableFromPB(pc.GetNow(), k.Durable)
+		if err != nil {
+			return Entry{}, err
+		}
+		return Entry{Durable: &c}, nil
 	}
 	c, err := commandFromPB(pc)
 	if err != nil {

@@ -9,20 +9,23 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/quota"
 )
 
-// FSM is the raft.FSM over a Machine and the RuleStore beside it: Apply
-// decodes a log entry and hands it to the Machine (a lease command) or the
-// rule store (a rule change, which passes the set's global rules on to the
-// Machine in the same step), nothing else; Snapshot and Restore encode and
-// restore both together (snapshot.go). Its methods are safe for concurrent
+// FSM is the raft.FSM over a Machine and the RuleStore and DurableStore
+// beside it: Apply decodes a log entry and hands it to the Machine (a lease
+// command; a Tick also ticks the durable store), the rule store (a rule
+// change, which passes the set's global rules on to the Machine in the same
+// step) or the durable store (a durable decision), nothing else; Snapshot
+// and Restore encode and restore the three together (snapshot.go). Its methods are safe for concurrent
 // use (raft calls Apply, Snapshot and Restore from one goroutine; readers
 // such as Check and ReadRules may run beside it).
 type FSM struct {
 	mu       sync.Mutex
 	m        *Machine
 	rules    *RuleStore
+	durable  *DurableStore
 	restores int // how many snapshots Restore installed
 }
 
@@ -31,17 +34,20 @@ var (
 	_ raft.FSMSnapshot = fsmSnapshot(nil)
 )
 
-// NewFSM returns the FSM over m and an empty rule store. The FSM owns m
-// from then on: read it only through the FSM's methods.
-func NewFSM(m *Machine) *FSM { return &FSM{m: m, rules: NewRuleStore()} }
+// NewFSM returns the FSM over m, an empty rule store and an empty durable
+// store. The FSM owns m from then on: read it only through the FSM's
+// methods.
+func NewFSM(m *Machine) *FSM { return &FSM{m: m, rules: NewRuleStore(), durable: NewDurableStore()} }
 
 // ApplyResponse is what FSM.Apply returns (raft's ApplyFuture.Response):
 // the command's Result, or the rule store's version after a rule change, or
-// the error that refused it (a malformed entry, or one Machine.Apply or
-// RuleStore.Apply refused). A no-op entry gives the zero value.
+// a durable decision, or the error that refused it (a malformed entry, or
+// one Machine.Apply, RuleStore.Apply or DurableStore.Apply refused). A no-op
+// entry gives the zero value.
 type ApplyResponse struct {
 	Result      Result
 	RuleVersion uint64
+	Durable     bucket.Decision
 	Err         error
 }
 
@@ -54,7 +60,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return applyEntry(f.m, f.rules, e)
+	return applyEntry(f.m, f.rules, f.durable, e)
 }
 
 // Snapshot implements raft.FSM: it encodes the state at once, so Persist
@@ -73,19 +79,35 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := restoreState(f.m, f.rules, b); err != nil {
+	if err := restoreState(f.m, f.rules, f.durable, b); err != nil {
 		return err
 	}
 	f.restores++
 	return nil
 }
 
-// State returns the encoded replicated state: the machine's and the rule
-// store's (snapshot.go), what Snapshot persists.
+// State returns the encoded replicated state: the machine's, the rule
+// store's and the durable store's (snapshot.go), what Snapshot persists.
 func (f *FSM) State() []byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return marshalState(f.m, f.rules)
+	return marshalFullState(f.m, f.rules, f.durable)
+}
+
+// DurableTAT reads a durable bucket from this replica: its TAT (unix ns on
+// the leaders' clocks), ok false for a full bucket.
+func (f *FSM) DurableTAT(rule, identity string) (tat int64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.durable.TAT(rule, identity)
+}
+
+// DurableLen is the number of durable buckets this replica holds (those
+// not full) and of request ids it remembers.
+func (f *FSM) DurableLen() (buckets, requests int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.durable.Len(), f.durable.Requests()
 }
 
 // RuleView is one consistent read of the rule store.

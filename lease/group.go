@@ -586,6 +586,11 @@ func (g *Group) apply(ctx context.Context, e Entry) (ApplyResponse, bool, error)
 		rc.Now = now
 		e.Rule = &rc
 	}
+	if e.Durable != nil {
+		dc := *e.Durable
+		dc.Now = now
+		e.Durable = &dc
+	}
 	data, err := encodeLogEntry(e)
 	if err != nil {
 		return ApplyResponse{}, false, err

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease/leasepb"
 	"github.com/weir-dev/weir/quota"
 )
@@ -108,7 +109,11 @@ func proposeReply(resp ApplyResponse, err error) *leasepb.ProposeReply {
 	if err != nil {
 		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
 	}
-	return &leasepb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
+	rep := &leasepb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
+	if resp.Durable != (bucket.Decision{}) { // a durable decision's Limit is at least 1
+		rep.Durable = decisionToPB(resp.Durable)
+	}
+	return rep
 }
 
 // problemsToPB lists the *quota.Error values in err.
@@ -313,6 +318,9 @@ func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e Entry
 	if err != nil {
 		return ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}
+	if e.Durable != nil && rep.GetCode() == leasepb.Code_OK && rep.GetDurable() == nil {
+		return ApplyResponse{}, false, fmt.Errorf("leader %q: %w", leader, errDurableNoDecision)
+	}
 	return replyResponse(leader, rep)
 }
 
@@ -325,7 +333,11 @@ func replyResponse(from string, rep *leasepb.ProposeReply) (ApplyResponse, bool,
 	if err != nil {
 		return ApplyResponse{}, false, fmt.Errorf("lease: malformed reply from %q: %w", from, err)
 	}
-	return ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}, false, nil
+	resp := ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}
+	if rep.GetDurable() != nil {
+		resp.Durable = decisionFromPB(rep.GetDurable())
+	}
+	return resp, false, nil
 }
 
 // forwardRead sends a linearizable read to the leader's forwarding service.

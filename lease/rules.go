@@ -467,21 +467,28 @@ func decodeRuleJSON(b []byte) (quota.Rule, error) {
 }
 
 // applyEntry applies one decoded log entry to the replicated state: the
-// lease Machine and the rule store beside it. It is what FSM.Apply calls
-// after decoding, and is as pure as Machine.Apply. Once the rule store has
-// a version, it owns the machine's rules: a Command{Rules} from elsewhere
-// is refused, so the two cannot disagree.
-func applyEntry(m *Machine, rs *RuleStore, e Entry) ApplyResponse {
+// lease Machine, the rule store and the durable store beside it. It is what
+// FSM.Apply calls after decoding, and is as pure as Machine.Apply. Once the
+// rule store has a version, it owns the machine's rules: a Command{Rules}
+// from elsewhere is refused, so the two cannot disagree. A Tick also ticks
+// the durable store (dropping its full buckets).
+func applyEntry(m *Machine, rs *RuleStore, ds *DurableStore, e Entry) ApplyResponse {
 	switch {
 	case e.Rule != nil:
 		v, err := rs.Apply(m, *e.Rule)
 		return ApplyResponse{RuleVersion: v, Err: err}
+	case e.Durable != nil:
+		d, err := ds.Apply(*e.Durable)
+		return ApplyResponse{Durable: d, Err: err}
 	case e.Command != nil:
 		if e.Command.Rules != nil && rs.Version() > 0 {
 			return ApplyResponse{Err: fmt.Errorf("%w: the rule store (version %d) manages the lease rules: change them with PutRule and DeleteRule",
 				ErrBadCommand, rs.Version())}
 		}
 		res, err := m.Apply(*e.Command)
+		if e.Command.Tick {
+			ds.Tick(e.Command.Now)
+		}
 		return ApplyResponse{Result: res, Err: err}
 	}
 	return ApplyResponse{}

@@ -14,11 +14,11 @@ import (
 )
 
 // This file encodes the replicated state, a Machine's and the RuleStore's
-// beside it, for Raft snapshots. The encoding is versioned and
-// deterministic: maps are written in sorted key order, so equal states
-// encode to equal bytes on every replica.
+// and DurableStore's beside it, for Raft snapshots. The encoding is
+// versioned and deterministic: maps are written in sorted key order, so
+// equal states encode to equal bytes on every replica.
 //
-//	"WLS" version(2)
+//	"WLS" version(3)
 //	now guard (varint) epoch (uvarint)
 //	regions: count, each a string                     (must match Config)
 //	rules: count, each id limit window burst maxCost  (sorted by id)
@@ -32,10 +32,19 @@ import (
 //	               after digest
 //	               (oldest first; op 1 put, 2 delete; before and after are
 //	               canonical JSON, empty for none)
+//	durable store (version 3 only; a state whose durable store is empty,
+//	      its clock included, is written as version 2):
+//	      now (varint)
+//	      buckets: count, each rule identity tat      (sorted by rule, identity;
+//	               only buckets not full: tat > now)
+//	      requests: count, each id at allowed limit remaining reset
+//	               retryAfter                         (oldest first, applied
+//	               within DurableRetryWindow before now)
 //
 // Integers are varints (signed) or uvarints (counts, epochs, sequences,
 // versions, ops); strings are a uvarint length and the bytes. Version 1
-// (the machine alone) is still read, as a state with an empty rule store.
+// (the machine alone) is still read, as a state with an empty rule store,
+// and version 2 (no durable store) as a state with an empty durable store.
 //
 // Restoring checks the rule store as well as the form: its rules are a
 // valid quota set in canonical, normalised form and id order; the history
@@ -46,7 +55,7 @@ import (
 
 const (
 	stateMagic   = "WLS"
-	stateVersion = 2
+	stateVersion = 3
 )
 
 // ErrBadState is wrapped by every error RestoreState returns for bytes it
@@ -55,15 +64,29 @@ var ErrBadState = errors.New("lease: malformed state")
 
 // MarshalState encodes the machine's replicated state (not its Config) in a
 // versioned, deterministic form: two machines in the same state give the
-// same bytes. The rule store section is empty: FSM.State encodes a
-// machine with its rule store.
+// same bytes. The rule store section is empty and there is no durable store
+// (so it is version 2): FSM.State encodes a machine with its stores.
 func (m *Machine) MarshalState() []byte { return marshalState(m, nil) }
 
-// marshalState encodes m and rs (nil: an empty store).
-func marshalState(m *Machine, rs *RuleStore) []byte {
+// marshalState encodes m and rs (nil: an empty store) with an empty durable
+// store.
+func marshalState(m *Machine, rs *RuleStore) []byte { return marshalFullState(m, rs, nil) }
+
+// marshalFullState encodes m, rs and ds (nil: an empty store).
+func marshalFullState(m *Machine, rs *RuleStore, ds *DurableStore) []byte {
 	var w stateWriter
+	if ds == nil {
+		ds = NewDurableStore()
+	}
+	// The lowest version that holds the state: a state with an empty
+	// durable store (never used, never ticked) is written as version 2,
+	// which a binary from before durable rules reads too.
+	version := byte(stateVersion)
+	if ds.empty() {
+		version = 2
+	}
 	w.buf.WriteString(stateMagic)
-	w.buf.WriteByte(stateVersion)
+	w.buf.WriteByte(version)
 	w.int(m.now)
 	w.int(m.guard)
 	w.uint(m.epoch)
@@ -126,19 +149,23 @@ func marshalState(m *Machine, rs *RuleStore) []byte {
 		w.bytes(e.After)
 		w.str(e.Digest)
 	}
+	if version >= 3 {
+		ds.marshal(&w)
+	}
 	return w.buf.Bytes()
 }
 
 // RestoreState replaces the machine's replicated state with one that
 // MarshalState encoded. The machine's Config must name the same regions as
-// the encoder's. A state whose rule store is not empty is refused (restore
-// it with its store, through FSM.Restore). On error (wrapping ErrBadState)
-// the machine is unchanged.
-func (m *Machine) RestoreState(b []byte) error { return restoreState(m, nil, b) }
+// the encoder's. A state whose rule store or durable store is not empty is
+// refused (restore it with its stores, through FSM.Restore). On error
+// (wrapping ErrBadState) the machine is unchanged.
+func (m *Machine) RestoreState(b []byte) error { return restoreState(m, nil, nil, b) }
 
-// restoreState replaces m's state and rs's with b's; rs nil means b's rule
-// store must be empty. On error (wrapping ErrBadState) neither changes.
-func restoreState(m *Machine, rs *RuleStore, b []byte) error {
+// restoreState replaces m's state, rs's and ds's with b's; rs (ds) nil
+// means b's rule store (durable store) must be empty. On error (wrapping
+// ErrBadState) none changes.
+func restoreState(m *Machine, rs *RuleStore, ds *DurableStore, b []byte) error {
 	s, err := decodeState(b)
 	if err != nil {
 		return err
@@ -163,9 +190,15 @@ func restoreState(m *Machine, rs *RuleStore, b []byte) error {
 			return fmt.Errorf("%w: the machine's rules differ from the rule store's global rules", ErrBadState)
 		}
 	}
+	if ds == nil && (s.durable.Len() > 0 || s.durable.Requests() > 0) {
+		return fmt.Errorf("%w: the state holds durable buckets: restore it through FSM.Restore", ErrBadState)
+	}
 	m.now, m.guard, m.epoch, m.rules, m.seqs, m.keys = s.now, s.guard, s.epoch, s.rules, s.seqs, s.keys
 	if rs != nil {
 		*rs = *s.store
+	}
+	if ds != nil {
+		*ds = *s.durable
 	}
 	return nil
 }
@@ -178,7 +211,8 @@ type state struct {
 	rules      map[string]Rule
 	seqs       map[string]uint64
 	keys       map[key]*keyState
-	store      *RuleStore // never nil
+	store      *RuleStore    // never nil
+	durable    *DurableStore // never nil
 }
 
 // decodeState reads MarshalState's encoding; it never panics.
@@ -188,8 +222,8 @@ func decodeState(b []byte) (*state, error) {
 		return nil, fmt.Errorf("%w: not a lease state", ErrBadState)
 	}
 	v := b[len(stateMagic)]
-	if v != 1 && v != stateVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d (or 1)", ErrBadState, v, stateVersion)
+	if v < 1 || v > stateVersion {
+		return nil, fmt.Errorf("%w: version %d, want %d (or 1, 2)", ErrBadState, v, stateVersion)
 	}
 	r.b = b[len(stateMagic)+1:]
 	s := &state{rules: map[string]Rule{}, seqs: map[string]uint64{}, keys: map[key]*keyState{}}
@@ -236,6 +270,10 @@ func decodeState(b []byte) (*state, error) {
 	s.store = NewRuleStore()
 	if v >= 2 && r.err == nil {
 		s.store = r.ruleStore()
+	}
+	s.durable = NewDurableStore()
+	if v >= 3 && r.err == nil {
+		s.durable = r.durableStore()
 	}
 	if r.err == nil && len(r.b) != 0 {
 		r.fail(fmt.Sprintf("%d bytes left over", len(r.b)))

@@ -117,6 +117,7 @@ type Command struct {
 	//	*Command_Tick
 	//	*Command_PutRule
 	//	*Command_DeleteRule
+	//	*Command_Durable
 	Kind          isCommand_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -220,6 +221,15 @@ func (x *Command) GetDeleteRule() *RuleDelete {
 	return nil
 }
 
+func (x *Command) GetDurable() *DurableDecide {
+	if x != nil {
+		if x, ok := x.Kind.(*Command_Durable); ok {
+			return x.Durable
+		}
+	}
+	return nil
+}
+
 type isCommand_Kind interface {
 	isCommand_Kind()
 }
@@ -250,6 +260,11 @@ type Command_DeleteRule struct {
 	DeleteRule *RuleDelete `protobuf:"bytes,7,opt,name=delete_rule,json=deleteRule,proto3,oneof"`
 }
 
+type Command_Durable struct {
+	// A decision of a durable rule (lease.DurableCommand).
+	Durable *DurableDecide `protobuf:"bytes,8,opt,name=durable,proto3,oneof"`
+}
+
 func (*Command_Report) isCommand_Kind() {}
 
 func (*Command_Takeover) isCommand_Kind() {}
@@ -261,6 +276,182 @@ func (*Command_Tick) isCommand_Kind() {}
 func (*Command_PutRule) isCommand_Kind() {}
 
 func (*Command_DeleteRule) isCommand_Kind() {}
+
+func (*Command_Durable) isCommand_Kind() {}
+
+// DurableDecide decides a request of cost tokens for identity under a
+// durable GCRA rule: limit tokens per window (ns), capacity burst. The
+// command carries the rule's parameters, so the group need not know the
+// rule. request_id names the request across retries: a command whose
+// request_id was applied recently is answered from that first application.
+type DurableDecide struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Window        int64                  `protobuf:"varint,3,opt,name=window,proto3" json:"window,omitempty"`
+	Burst         int64                  `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	Identity      []byte                 `protobuf:"bytes,5,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
+	Cost          int64                  `protobuf:"varint,6,opt,name=cost,proto3" json:"cost,omitempty"`
+	RequestId     string                 `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DurableDecide) Reset() {
+	*x = DurableDecide{}
+	mi := &file_lease_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DurableDecide) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DurableDecide) ProtoMessage() {}
+
+func (x *DurableDecide) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DurableDecide.ProtoReflect.Descriptor instead.
+func (*DurableDecide) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DurableDecide) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *DurableDecide) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *DurableDecide) GetWindow() int64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *DurableDecide) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *DurableDecide) GetIdentity() []byte {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *DurableDecide) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *DurableDecide) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// Decision is a bucket.Decision; durations are ns.
+type Decision struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Allowed       bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Remaining     int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	ResetIn       int64                  `protobuf:"varint,4,opt,name=reset_in,json=resetIn,proto3" json:"reset_in,omitempty"`
+	RetryAfter    int64                  `protobuf:"varint,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Decision) Reset() {
+	*x = Decision{}
+	mi := &file_lease_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Decision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Decision) ProtoMessage() {}
+
+func (x *Decision) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Decision.ProtoReflect.Descriptor instead.
+func (*Decision) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Decision) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *Decision) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *Decision) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *Decision) GetResetIn() int64 {
+	if x != nil {
+		return x.ResetIn
+	}
+	return 0
+}
+
+func (x *Decision) GetRetryAfter() int64 {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return 0
+}
 
 // RulePut creates or replaces the rule rule.ID of the rule store.
 // principal is who asked (an authenticated name); rule is a quota.Rule's
@@ -277,7 +468,7 @@ type RulePut struct {
 
 func (x *RulePut) Reset() {
 	*x = RulePut{}
-	mi := &file_lease_proto_msgTypes[1]
+	mi := &file_lease_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +480,7 @@ func (x *RulePut) String() string {
 func (*RulePut) ProtoMessage() {}
 
 func (x *RulePut) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[1]
+	mi := &file_lease_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +493,7 @@ func (x *RulePut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulePut.ProtoReflect.Descriptor instead.
 func (*RulePut) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{1}
+	return file_lease_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RulePut) GetPrincipal() string {
@@ -338,7 +529,7 @@ type RuleDelete struct {
 
 func (x *RuleDelete) Reset() {
 	*x = RuleDelete{}
-	mi := &file_lease_proto_msgTypes[2]
+	mi := &file_lease_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +541,7 @@ func (x *RuleDelete) String() string {
 func (*RuleDelete) ProtoMessage() {}
 
 func (x *RuleDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[2]
+	mi := &file_lease_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +554,7 @@ func (x *RuleDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleDelete.ProtoReflect.Descriptor instead.
 func (*RuleDelete) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{2}
+	return file_lease_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RuleDelete) GetPrincipal() string {
@@ -400,7 +591,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_lease_proto_msgTypes[3]
+	mi := &file_lease_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -412,7 +603,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[3]
+	mi := &file_lease_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -425,7 +616,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{3}
+	return file_lease_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Report) GetReporter() string {
@@ -470,7 +661,7 @@ type ReportItem struct {
 
 func (x *ReportItem) Reset() {
 	*x = ReportItem{}
-	mi := &file_lease_proto_msgTypes[4]
+	mi := &file_lease_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +673,7 @@ func (x *ReportItem) String() string {
 func (*ReportItem) ProtoMessage() {}
 
 func (x *ReportItem) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[4]
+	mi := &file_lease_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +686,7 @@ func (x *ReportItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportItem.ProtoReflect.Descriptor instead.
 func (*ReportItem) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{4}
+	return file_lease_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReportItem) GetRule() string {
@@ -543,7 +734,7 @@ type RuleSet struct {
 
 func (x *RuleSet) Reset() {
 	*x = RuleSet{}
-	mi := &file_lease_proto_msgTypes[5]
+	mi := &file_lease_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +746,7 @@ func (x *RuleSet) String() string {
 func (*RuleSet) ProtoMessage() {}
 
 func (x *RuleSet) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[5]
+	mi := &file_lease_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +759,7 @@ func (x *RuleSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleSet.ProtoReflect.Descriptor instead.
 func (*RuleSet) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{5}
+	return file_lease_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RuleSet) GetRules() []*Rule {
@@ -592,7 +783,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_lease_proto_msgTypes[6]
+	mi := &file_lease_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +795,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[6]
+	mi := &file_lease_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +808,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{6}
+	return file_lease_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Rule) GetId() string {
@@ -671,7 +862,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_lease_proto_msgTypes[7]
+	mi := &file_lease_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +874,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[7]
+	mi := &file_lease_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +887,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{7}
+	return file_lease_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Grant) GetRule() string {
@@ -751,7 +942,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_lease_proto_msgTypes[8]
+	mi := &file_lease_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +954,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[8]
+	mi := &file_lease_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +967,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{8}
+	return file_lease_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Result) GetGrants() []*Grant {
@@ -797,7 +988,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_lease_proto_msgTypes[9]
+	mi := &file_lease_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +1000,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[9]
+	mi := &file_lease_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +1013,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{9}
+	return file_lease_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProposeRequest) GetFrom() string {
@@ -853,7 +1044,7 @@ type Problem struct {
 
 func (x *Problem) Reset() {
 	*x = Problem{}
-	mi := &file_lease_proto_msgTypes[10]
+	mi := &file_lease_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +1056,7 @@ func (x *Problem) String() string {
 func (*Problem) ProtoMessage() {}
 
 func (x *Problem) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[10]
+	mi := &file_lease_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1069,7 @@ func (x *Problem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Problem.ProtoReflect.Descriptor instead.
 func (*Problem) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{10}
+	return file_lease_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Problem) GetField() string {
@@ -906,19 +1097,21 @@ func (x *Problem) GetRuleId() string {
 // rule_version is the rule store's version after a rule change; problems
 // come with INVALID_RULE.
 type ProposeReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
-	Code          Code                   `protobuf:"varint,2,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	RuleVersion   uint64                 `protobuf:"varint,4,opt,name=rule_version,json=ruleVersion,proto3" json:"rule_version,omitempty"`
-	Problems      []*Problem             `protobuf:"bytes,5,rep,name=problems,proto3" json:"problems,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Result      *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	Code        Code                   `protobuf:"varint,2,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
+	Message     string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	RuleVersion uint64                 `protobuf:"varint,4,opt,name=rule_version,json=ruleVersion,proto3" json:"rule_version,omitempty"`
+	Problems    []*Problem             `protobuf:"bytes,5,rep,name=problems,proto3" json:"problems,omitempty"`
+	// The decision of a durable command.
+	Durable       *Decision `protobuf:"bytes,6,opt,name=durable,proto3" json:"durable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProposeReply) Reset() {
 	*x = ProposeReply{}
-	mi := &file_lease_proto_msgTypes[11]
+	mi := &file_lease_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1123,7 @@ func (x *ProposeReply) String() string {
 func (*ProposeReply) ProtoMessage() {}
 
 func (x *ProposeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[11]
+	mi := &file_lease_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1136,7 @@ func (x *ProposeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeReply.ProtoReflect.Descriptor instead.
 func (*ProposeReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{11}
+	return file_lease_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProposeReply) GetResult() *Result {
@@ -981,6 +1174,67 @@ func (x *ProposeReply) GetProblems() []*Problem {
 	return nil
 }
 
+func (x *ProposeReply) GetDurable() *Decision {
+	if x != nil {
+		return x.Durable
+	}
+	return nil
+}
+
+// DurableRequest carries a durable decision from a client to any voter;
+// from names the caller, for logs.
+type DurableRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Decide        *DurableDecide         `protobuf:"bytes,2,opt,name=decide,proto3" json:"decide,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DurableRequest) Reset() {
+	*x = DurableRequest{}
+	mi := &file_lease_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DurableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DurableRequest) ProtoMessage() {}
+
+func (x *DurableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DurableRequest.ProtoReflect.Descriptor instead.
+func (*DurableRequest) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DurableRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *DurableRequest) GetDecide() *DurableDecide {
+	if x != nil {
+		return x.Decide
+	}
+	return nil
+}
+
 // ChangeRuleRequest carries one rule change from a client; from names the
 // caller, for logs.
 type ChangeRuleRequest struct {
@@ -997,7 +1251,7 @@ type ChangeRuleRequest struct {
 
 func (x *ChangeRuleRequest) Reset() {
 	*x = ChangeRuleRequest{}
-	mi := &file_lease_proto_msgTypes[12]
+	mi := &file_lease_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1263,7 @@ func (x *ChangeRuleRequest) String() string {
 func (*ChangeRuleRequest) ProtoMessage() {}
 
 func (x *ChangeRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[12]
+	mi := &file_lease_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1276,7 @@ func (x *ChangeRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeRuleRequest.ProtoReflect.Descriptor instead.
 func (*ChangeRuleRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{12}
+	return file_lease_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChangeRuleRequest) GetFrom() string {
@@ -1092,7 +1346,7 @@ type ReadRulesRequest struct {
 
 func (x *ReadRulesRequest) Reset() {
 	*x = ReadRulesRequest{}
-	mi := &file_lease_proto_msgTypes[13]
+	mi := &file_lease_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1358,7 @@ func (x *ReadRulesRequest) String() string {
 func (*ReadRulesRequest) ProtoMessage() {}
 
 func (x *ReadRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[13]
+	mi := &file_lease_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1371,7 @@ func (x *ReadRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRulesRequest.ProtoReflect.Descriptor instead.
 func (*ReadRulesRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{13}
+	return file_lease_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadRulesRequest) GetLinearizable() bool {
@@ -1180,7 +1434,7 @@ type ReadRulesReply struct {
 
 func (x *ReadRulesReply) Reset() {
 	*x = ReadRulesReply{}
-	mi := &file_lease_proto_msgTypes[14]
+	mi := &file_lease_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1446,7 @@ func (x *ReadRulesReply) String() string {
 func (*ReadRulesReply) ProtoMessage() {}
 
 func (x *ReadRulesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[14]
+	mi := &file_lease_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1459,7 @@ func (x *ReadRulesReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRulesReply.ProtoReflect.Descriptor instead.
 func (*ReadRulesReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{14}
+	return file_lease_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadRulesReply) GetCode() Code {
@@ -1270,7 +1524,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_lease_proto_msgTypes[15]
+	mi := &file_lease_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1536,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[15]
+	mi := &file_lease_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1549,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{15}
+	return file_lease_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AuditEntry) GetVersion() uint64 {
@@ -1372,7 +1626,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_lease_proto_msgTypes[16]
+	mi := &file_lease_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1638,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[16]
+	mi := &file_lease_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1651,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{16}
+	return file_lease_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AddVoterRequest) GetName() string {
@@ -1425,7 +1679,7 @@ type AddVoterReply struct {
 
 func (x *AddVoterReply) Reset() {
 	*x = AddVoterReply{}
-	mi := &file_lease_proto_msgTypes[17]
+	mi := &file_lease_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1691,7 @@ func (x *AddVoterReply) String() string {
 func (*AddVoterReply) ProtoMessage() {}
 
 func (x *AddVoterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[17]
+	mi := &file_lease_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1704,7 @@ func (x *AddVoterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterReply.ProtoReflect.Descriptor instead.
 func (*AddVoterReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{17}
+	return file_lease_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AddVoterReply) GetCode() Code {
@@ -1471,7 +1725,7 @@ var File_lease_proto protoreflect.FileDescriptor
 
 const file_lease_proto_rawDesc = "" +
 	"\n" +
-	"\vlease.proto\x12\rweir.lease.v1\"\xab\x02\n" +
+	"\vlease.proto\x12\rweir.lease.v1\"\xe5\x02\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12/\n" +
 	"\x06report\x18\x02 \x01(\v2\x15.weir.lease.v1.ReportH\x00R\x06report\x12\x1c\n" +
@@ -1480,8 +1734,25 @@ const file_lease_proto_rawDesc = "" +
 	"\x04tick\x18\x05 \x01(\bH\x00R\x04tick\x123\n" +
 	"\bput_rule\x18\x06 \x01(\v2\x16.weir.lease.v1.RulePutH\x00R\aputRule\x12<\n" +
 	"\vdelete_rule\x18\a \x01(\v2\x19.weir.lease.v1.RuleDeleteH\x00R\n" +
-	"deleteRuleB\x06\n" +
-	"\x04kind\"Z\n" +
+	"deleteRule\x128\n" +
+	"\adurable\x18\b \x01(\v2\x1c.weir.lease.v1.DurableDecideH\x00R\adurableB\x06\n" +
+	"\x04kind\"\xb6\x01\n" +
+	"\rDurableDecide\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x16\n" +
+	"\x06window\x18\x03 \x01(\x03R\x06window\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12\x1a\n" +
+	"\bidentity\x18\x05 \x01(\fR\bidentity\x12\x12\n" +
+	"\x04cost\x18\x06 \x01(\x03R\x04cost\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\"\x94\x01\n" +
+	"\bDecision\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12\x19\n" +
+	"\breset_in\x18\x04 \x01(\x03R\aresetIn\x12\x1f\n" +
+	"\vretry_after\x18\x05 \x01(\x03R\n" +
+	"retryAfter\"Z\n" +
 	"\aRulePut\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\fR\x04rule\x12\x1d\n" +
@@ -1528,13 +1799,17 @@ const file_lease_proto_rawDesc = "" +
 	"\aProblem\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x17\n" +
-	"\arule_id\x18\x03 \x01(\tR\x06ruleId\"\xd7\x01\n" +
+	"\arule_id\x18\x03 \x01(\tR\x06ruleId\"\x8a\x02\n" +
 	"\fProposeReply\x12-\n" +
 	"\x06result\x18\x01 \x01(\v2\x15.weir.lease.v1.ResultR\x06result\x12'\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12!\n" +
 	"\frule_version\x18\x04 \x01(\x04R\vruleVersion\x122\n" +
-	"\bproblems\x18\x05 \x03(\v2\x16.weir.lease.v1.ProblemR\bproblems\"\x92\x01\n" +
+	"\bproblems\x18\x05 \x03(\v2\x16.weir.lease.v1.ProblemR\bproblems\x121\n" +
+	"\adurable\x18\x06 \x01(\v2\x17.weir.lease.v1.DecisionR\adurable\"Z\n" +
+	"\x0eDurableRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x124\n" +
+	"\x06decide\x18\x02 \x01(\v2\x1c.weir.lease.v1.DurableDecideR\x06decide\"\x92\x01\n" +
 	"\x11ChangeRuleRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12*\n" +
 	"\x03put\x18\x02 \x01(\v2\x16.weir.lease.v1.RulePutH\x00R\x03put\x123\n" +
@@ -1583,14 +1858,15 @@ const file_lease_proto_rawDesc = "" +
 	"\n" +
 	"\x06FAILED\x10\x05\x12\x10\n" +
 	"\fINVALID_RULE\x10\x06\x12\r\n" +
-	"\tNOT_FOUND\x10\a2\xb7\x02\n" +
+	"\tNOT_FOUND\x10\a2\xfe\x02\n" +
 	"\n" +
 	"LeaseGroup\x12E\n" +
 	"\aPropose\x12\x1d.weir.lease.v1.ProposeRequest\x1a\x1b.weir.lease.v1.ProposeReply\x12H\n" +
 	"\bAddVoter\x12\x1e.weir.lease.v1.AddVoterRequest\x1a\x1c.weir.lease.v1.AddVoterReply\x12K\n" +
 	"\n" +
 	"ChangeRule\x12 .weir.lease.v1.ChangeRuleRequest\x1a\x1b.weir.lease.v1.ProposeReply\x12K\n" +
-	"\tReadRules\x12\x1f.weir.lease.v1.ReadRulesRequest\x1a\x1d.weir.lease.v1.ReadRulesReplyB(Z&github.com/weir-dev/weir/lease/leasepbb\x06proto3"
+	"\tReadRules\x12\x1f.weir.lease.v1.ReadRulesRequest\x1a\x1d.weir.lease.v1.ReadRulesReply\x12E\n" +
+	"\aDurable\x12\x1d.weir.lease.v1.DurableRequest\x1a\x1b.weir.lease.v1.ProposeReplyB(Z&github.com/weir-dev/weir/lease/leasepbb\x06proto3"
 
 var (
 	file_lease_proto_rawDescOnce sync.Once
@@ -1605,58 +1881,66 @@ func file_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_lease_proto_goTypes = []any{
 	(Code)(0),                 // 0: weir.lease.v1.Code
 	(*Command)(nil),           // 1: weir.lease.v1.Command
-	(*RulePut)(nil),           // 2: weir.lease.v1.RulePut
-	(*RuleDelete)(nil),        // 3: weir.lease.v1.RuleDelete
-	(*Report)(nil),            // 4: weir.lease.v1.Report
-	(*ReportItem)(nil),        // 5: weir.lease.v1.ReportItem
-	(*RuleSet)(nil),           // 6: weir.lease.v1.RuleSet
-	(*Rule)(nil),              // 7: weir.lease.v1.Rule
-	(*Grant)(nil),             // 8: weir.lease.v1.Grant
-	(*Result)(nil),            // 9: weir.lease.v1.Result
-	(*ProposeRequest)(nil),    // 10: weir.lease.v1.ProposeRequest
-	(*Problem)(nil),           // 11: weir.lease.v1.Problem
-	(*ProposeReply)(nil),      // 12: weir.lease.v1.ProposeReply
-	(*ChangeRuleRequest)(nil), // 13: weir.lease.v1.ChangeRuleRequest
-	(*ReadRulesRequest)(nil),  // 14: weir.lease.v1.ReadRulesRequest
-	(*ReadRulesReply)(nil),    // 15: weir.lease.v1.ReadRulesReply
-	(*AuditEntry)(nil),        // 16: weir.lease.v1.AuditEntry
-	(*AddVoterRequest)(nil),   // 17: weir.lease.v1.AddVoterRequest
-	(*AddVoterReply)(nil),     // 18: weir.lease.v1.AddVoterReply
+	(*DurableDecide)(nil),     // 2: weir.lease.v1.DurableDecide
+	(*Decision)(nil),          // 3: weir.lease.v1.Decision
+	(*RulePut)(nil),           // 4: weir.lease.v1.RulePut
+	(*RuleDelete)(nil),        // 5: weir.lease.v1.RuleDelete
+	(*Report)(nil),            // 6: weir.lease.v1.Report
+	(*ReportItem)(nil),        // 7: weir.lease.v1.ReportItem
+	(*RuleSet)(nil),           // 8: weir.lease.v1.RuleSet
+	(*Rule)(nil),              // 9: weir.lease.v1.Rule
+	(*Grant)(nil),             // 10: weir.lease.v1.Grant
+	(*Result)(nil),            // 11: weir.lease.v1.Result
+	(*ProposeRequest)(nil),    // 12: weir.lease.v1.ProposeRequest
+	(*Problem)(nil),           // 13: weir.lease.v1.Problem
+	(*ProposeReply)(nil),      // 14: weir.lease.v1.ProposeReply
+	(*DurableRequest)(nil),    // 15: weir.lease.v1.DurableRequest
+	(*ChangeRuleRequest)(nil), // 16: weir.lease.v1.ChangeRuleRequest
+	(*ReadRulesRequest)(nil),  // 17: weir.lease.v1.ReadRulesRequest
+	(*ReadRulesReply)(nil),    // 18: weir.lease.v1.ReadRulesReply
+	(*AuditEntry)(nil),        // 19: weir.lease.v1.AuditEntry
+	(*AddVoterRequest)(nil),   // 20: weir.lease.v1.AddVoterRequest
+	(*AddVoterReply)(nil),     // 21: weir.lease.v1.AddVoterReply
 }
 var file_lease_proto_depIdxs = []int32{
-	4,  // 0: weir.lease.v1.Command.report:type_name -> weir.lease.v1.Report
-	6,  // 1: weir.lease.v1.Command.rules:type_name -> weir.lease.v1.RuleSet
-	2,  // 2: weir.lease.v1.Command.put_rule:type_name -> weir.lease.v1.RulePut
-	3,  // 3: weir.lease.v1.Command.delete_rule:type_name -> weir.lease.v1.RuleDelete
-	5,  // 4: weir.lease.v1.Report.items:type_name -> weir.lease.v1.ReportItem
-	7,  // 5: weir.lease.v1.RuleSet.rules:type_name -> weir.lease.v1.Rule
-	8,  // 6: weir.lease.v1.Result.grants:type_name -> weir.lease.v1.Grant
-	1,  // 7: weir.lease.v1.ProposeRequest.command:type_name -> weir.lease.v1.Command
-	9,  // 8: weir.lease.v1.ProposeReply.result:type_name -> weir.lease.v1.Result
-	0,  // 9: weir.lease.v1.ProposeReply.code:type_name -> weir.lease.v1.Code
-	11, // 10: weir.lease.v1.ProposeReply.problems:type_name -> weir.lease.v1.Problem
-	2,  // 11: weir.lease.v1.ChangeRuleRequest.put:type_name -> weir.lease.v1.RulePut
-	3,  // 12: weir.lease.v1.ChangeRuleRequest.delete:type_name -> weir.lease.v1.RuleDelete
-	0,  // 13: weir.lease.v1.ReadRulesReply.code:type_name -> weir.lease.v1.Code
-	16, // 14: weir.lease.v1.ReadRulesReply.history:type_name -> weir.lease.v1.AuditEntry
-	0,  // 15: weir.lease.v1.AddVoterReply.code:type_name -> weir.lease.v1.Code
-	10, // 16: weir.lease.v1.LeaseGroup.Propose:input_type -> weir.lease.v1.ProposeRequest
-	17, // 17: weir.lease.v1.LeaseGroup.AddVoter:input_type -> weir.lease.v1.AddVoterRequest
-	13, // 18: weir.lease.v1.LeaseGroup.ChangeRule:input_type -> weir.lease.v1.ChangeRuleRequest
-	14, // 19: weir.lease.v1.LeaseGroup.ReadRules:input_type -> weir.lease.v1.ReadRulesRequest
-	12, // 20: weir.lease.v1.LeaseGroup.Propose:output_type -> weir.lease.v1.ProposeReply
-	18, // 21: weir.lease.v1.LeaseGroup.AddVoter:output_type -> weir.lease.v1.AddVoterReply
-	12, // 22: weir.lease.v1.LeaseGroup.ChangeRule:output_type -> weir.lease.v1.ProposeReply
-	15, // 23: weir.lease.v1.LeaseGroup.ReadRules:output_type -> weir.lease.v1.ReadRulesReply
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	6,  // 0: weir.lease.v1.Command.report:type_name -> weir.lease.v1.Report
+	8,  // 1: weir.lease.v1.Command.rules:type_name -> weir.lease.v1.RuleSet
+	4,  // 2: weir.lease.v1.Command.put_rule:type_name -> weir.lease.v1.RulePut
+	5,  // 3: weir.lease.v1.Command.delete_rule:type_name -> weir.lease.v1.RuleDelete
+	2,  // 4: weir.lease.v1.Command.durable:type_name -> weir.lease.v1.DurableDecide
+	7,  // 5: weir.lease.v1.Report.items:type_name -> weir.lease.v1.ReportItem
+	9,  // 6: weir.lease.v1.RuleSet.rules:type_name -> weir.lease.v1.Rule
+	10, // 7: weir.lease.v1.Result.grants:type_name -> weir.lease.v1.Grant
+	1,  // 8: weir.lease.v1.ProposeRequest.command:type_name -> weir.lease.v1.Command
+	11, // 9: weir.lease.v1.ProposeReply.result:type_name -> weir.lease.v1.Result
+	0,  // 10: weir.lease.v1.ProposeReply.code:type_name -> weir.lease.v1.Code
+	13, // 11: weir.lease.v1.ProposeReply.problems:type_name -> weir.lease.v1.Problem
+	3,  // 12: weir.lease.v1.ProposeReply.durable:type_name -> weir.lease.v1.Decision
+	2,  // 13: weir.lease.v1.DurableRequest.decide:type_name -> weir.lease.v1.DurableDecide
+	4,  // 14: weir.lease.v1.ChangeRuleRequest.put:type_name -> weir.lease.v1.RulePut
+	5,  // 15: weir.lease.v1.ChangeRuleRequest.delete:type_name -> weir.lease.v1.RuleDelete
+	0,  // 16: weir.lease.v1.ReadRulesReply.code:type_name -> weir.lease.v1.Code
+	19, // 17: weir.lease.v1.ReadRulesReply.history:type_name -> weir.lease.v1.AuditEntry
+	0,  // 18: weir.lease.v1.AddVoterReply.code:type_name -> weir.lease.v1.Code
+	12, // 19: weir.lease.v1.LeaseGroup.Propose:input_type -> weir.lease.v1.ProposeRequest
+	20, // 20: weir.lease.v1.LeaseGroup.AddVoter:input_type -> weir.lease.v1.AddVoterRequest
+	16, // 21: weir.lease.v1.LeaseGroup.ChangeRule:input_type -> weir.lease.v1.ChangeRuleRequest
+	17, // 22: weir.lease.v1.LeaseGroup.ReadRules:input_type -> weir.lease.v1.ReadRulesRequest
+	15, // 23: weir.lease.v1.LeaseGroup.Durable:input_type -> weir.lease.v1.DurableRequest
+	14, // 24: weir.lease.v1.LeaseGroup.Propose:output_type -> weir.lease.v1.ProposeReply
+	21, // 25: weir.lease.v1.LeaseGroup.AddVoter:output_type -> weir.lease.v1.AddVoterReply
+	14, // 26: weir.lease.v1.LeaseGroup.ChangeRule:output_type -> weir.lease.v1.ProposeReply
+	18, // 27: weir.lease.v1.LeaseGroup.ReadRules:output_type -> weir.lease.v1.ReadRulesReply
+	14, // 28: weir.lease.v1.LeaseGroup.Durable:output_type -> weir.lease.v1.ProposeReply
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_lease_proto_init() }
@@ -1671,8 +1955,9 @@ func file_lease_proto_init() {
 		(*Command_Tick)(nil),
 		(*Command_PutRule)(nil),
 		(*Command_DeleteRule)(nil),
+		(*Command_Durable)(nil),
 	}
-	file_lease_proto_msgTypes[12].OneofWrappers = []any{
+	file_lease_proto_msgTypes[15].OneofWrappers = []any{
 		(*ChangeRuleRequest_Put)(nil),
 		(*ChangeRuleRequest_Delete)(nil),
 	}
@@ -1682,7 +1967,7 @@ func file_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lease_proto_rawDesc), len(file_lease_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,7 @@ const (
 	LeaseGroup_AddVoter_FullMethodName   = "/weir.lease.v1.LeaseGroup/AddVoter"
 	LeaseGroup_ChangeRule_FullMethodName = "/weir.lease.v1.LeaseGroup/ChangeRule"
 	LeaseGroup_ReadRules_FullMethodName  = "/weir.lease.v1.LeaseGroup/ReadRules"
+	LeaseGroup_Durable_FullMethodName    = "/weir.lease.v1.LeaseGroup/Durable"
 )
 
 // LeaseGroupClient is the client API for LeaseGroup service.
@@ -53,6 +54,11 @@ type LeaseGroupClient interface {
 	// linearizable set, on the leader once it has confirmed its leadership
 	// (the receiver forwards such a read to the leader once).
 	ReadRules(ctx context.Context, in *ReadRulesRequest, opts ...grpc.CallOption) (*ReadRulesReply, error)
+	// Durable decides one request of a durable rule through the leader's
+	// Raft log (lease.DurableCommand). Like ChangeRule, a receiver that does
+	// not lead forwards it to the leader (through the leader's Propose), so a
+	// client may call any voter.
+	Durable(ctx context.Context, in *DurableRequest, opts ...grpc.CallOption) (*ProposeReply, error)
 }
 
 type leaseGroupClient struct {
@@ -103,6 +109,16 @@ func (c *leaseGroupClient) ReadRules(ctx context.Context, in *ReadRulesRequest, 
 	return out, nil
 }
 
+func (c *leaseGroupClient) Durable(ctx context.Context, in *DurableRequest, opts ...grpc.CallOption) (*ProposeReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ProposeReply)
+	err := c.cc.Invoke(ctx, LeaseGroup_Durable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LeaseGroupServer is the server API for LeaseGroup service.
 // All implementations must embed UnimplementedLeaseGroupServer
 // for forward compatibility.
@@ -120,6 +136,11 @@ type LeaseGroupServer interface {
 	// linearizable set, on the leader once it has confirmed its leadership
 	// (the receiver forwards such a read to the leader once).
 	ReadRules(context.Context, *ReadRulesRequest) (*ReadRulesReply, error)
+	// Durable decides one request of a durable rule through the leader's
+	// Raft log (lease.DurableCommand). Like ChangeRule, a receiver that does
+	// not lead forwards it to the leader (through the leader's Propose), so a
+	// client may call any voter.
+	Durable(context.Context, *DurableRequest) (*ProposeReply, error)
 	mustEmbedUnimplementedLeaseGroupServer()
 }
 
@@ -141,6 +162,9 @@ func (UnimplementedLeaseGroupServer) ChangeRule(context.Context, *ChangeRuleRequ
 }
 func (UnimplementedLeaseGroupServer) ReadRules(context.Context, *ReadRulesRequest) (*ReadRulesReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReadRules not implemented")
+}
+func (UnimplementedLeaseGroupServer) Durable(context.Context, *DurableRequest) (*ProposeReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Durable not implemented")
 }
 func (UnimplementedLeaseGroupServer) mustEmbedUnimplementedLeaseGroupServer() {}
 func (UnimplementedLeaseGroupServer) testEmbeddedByValue()                    {}
@@ -235,6 +259,24 @@ func _LeaseGroup_ReadRules_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LeaseGroup_Durable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DurableRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseGroupServer).Durable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseGroup_Durable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseGroupServer).Durable(ctx, req.(*DurableRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LeaseGroup_ServiceDesc is the grpc.ServiceDesc for LeaseGroup service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -257,6 +299,10 @@ var LeaseGroup_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReadRules",
 			Handler:    _LeaseGroup_ReadRules_Handler,
+		},
+		{
+			MethodName: "Durable",
+			Handler:    _LeaseGroup_Durable_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,364 @@
+package lease
+
+import (
+	"cmp"
+	"container/heap"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/weir-dev/weir/bucket"
+)
+
+// This file is the durable-counter store: the GCRA buckets of `durable: true`
+// rules ("one free trial per account", OTP attempts), a pure state machine
+// beside the lease Machine and the RuleStore. Every decision is one entry of
+// the group's Raft log, so it is linearizable, survives the crash of any
+// node (a quorum holds it on disk), and a new leader continues from exactly
+// the buckets the old one left: no free window.
+//
+// A DurableCommand carries the rule's parameters (limit, window, burst), so
+// the store does not depend on where a node's rules come from; a changed
+// limit keeps the bucket's TAT and GCRA adapts to it. Time is the
+// proposing leader's clock, made monotone by the store (a command older than
+// the newest one applied is decided at the newest time): a leader whose
+// clock is behind its predecessor's decides as if no time had passed until
+// it catches up (stricter), one whose clock is ahead refills early by at
+// most the skew (for a rule of one per 30 days, half a second of skew is
+// nothing).
+//
+// Retries are idempotent: a command carries a request id (Group and Client
+// draw one per call, before they retry), and the store remembers the
+// result of every id it applied within DurableRetryWindow of the store's
+// clock, up to MaxDurableRequests of them (the oldest go first). A retry
+// that arrives later than that (or after more than MaxDurableRequests other
+// durable decisions) is charged again: Group.Durable and Client.Durable
+// retry only within their ctx, bounded by ProposeTimeout (5s by default),
+// far inside the window.
+//
+// A full bucket equals no entry and is dropped: on every Tick the store
+// drops the buckets whose TAT has passed (a heap ordered by TAT finds them
+// without a scan), so memory follows the live keys.
+
+// Bounds of a durable command.
+const (
+	// DurableRetryWindow is how long (on the store's clock) the result of
+	// a durable command is kept for a retry under the same request id.
+	DurableRetryWindow = time.Minute
+	// MaxDurableRequests is the most request ids the store remembers.
+	MaxDurableRequests = 1 << 16
+	// MaxDurableIdentityBytes is the longest identity a durable command
+	// may carry.
+	MaxDurableIdentityBytes = 4096
+	// MaxDurableRuleIDBytes is the longest rule id a durable command may
+	// carry (quota's rule ids are at most 128 bytes).
+	MaxDurableRuleIDBytes = 128
+)
+
+// DurableRule is what a durable decision needs of its rule: the id that
+// names its buckets and the GCRA parameters (Limit tokens per Window,
+// capacity Burst). Every decision carries them, so a changed limit applies
+// from the next decision on, to the same buckets.
+type DurableRule struct {
+	ID     string
+	Limit  int64
+	Window time.Duration
+	Burst  int64
+}
+
+// DurableCommand is one decision of a durable rule, an entry of the
+// replicated log.
+type DurableCommand struct {
+	// Now is the proposing leader's clock (unix ns). Group stamps it; a
+	// caller's value is overwritten.
+	Now int64
+	// RequestID names the request across retries (at most
+	// MaxRequestIDBytes; empty: none, every application charges).
+	RequestID string
+	// Rule is the rule's id and parameters.
+	Rule DurableRule
+	// Identity is the bucket's identity within the rule (any bytes, at
+	// most MaxDurableIdentityBytes).
+	Identity string
+	// Cost is the tokens the request spends, at least 1.
+	Cost int64
+}
+
+// check checks c's form and returns its GCRA; errors wrap ErrBadCommand.
+func (c DurableCommand) check() (bucket.GCRA, error) {
+	switch {
+	case c.Rule.ID == "":
+		return bucket.GCRA{}, fmt.Errorf("%w: a durable command needs a rule id", ErrBadCommand)
+	case len(c.Rule.ID) > MaxDurableRuleIDBytes || !utf8.ValidString(c.Rule.ID):
+		return bucket.GCRA{}, fmt.Errorf("%w: durable rule id of %d bytes: want valid UTF-8 of at most %d", ErrBadCommand, len(c.Rule.ID), MaxDurableRuleIDBytes)
+	case len(c.Identity) > MaxDurableIdentityBytes:
+		return bucket.GCRA{}, fmt.Errorf("%w: durable identity of %d bytes, over %d", ErrBadCommand, len(c.Identity), MaxDurableIdentityBytes)
+	case len(c.RequestID) > MaxRequestIDBytes:
+		return bucket.GCRA{}, fmt.Errorf("%w: request id of %d bytes, over %d", ErrBadCommand, len(c.RequestID), MaxRequestIDBytes)
+	case c.Cost < 1:
+		return bucket.GCRA{}, fmt.Errorf("%w: durable cost %d: must be at least 1", ErrBadCommand, c.Cost)
+	}
+	g, err := bucket.NewGCRA(c.Rule.Limit, c.Rule.Window, c.Rule.Burst)
+	if err != nil {
+		return bucket.GCRA{}, fmt.Errorf("%w: durable rule %q: %w", ErrBadCommand, c.Rule.ID, err)
+	}
+	return g, nil
+}
+
+// durableKey names one bucket.
+type durableKey struct{ rule, identity string }
+
+func compareDurableKeys(a, b durableKey) int {
+	return cmp.Or(cmp.Compare(a.rule, b.rule), cmp.Compare(a.identity, b.identity))
+}
+
+// durableReq is a remembered request: its id, when it was applied (the
+// store's clock) and its result.
+type durableReq struct {
+	id  string
+	at  int64
+	dec bucket.Decision
+}
+
+// DurableStore holds the buckets of durable rules. The zero value is not
+// usable: NewDurableStore returns an empty store. It is not safe for
+// concurrent use; the FSM guards it.
+type DurableStore struct {
+	now  int64                // the newest time applied
+	tats map[durableKey]int64 // only buckets that are not full (TAT > now)
+	exp  expiryHeap           // one entry per key of tats, by TAT (lazy: a key's TAT may have grown since)
+	reqs []durableReq         // remembered requests, oldest first; reqs[head:] are live
+	head int
+	byID map[string]int // request id → index in reqs
+}
+
+// NewDurableStore returns an empty store.
+func NewDurableStore() *DurableStore {
+	return &DurableStore{tats: map[durableKey]int64{}, byID: map[string]int{}}
+}
+
+// Len is the number of buckets held (those not full).
+func (s *DurableStore) Len() int { return len(s.tats) }
+
+// empty reports whether the store is in its initial state.
+func (s *DurableStore) empty() bool { return s.now == 0 && len(s.tats) == 0 && s.Requests() == 0 }
+
+// Requests is the number of request ids remembered.
+func (s *DurableStore) Requests() int { return len(s.reqs) - s.head }
+
+// TAT returns the bucket's theoretical arrival time (unix ns on the
+// leaders' clocks); ok is false for a full bucket, which the store does
+// not hold.
+func (s *DurableStore) TAT(rule, identity string) (tat int64, ok bool) {
+	tat, ok = s.tats[durableKey{rule, identity}]
+	return tat, ok
+}
+
+// Apply decides c at max(c.Now, the newest time applied) and returns the
+// decision (bucket.GCRA.Step: an admission charges the bucket, a rejection
+// changes nothing). A command whose RequestID the store remembers is a
+// retry: it changes nothing and returns the first application's decision.
+// A malformed command is refused with an error wrapping ErrBadCommand and
+// changes nothing.
+func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
+	g, err := c.check()
+	if err != nil {
+		return bucket.Decision{}, err
+	}
+	s.advance(c.Now)
+	if c.RequestID != "" {
+		if i, ok := s.byID[c.RequestID]; ok {
+			return s.reqs[i].dec, nil
+		}
+	}
+	k := durableKey{c.Rule.ID, c.Identity}
+	tat, held := s.tats[k]
+	t := bucket.TAT(tat)
+	d := g.Step(&t, s.now, c.Cost)
+	if int64(t) > s.now {
+		s.tats[k] = int64(t)
+		if !held {
+			heap.Push(&s.exp, expiry{tat: int64(t), key: k})
+		}
+	}
+	if c.RequestID != "" {
+		s.remember(durableReq{id: c.RequestID, at: s.now, dec: d})
+	}
+	return d, nil
+}
+
+// Tick advances the store's clock to now (never back) and drops the full
+// buckets and the requests older than DurableRetryWindow.
+func (s *DurableStore) Tick(now int64) { s.advance(now) }
+
+// advance moves the clock to max(now, s.now) and drops what expired.
+func (s *DurableStore) advance(now int64) {
+	s.now = max(s.now, now)
+	for len(s.exp) > 0 && s.exp[0].tat <= s.now {
+		e := heap.Pop(&s.exp).(expiry)
+		switch tat, ok := s.tats[e.key]; {
+		case !ok:
+		case tat <= s.now:
+			delete(s.tats, e.key)
+		default: // charged since: wait for its new TAT
+			heap.Push(&s.exp, expiry{tat: tat, key: e.key})
+		}
+	}
+	for s.head < len(s.reqs) && (s.reqs[s.head].at < s.now-int64(DurableRetryWindow) || len(s.reqs)-s.head > MaxDurableRequests) {
+		s.dropOldest()
+	}
+}
+
+// remember records a request, dropping the oldest beyond the cap.
+func (s *DurableStore) remember(r durableReq) {
+	s.byID[r.id] = len(s.reqs)
+	s.reqs = append(s.reqs, r)
+	for len(s.reqs)-s.head > MaxDurableRequests {
+		s.dropOldest()
+	}
+}
+
+// dropOldest forgets the oldest remembered request, compacting the queue
+// once half of it is dead so that memory follows the live requests.
+func (s *DurableStore) dropOldest() {
+	delete(s.byID, s.reqs[s.head].id)
+	s.reqs[s.head] = durableReq{}
+	s.head++
+	if s.head >= 1024 && s.head*2 >= len(s.reqs) {
+		live := slices.Clone(s.reqs[s.head:])
+		s.reqs, s.head = live, 0
+		for i, r := range s.reqs {
+			s.byID[r.id] = i
+		}
+	}
+}
+
+// sortedKeys returns the held buckets' keys in order.
+func (s *DurableStore) sortedKeys() []durableKey {
+	return slices.SortedFunc(maps.Keys(s.tats), compareDurableKeys)
+}
+
+// expiry is a key's entry in the expiry heap.
+type expiry struct {
+	tat int64
+	key durableKey
+}
+
+// expiryHeap orders entries by TAT, then key (a total order, so that the
+// heap's shape is the same on every replica that built it the same way).
+type expiryHeap []expiry
+
+func (h expiryHeap) Len() int { return len(h) }
+func (h expiryHeap) Less(i, j int) bool {
+	return cmp.Or(cmp.Compare(h[i].tat, h[j].tat), compareDurableKeys(h[i].key, h[j].key)) < 0
+}
+func (h expiryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)   { *h = append(*h, x.(expiry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// marshal appends the store's section of the state encoding (snapshot.go).
+func (s *DurableStore) marshal(w *stateWriter) {
+	w.int(s.now)
+	keys := s.sortedKeys()
+	w.uint(uint64(len(keys)))
+	for _, k := range keys {
+		w.str(k.rule)
+		w.str(k.identity)
+		w.int(s.tats[k])
+	}
+	w.uint(uint64(len(s.reqs) - s.head))
+	for _, r := range s.reqs[s.head:] {
+		w.str(r.id)
+		w.int(r.at)
+		allowed := uint64(0)
+		if r.dec.Allowed {
+			allowed = 1
+		}
+		w.uint(allowed)
+		w.int(r.dec.Limit)
+		w.int(r.dec.Remaining)
+		w.int(int64(r.dec.Reset))
+		w.int(int64(r.dec.RetryAfter))
+	}
+}
+
+// durableStore reads and checks the store's section; on failure it records
+// the error and returns an empty store.
+func (r *stateReader) durableStore() *DurableStore {
+	empty := NewDurableStore()
+	s := NewDurableStore()
+	s.now = r.int()
+	if s.now < 0 && r.err == nil {
+		r.fail(fmt.Sprintf("durable store time %d is negative", s.now))
+		return empty
+	}
+	var prev *durableKey
+	for range r.count() {
+		k := durableKey{r.str(), r.str()}
+		tat := r.int()
+		if r.err != nil {
+			return empty
+		}
+		switch {
+		case prev != nil && compareDurableKeys(*prev, k) >= 0:
+			r.fail(fmt.Sprintf("durable bucket %q/%q out of order", k.rule, k.identity))
+			return empty
+		case tat <= s.now:
+			r.fail(fmt.Sprintf("durable bucket %q/%q is full (TAT %d, now %d): it should have been dropped", k.rule, k.identity, tat, s.now))
+			return empty
+		case k.rule == "" || len(k.rule) > MaxDurableRuleIDBytes || len(k.identity) > MaxDurableIdentityBytes:
+			r.fail(fmt.Sprintf("durable bucket %q/%q: bad rule id or identity", k.rule, k.identity))
+			return empty
+		}
+		s.tats[k] = tat
+		s.exp = append(s.exp, expiry{tat: tat, key: k})
+		prev = &k
+	}
+	heap.Init(&s.exp)
+	n := r.count()
+	if n > MaxDurableRequests {
+		r.fail(fmt.Sprintf("%d durable requests, over %d", n, MaxDurableRequests))
+		return empty
+	}
+	s.reqs = make([]durableReq, 0, min(n, 1024))
+	for range n {
+		q := durableReq{id: r.str(), at: r.int()}
+		allowed := r.uint()
+		q.dec = bucket.Decision{Allowed: allowed == 1, Limit: r.int(), Remaining: r.int(), Reset: time.Duration(r.int()),
+			RetryAfter: time.Duration(r.int())}
+		if r.err != nil {
+			return empty
+		}
+		var msg string
+		switch _, dup := s.byID[q.id]; {
+		case q.id == "" || len(q.id) > MaxRequestIDBytes:
+			msg = "bad id"
+		case dup:
+			msg = "appears twice"
+		case allowed > 1:
+			msg = "bad allowed flag"
+		case q.at > s.now || q.at < s.now-int64(DurableRetryWindow):
+			msg = fmt.Sprintf("applied at %d, outside the retry window before %d", q.at, s.now)
+		case len(s.reqs) > 0 && q.at < s.reqs[len(s.reqs)-1].at:
+			msg = "out of order"
+		}
+		if msg != "" {
+			r.fail(fmt.Sprintf("durable request %q: %s", q.id, msg))
+			return empty
+		}
+		s.byID[q.id] = len(s.reqs)
+		s.reqs = append(s.reqs, q)
+	}
+	return s
+}
+
+// errDurableNoDecision: a reply to a durable command carried no decision.
+var errDurableNoDecision = errors.New("lease: the reply to a durable command carries no decision")
