@@ -400,12 +400,40 @@ type nodeEntry struct {
 	grant    nodeGrant // demand-following slack only
 }
 
+// idle reports whether e equals no entry at now and may be dropped: its
+// spend is acknowledged, nothing is pending, and its view of the owner's
+// bucket, its fallback bucket and its grant are spent out.
+func (e *nodeEntry) idle(now int64) bool {
+	return e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now && e.grant.idle()
+}
+
+// pendingReq is a forwarded request awaiting its owner's result, in the
+// coordinator's queue of them (see Coordinator.pend).
 type pendingReq struct {
+	ticket   uint64
 	key      entryKey
 	owner    string
 	cost     int64
 	deadline int64
+	live     bool // false once a result, a timeout or a down peer decided it
 }
+
+// outbox is the message queued for one destination in this round.
+type outbox struct {
+	to string
+	m  *Message
+}
+
+// smallOutboxes is how many destinations a round looks up by a linear scan
+// before it indexes them in a map: most rounds have one or two.
+const smallOutboxes = 8
+
+// maxReuse bounds the item arrays kept for reuse (Recycle).
+const maxReuse = 64
+
+// maxSpareReports bounds the report lists of dropped buckets kept for
+// reuse: each holds up to one report per member of the ring.
+const maxSpareReports = 16
 
 // Stats are a coordinator's counters.
 type Stats struct {
@@ -429,9 +457,7 @@ type Coordinator struct {
 	rules    map[string]*RuleParams
 	owned    map[entryKey]*ownerEntry
 	entries  map[entryKey]*nodeEntry
-	pending  map[uint64]*pendingReq
 	down     map[string]bool
-	out      map[string]*Message
 	done     []Completion
 	ticket   uint64
 	gen      uint64
@@ -443,12 +469,27 @@ type Coordinator struct {
 	warmUntil  int64
 	handoff    int64
 	handedOver map[string]uint64
-	// order lists pending tickets in the order they were created (their
-	// deadline order); nextScan is when Tick next walks every entry.
-	order    []uint64
+	// pend holds the forwarded requests from pendHead on, in ticket order
+	// (tickets are consecutive, so ticket t sits at pendHead + t − the
+	// first's ticket), which is also their deadline order. nextScan is
+	// when Tick next walks every entry.
+	pend     []pendingReq
+	pendHead int
 	nextScan int64
-	dests    []string   // the keys of out, in the order they were added
-	spare    []*Message // outboxes to reuse
+	// outs are this round's outboxes in the order they were added, outIdx
+	// indexes them by destination once there are more than smallOutboxes,
+	// and lastOut is the one used last (-1 none): a round mostly adds to
+	// one destination several times.
+	outs    []outbox
+	outIdx  map[string]int
+	indexed bool // outIdx indexes outs (it is kept, cleared, between rounds)
+	lastOut int
+	spare   []*Message // outbox structs to reuse
+	reuse   []Message  // item arrays handed back by Recycle
+	// due is Tick's list of entries to sync, and spareReports the report
+	// lists of dropped buckets (at most maxSpareReports): kept for reuse.
+	due          []entryKey
+	spareReports [][]report
 }
 
 // NewCoordinator returns a coordinator with no rules and no ring.
@@ -471,9 +512,8 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 		rules:      map[string]*RuleParams{},
 		owned:      map[entryKey]*ownerEntry{},
 		entries:    map[entryKey]*nodeEntry{},
-		pending:    map[uint64]*pendingReq{},
 		down:       map[string]bool{},
-		out:        map[string]*Message{},
+		lastOut:    -1,
 		gen:        cfg.Incarnation,
 		grantSeq:   cfg.Incarnation,
 	}
@@ -508,23 +548,71 @@ func (c *Coordinator) Stats() Stats {
 	return s
 }
 
+// outbox returns the message of this round for to, starting one.
 func (c *Coordinator) outbox(to string) *Message {
-	m, ok := c.out[to]
-	if !ok {
-		var epoch uint64
-		if c.table != nil {
-			epoch = c.table.Epoch()
+	if i := c.lastOut; i >= 0 && c.outs[i].to == to {
+		return c.outs[i].m
+	}
+	if c.indexed {
+		if i, ok := c.outIdx[to]; ok {
+			c.lastOut = i
+			return c.outs[i].m
 		}
-		if n := len(c.spare); n > 0 {
-			m, c.spare = c.spare[n-1], c.spare[:n-1]
-			*m = Message{Epoch: epoch}
-		} else {
-			m = &Message{Epoch: epoch}
+	} else {
+		for i := range c.outs {
+			if c.outs[i].to == to {
+				c.lastOut = i
+				return c.outs[i].m
+			}
 		}
-		c.out[to] = m
-		c.dests = append(c.dests, to)
+	}
+	var epoch uint64
+	if c.table != nil {
+		epoch = c.table.Epoch()
+	}
+	var m *Message
+	if n := len(c.spare); n > 0 {
+		m, c.spare = c.spare[n-1], c.spare[:n-1]
+		*m = Message{Epoch: epoch}
+	} else {
+		m = &Message{Epoch: epoch}
+	}
+	if n := len(c.reuse); n > 0 {
+		r := &c.reuse[n-1]
+		m.Syncs, m.Decides, m.Acks, m.Results, m.Handoffs = r.Syncs, r.Decides, r.Acks, r.Results, r.Handoffs
+		*r = Message{}
+		c.reuse = c.reuse[:n-1]
+	}
+	c.outs = append(c.outs, outbox{to: to, m: m})
+	c.lastOut = len(c.outs) - 1
+	switch {
+	case c.indexed:
+		c.outIdx[to] = c.lastOut
+	case len(c.outs) > smallOutboxes:
+		if c.outIdx == nil {
+			c.outIdx = make(map[string]int, 2*len(c.outs))
+		}
+		for i := range c.outs {
+			c.outIdx[c.outs[i].to] = i
+		}
+		c.indexed = true
 	}
 	return m
+}
+
+// Recycle hands back the item arrays of a message that Ready or ReadyInto
+// returned, once nothing reads it any more, so that later outboxes reuse
+// them instead of allocating. It is optional, and only for a caller that
+// knows the message is done with: the Shell never calls it (its sends run
+// on goroutines of their own and the transport may still hold the
+// message); the simulator does once the receiver has stepped it. m's items
+// must not be read after the call.
+func (c *Coordinator) Recycle(m *Message) {
+	if len(c.reuse) >= maxReuse {
+		return
+	}
+	c.reuse = append(c.reuse, Message{Syncs: m.Syncs[:0], Decides: m.Decides[:0], Acks: m.Acks[:0],
+		Results: m.Results[:0], Handoffs: m.Handoffs[:0]})
 }
 
 func (c *Coordinator) n() int {
@@ -556,22 +644,24 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		}
 	}
 	if owner == c.cfg.Self {
-		if c.owned[k] == nil {
+		if r.sk != nil && c.owned[k] == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
 		}
-		return Outcome{Decision: c.ownerStep(now, r, k, cost), Source: SourceOwner}, nil
+		d, _ := c.ownerStep(now, r, k, cost)
+		return Outcome{Decision: d, Source: SourceOwner}, nil
 	}
+	down := len(c.down) > 0 && c.down[owner]
 	if e == nil {
-		if r.sk != nil && !c.down[owner] {
+		if r.sk != nil && !down {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
 		}
 		e = c.entry(k, r, owner)
 	}
-	if c.down[owner] {
+	if down {
 		return c.failure(now, r, e, cost), nil
 	}
 	t := r.gcra.Interval().Nanoseconds()
@@ -623,10 +713,10 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		c.sync(now, k, e)
 	}
 	c.ticket++
-	c.pending[c.ticket] = &pendingReq{key: k, owner: owner, cost: cost, deadline: now + c.timeout}
-	c.order = append(c.order, c.ticket)
+	c.pend = append(c.pend, pendingReq{ticket: c.ticket, key: k, owner: owner, cost: cost, deadline: now + c.timeout, live: true})
 	e.pending++
-	c.outbox(owner).Decides = append(c.outbox(owner).Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
+	m := c.outbox(owner)
+	m.Decides = append(m.Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
 	c.stats.Forwarded++
 	return Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}, nil
 }
@@ -638,22 +728,23 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 // identity whose bucket is still on its way from its previous owner (a
 // handoff). Until that owner's marker says it has handed over everything
 // for this ring, or the handoff timeout passes, the bucket admits only
-// within this node's slack, so that no free window is handed out.
-func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64) bucket.Decision {
+// within this node's slack, so that no free window is handed out. It
+// returns the bucket's entry too.
+func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64) (bucket.Decision, *ownerEntry) {
 	oe := c.ownedEntry(now, k)
 	if c.warming(now, oe) {
 		if oe.warmSpent+cost > r.Slack(c.n()) {
 			d := r.gcra.Peek(oe.tat, now)
 			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
 			c.stats.ViewRejects++
-			return d
+			return d, oe
 		}
 	}
 	d := r.gcra.Step(&oe.tat, now, cost)
 	if oe.warming && d.Allowed {
 		oe.warmSpent += cost
 	}
-	return d
+	return d, oe
 }
 
 // ownedEntry returns this node's bucket of k, creating it: right after a
@@ -777,6 +868,9 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 	oe := c.ownedEntry(now, k)
 	i := slices.IndexFunc(oe.reports, func(p report) bool { return p.node == from })
 	if i < 0 {
+		if n := len(c.spareReports); oe.reports == nil && n > 0 {
+			oe.reports, c.spareReports = c.spareReports[n-1], c.spareReports[:n-1]
+		}
 		oe.reports = append(oe.reports, report{node: from})
 		i = len(oe.reports) - 1
 	}
@@ -823,12 +917,12 @@ func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 	res := ResultItem{Ticket: d.Ticket}
 	if r, ok := c.rules[d.Rule]; ok {
 		k := entryKey{d.Rule, d.Identity}
-		bd := c.ownerStep(now, r, k, d.Cost)
+		bd, oe := c.ownerStep(now, r, k, d.Cost)
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
-			c.noteDemand(now, c.owned[k], from, d.Cost)
+			c.noteDemand(now, oe, from, d.Cost)
 		}
 		res = ResultItem{Ticket: d.Ticket, Allowed: bd.Allowed, Remaining: bd.Remaining,
-			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(c.owned[k].tat) - now}
+			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(oe.tat) - now}
 	} else {
 		// The owner does not know the rule (rule sets converging):
 		// admit, as a node without the rule would.
@@ -851,11 +945,12 @@ func (c *Coordinator) ack(now int64, a AckItem) {
 
 // result is a node receiving the owner's decision of a forwarded request.
 func (c *Coordinator) result(now int64, r ResultItem) {
-	p, ok := c.pending[r.Ticket]
-	if !ok {
+	pp := c.pendingOf(r.Ticket)
+	if pp == nil {
 		return // timed out already and decided by on_failure
 	}
-	delete(c.pending, r.Ticket)
+	p := *pp
+	c.settle(pp) // may move the queue: only the copy is read below
 	if e := c.entries[p.key]; e != nil {
 		e.pending--
 		e.view = max(e.view, now+r.Debt)
@@ -880,19 +975,15 @@ func (c *Coordinator) Tick(now int64) {
 	// Forwarded requests time out in ticket order: their deadlines are
 	// their decision time plus one timeout, so the queue is in deadline
 	// order (a clock stepped back delays the later ones by the step).
-	for len(c.order) > 0 {
-		t := c.order[0]
-		p, ok := c.pending[t]
-		if ok && now < p.deadline {
+	for c.pendHead < len(c.pend) {
+		p := &c.pend[c.pendHead]
+		if p.live && now < p.deadline {
 			break
 		}
-		c.order = c.order[1:]
-		if ok {
-			c.expire(now, t)
+		if p.live {
+			c.expire(now, p)
 		}
-	}
-	if len(c.order) == 0 {
-		c.order = c.order[:0:0] // let a long queue's array go
+		c.popPending()
 	}
 	// The scans below walk every entry: at most four times per sync
 	// interval, so that a tick with nothing due costs nothing. A sync due
@@ -902,25 +993,39 @@ func (c *Coordinator) Tick(now int64) {
 		return
 	}
 	c.nextScan = now + max(c.interval/4, 1)
-	var due []entryKey
+	// One walk: an entry that is due is synced first and may be dropped
+	// after; any other is dropped or kept at once (a sync changes only
+	// its own entry, so the order of the two does not matter).
+	due := c.due[:0]
 	for k, e := range c.entries {
 		e.grant.lapse(now)
 		if (e.spent > e.acked || e.grant.unreported()) && now-e.lastSync >= c.interval {
 			due = append(due, k)
+		} else if e.idle(now) {
+			delete(c.entries, k)
 		}
 	}
 	slices.SortFunc(due, cmpKey)
 	for _, k := range due {
-		c.sync(now, k, c.entries[k])
-	}
-	for k, e := range c.entries {
-		if e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now && e.grant.idle() {
+		e := c.entries[k]
+		c.sync(now, k, e)
+		if e.idle(now) {
 			delete(c.entries, k)
 		}
+	}
+	clear(due)
+	if cap(due) <= 4096 {
+		c.due = due[:0]
+	} else {
+		c.due = nil // a rare long list's array goes
 	}
 	for k, oe := range c.owned {
 		if int64(oe.tat) <= now && !oe.reserving() {
 			delete(c.owned, k)
+			if oe.reports != nil && len(c.spareReports) < maxSpareReports {
+				clear(oe.reports)
+				c.spareReports = append(c.spareReports, oe.reports[:0])
+			}
 		}
 	}
 	c.rollSketches(now)
@@ -937,9 +1042,54 @@ func (c *Coordinator) rollSketches(now int64) {
 	}
 }
 
-func (c *Coordinator) expire(now int64, t uint64) {
-	p := c.pending[t]
-	delete(c.pending, t)
+// pendingOf returns the live forwarded request of ticket t, or nil.
+func (c *Coordinator) pendingOf(t uint64) *pendingReq {
+	if c.pendHead == len(c.pend) {
+		return nil
+	}
+	first := c.pend[c.pendHead].ticket
+	if t < first || t-first >= uint64(len(c.pend)-c.pendHead) {
+		return nil
+	}
+	if p := &c.pend[c.pendHead+int(t-first)]; p.live && p.ticket == t {
+		return p
+	}
+	return nil
+}
+
+// settle marks p decided and lets the queue's decided head go.
+func (c *Coordinator) settle(p *pendingReq) {
+	p.live = false
+	for c.pendHead < len(c.pend) && !c.pend[c.pendHead].live {
+		c.popPending()
+	}
+}
+
+// popPending drops the head of the queue of forwarded requests, which is
+// decided or about to be.
+func (c *Coordinator) popPending() {
+	c.pend[c.pendHead] = pendingReq{}
+	c.pendHead++
+	switch {
+	case c.pendHead == len(c.pend):
+		if cap(c.pend) > 1024 {
+			c.pend = nil // let a long queue's array go
+		} else {
+			c.pend = c.pend[:0]
+		}
+		c.pendHead = 0
+	case c.pendHead >= 64 && c.pendHead >= len(c.pend)/2:
+		n := copy(c.pend, c.pend[c.pendHead:])
+		clear(c.pend[n:])
+		c.pend = c.pend[:n]
+		c.pendHead = 0
+	}
+}
+
+// expire decides the forwarded request p by on_failure.
+func (c *Coordinator) expire(now int64, p *pendingReq) {
+	t := p.ticket
+	p.live = false
 	e := c.entries[p.key]
 	r := c.rules[p.key.rule]
 	if e == nil || r == nil {
@@ -1039,15 +1189,14 @@ func (c *Coordinator) SetPeerDown(now int64, peer string, down bool) {
 		return
 	}
 	c.down[peer] = true
-	var ts []uint64
-	for t, p := range c.pending {
-		if p.owner == peer {
-			ts = append(ts, t)
+	// The queue is in ticket order: they are decided in that order.
+	for i := c.pendHead; i < len(c.pend); i++ {
+		if p := &c.pend[i]; p.live && p.owner == peer {
+			c.expire(now, p)
 		}
 	}
-	slices.Sort(ts)
-	for _, t := range ts {
-		c.expire(now, t)
+	for c.pendHead < len(c.pend) && !c.pend[c.pendHead].live {
+		c.popPending()
 	}
 }
 
@@ -1128,15 +1277,15 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 }
 
 // HasReady reports whether Ready would return anything.
-func (c *Coordinator) HasReady() bool { return len(c.out) > 0 || len(c.done) > 0 }
+func (c *Coordinator) HasReady() bool { return len(c.outs) > 0 || len(c.done) > 0 }
 
 // Queued returns the largest number of items queued for one peer: the
 // adapter sends at once, without waiting for its linger, when it reaches the
 // batch size.
 func (c *Coordinator) Queued() int {
 	most := 0
-	for _, m := range c.out {
-		most = max(most, m.Items())
+	for i := range c.outs {
+		most = max(most, c.outs[i].m.Items())
 	}
 	return most
 }
@@ -1146,26 +1295,53 @@ func (c *Coordinator) Queued() int {
 // arrival).
 func (c *Coordinator) Ready() Ready {
 	var rd Ready
-	if len(c.dests) > 0 {
-		// The destinations come from a list, not from ranging over the
-		// map: that costs the map's capacity, which follows the busiest
-		// moment, and so does clearing it.
-		slices.Sort(c.dests)
-		rd.Messages = make([]Envelope, 0, len(c.dests))
-		for _, n := range c.dests {
-			m := c.out[n]
-			if !m.Empty() {
-				rd.Messages = append(rd.Messages, Envelope{To: n, Msg: *m})
-			}
-			delete(c.out, n)
-			*m = Message{} // its slices now belong to the envelope
-			c.spare = append(c.spare, m)
-		}
-		clear(c.dests)
-		c.dests = c.dests[:0]
+	if len(c.outs) > 0 {
+		rd.Messages = c.takeOutboxes(make([]Envelope, 0, len(c.outs)))
 	}
 	rd.Completions, c.done = c.done, nil
 	return rd
+}
+
+// ReadyInto is Ready for an adapter that reuses memory: it fills rd with
+// what Ready would return, reusing the arrays of rd.Messages and
+// rd.Completions. Those arrays become the coordinator's again at the next
+// call (the completions' array is swapped with the coordinator's own), so
+// the caller must be done with rd by then. The items of each message are
+// new arrays, or ones handed back with Recycle.
+func (c *Coordinator) ReadyInto(rd *Ready) {
+	clear(rd.Messages)
+	rd.Messages = c.takeOutboxes(rd.Messages[:0])
+	clear(rd.Completions)
+	rd.Completions, c.done = c.done, rd.Completions[:0]
+}
+
+// takeOutboxes appends this round's non-empty messages to msgs, sorted by
+// destination, and forgets them.
+func (c *Coordinator) takeOutboxes(msgs []Envelope) []Envelope {
+	if len(c.outs) == 0 {
+		return msgs
+	}
+	if len(c.outs) > 1 {
+		slices.SortFunc(c.outs, func(a, b outbox) int { return cmp.Compare(a.to, b.to) })
+	}
+	for i := range c.outs {
+		o := &c.outs[i]
+		if !o.m.Empty() {
+			msgs = append(msgs, Envelope{To: o.to, Msg: *o.m})
+		}
+		*o.m = Message{} // its slices now belong to the envelope
+		c.spare = append(c.spare, o.m)
+		*o = outbox{}
+	}
+	c.outs = c.outs[:0]
+	if c.indexed {
+		// Kept: its size follows the most destinations of a round, at
+		// most the ring's members.
+		clear(c.outIdx)
+		c.indexed = false
+	}
+	c.lastOut = -1
+	return msgs
 }
 
 // OwnerName returns the name of identity's owner, "" on an empty ring. It

@@ -57,15 +57,19 @@ type item struct {
 	ev  Event
 }
 
-// queue is a binary min-heap of items ordered by (at, seq), written out
+// queue is a 4-ary min-heap of items ordered by (at, seq), written out
 // rather than through container/heap so that a push does not box the item.
+// Four children per node halve the depth of a binary heap, and a pop's
+// comparisons of siblings touch one or two cache lines. (at, seq) is a
+// total order, so the pop order, and with it the run, does not depend on
+// the heap's shape.
 type queue []item
 
-func (q queue) less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+func (it *item) before(o *item) bool {
+	if it.at != o.at {
+		return it.at < o.at
 	}
-	return q[i].seq < q[j].seq
+	return it.seq < o.seq
 }
 
 func (q *queue) push(it item) {
@@ -73,39 +77,46 @@ func (q *queue) push(it item) {
 	h := *q
 	i := len(h) - 1
 	for i > 0 {
-		p := (i - 1) / 2
-		if !h.less(i, p) {
+		p := (i - 1) / 4
+		if !it.before(&h[p]) {
 			break
 		}
-		h[i], h[p] = h[p], h[i]
+		h[i] = h[p]
 		i = p
 	}
+	h[i] = it
 }
 
 func (q *queue) pop() item {
 	h := *q
 	top := h[0]
 	last := len(h) - 1
-	h[0] = h[last]
+	x := h[last]
 	h[last] = item{}
 	h = h[:last]
+	*q = h
+	if last == 0 {
+		return top
+	}
 	i := 0
 	for {
-		l := 2*i + 1
-		if l >= len(h) {
+		c := 4*i + 1
+		if c >= last {
 			break
 		}
-		m := l
-		if r := l + 1; r < len(h) && h.less(r, l) {
-			m = r
+		m := c
+		for j, e := c+1, min(c+4, last); j < e; j++ {
+			if h[j].before(&h[m]) {
+				m = j
+			}
 		}
-		if !h.less(m, i) {
+		if !h[m].before(&x) {
 			break
 		}
-		h[i], h[m] = h[m], h[i]
+		h[i] = h[m]
 		i = m
 	}
-	*q = h
+	h[i] = x
 	return top
 }
 

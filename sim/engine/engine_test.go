@@ -90,3 +90,33 @@ func TestSeeded(t *testing.T) {
 		t.Fatal("draws do not follow the seed")
 	}
 }
+
+// TestQueueOrder: the heap pops any mix of pushes and pops in (at, seq)
+// order, the order a sorted list would give.
+func TestQueueOrder(t *testing.T) {
+	s := New(0, 5)
+	r := s.Rand()
+	var q queue
+	var ref []item
+	var seq uint64
+	for range 20000 {
+		if len(ref) == 0 || r.IntN(3) > 0 {
+			seq++
+			it := item{at: r.Int64N(500), seq: seq}
+			q.push(it)
+			ref = append(ref, it)
+			continue
+		}
+		slices.SortFunc(ref, func(a, b item) int {
+			if a.before(&b) {
+				return -1
+			}
+			return 1
+		})
+		got := q.pop()
+		if got.at != ref[0].at || got.seq != ref[0].seq {
+			t.Fatalf("popped (%d, %d), want (%d, %d)", got.at, got.seq, ref[0].at, ref[0].seq)
+		}
+		ref = ref[1:]
+	}
+}

@@ -18,7 +18,9 @@ import (
 //
 // Admissions arrive out of order (a remote admission counts at the owner's
 // decision time, up to one call timeout before the requester learns it), so
-// they pass through a reorder heap first.
+// they pass through a reorder buffer first: each drain sorts what came in
+// since the last one and merges it into the sorted backlog, whose head up
+// to the drain's time it feeds to the checks in (time, arrival) order.
 
 // upStream is the streaming upper check: rate is tokens per ns, times are
 // ns since the run's start.
@@ -103,15 +105,19 @@ type idCheck struct {
 	lowSeen int
 }
 
-// checker holds every identity's checks and the reorder heap.
+// checker holds every identity's checks and the reorder buffer.
 type checker struct {
 	rate      float64 // tokens per ns
 	segs      []segment
 	lowEnd    int64 // the lower bound is checked up to here (end of traffic)
 	saturated bool
 	ids       []idCheck
-	heap      admHeap
 	seq       uint64
+	// fresh holds the admissions recorded since the last drain, in
+	// arrival order; backlog those not fed yet, sorted, from head on;
+	// tail is scratch space for merging.
+	fresh, backlog, tail []admission
+	head                 int
 
 	worstAcc, worstAll, worstClean, worstLow float64
 	worstAccID, worstCleanID, worstLowID     int
@@ -126,53 +132,22 @@ type admission struct {
 	degraded bool
 }
 
-type admHeap []admission
-
-func (h admHeap) less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
+// before orders admissions by time, then by arrival.
+func (a *admission) before(b *admission) bool {
+	if a.at != b.at {
+		return a.at < b.at
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
 
-func (h *admHeap) push(a admission) {
-	*h = append(*h, a)
-	q := *h
-	i := len(q) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !q.less(i, p) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
+func cmpAdmission(a, b admission) int {
+	if a.before(&b) {
+		return -1
 	}
-}
-
-func (h *admHeap) pop() admission {
-	q := *h
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q = q[:last]
-	i := 0
-	for {
-		l := 2*i + 1
-		if l >= len(q) {
-			break
-		}
-		m := l
-		if r := l + 1; r < len(q) && q.less(r, l) {
-			m = r
-		}
-		if !q.less(m, i) {
-			break
-		}
-		q[i], q[m] = q[m], q[i]
-		i = m
+	if b.before(&a) {
+		return 1
 	}
-	*h = q
-	return top
+	return 0
 }
 
 func newChecker(ids int, rate float64, segs []segment, lowEnd int64, saturated bool) *checker {
@@ -187,14 +162,50 @@ func newChecker(ids int, rate float64, segs []segment, lowEnd int64, saturated b
 // record queues an admission at t (ns since start).
 func (c *checker) record(t int64, ident int, cost int64, degraded bool) {
 	c.seq++
-	c.heap.push(admission{at: t, seq: c.seq, ident: int32(ident), cost: cost, degraded: degraded})
+	c.fresh = append(c.fresh, admission{at: t, seq: c.seq, ident: int32(ident), cost: cost, degraded: degraded})
 }
 
-// drain feeds the checks every queued admission at or before upTo.
+// drain feeds the checks every queued admission at or before upTo, in
+// (time, arrival) order.
 func (c *checker) drain(upTo int64) {
-	for len(c.heap) > 0 && c.heap[0].at <= upTo {
-		c.feed(c.heap.pop())
+	if len(c.fresh) > 0 {
+		c.merge()
 	}
+	for c.head < len(c.backlog) && c.backlog[c.head].at <= upTo {
+		c.feed(c.backlog[c.head])
+		c.head++
+	}
+	if c.head == len(c.backlog) {
+		c.backlog, c.head = c.backlog[:0], 0
+	} else if c.head >= 1024 && c.head >= len(c.backlog)/2 {
+		n := copy(c.backlog, c.backlog[c.head:])
+		c.backlog, c.head = c.backlog[:n], 0
+	}
+}
+
+// merge sorts the fresh admissions into the backlog. They are mostly
+// later than the backlog's: only the backlog's part after the earliest
+// fresh one moves.
+func (c *checker) merge() {
+	f := c.fresh
+	slices.SortFunc(f, cmpAdmission)
+	b := c.backlog[c.head:]
+	p, _ := slices.BinarySearchFunc(b, f[0], cmpAdmission) // seqs are unique: never found
+	c.tail = append(c.tail[:0], b[p:]...)
+	c.backlog = c.backlog[:c.head+p]
+	i, j := 0, 0
+	for i < len(c.tail) && j < len(f) {
+		if c.tail[i].before(&f[j]) {
+			c.backlog = append(c.backlog, c.tail[i])
+			i++
+		} else {
+			c.backlog = append(c.backlog, f[j])
+			j++
+		}
+	}
+	c.backlog = append(c.backlog, c.tail[i:]...)
+	c.backlog = append(c.backlog, f[j:]...)
+	c.fresh = f[:0]
 }
 
 // segOf returns the index of the clean segment holding t, or -1.

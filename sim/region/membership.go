@@ -104,18 +104,25 @@ func (v *viewCheck) Fire(s *engine.Sim) {
 // identity's owner remembered for as long as the ring is in force. The
 // coordinator asks for the owner on every decision, and rendezvous hashing
 // costs O(members) (about 90 ns at 100); the answers are the ring's own.
+// The run's identities are "id-" and an index (Region.idNames), so the
+// cache is a slice by that index rather than a map keyed by strings.
 type ownerCache struct {
 	*cluster.Ring
-	owner map[string]string
+	ids   []string // the run's identity names
+	owner []string // owner by identity index; "" not yet known
 }
 
 // OwnerName returns the ring's owner of identity.
 func (o *ownerCache) OwnerName(identity string) string {
-	if n, ok := o.owner[identity]; ok {
+	i, ok := parseIndex(identity, "id-")
+	if !ok || i >= len(o.ids) || o.ids[i] != identity {
+		return o.Ring.OwnerName(identity)
+	}
+	if n := o.owner[i]; n != "" {
 		return n
 	}
 	n := o.Ring.OwnerName(identity)
-	o.owner[identity] = n
+	o.owner[i] = n
 	return n
 }
 
@@ -123,7 +130,7 @@ var _ cluster.OwnerTable = (*ownerCache)(nil)
 
 // tableOf is node n's OwnerTable for its view.
 func (rg *Region) tableOf(n *node, epoch uint64) cluster.OwnerTable {
-	return &ownerCache{Ring: rg.ringOf(n, epoch), owner: map[string]string{}}
+	return &ownerCache{Ring: rg.ringOf(n, epoch), ids: rg.idNames, owner: make([]string, len(rg.idNames))}
 }
 
 // ringOf builds node n's ring from its view.

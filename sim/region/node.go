@@ -32,11 +32,16 @@ type node struct {
 	serving bool   // receiving client traffic (false once it leaves)
 	skew    int64
 	coord   *cluster.Coordinator
-	waits   map[uint64]*wait
-	breaks  []breaker // by peer id
-	queued  bool      // a linger flush is scheduled
+	waits   waitQueue
+	rd      cluster.Ready // reused by every Ready of this node (ReadyInto)
+	breaks  []breaker     // by peer id
+	queued  bool          // a linger flush is scheduled
 	tick    *nodeTick
 	flushEv *nodeFlush
+
+	// unclean counts breakers that are not closed with no failure, open
+	// those open: a reply or a tick with none skips the walk.
+	unclean, open int
 
 	// membership: member[j] is whether j is in this node's view.
 	member []bool
@@ -47,10 +52,61 @@ type node struct {
 }
 
 type wait struct {
+	ticket  uint64
 	ident   int
 	cost    int64
 	arrived int64 // virtual time the request arrived
 	ownerAt int64 // virtual time the owner decided it (remote results), -1 if not known
+	live    bool
+}
+
+// waitQueue holds a node's pending requests by ticket. The coordinator
+// numbers its tickets 1, 2, 3, ... and the node waits on every one, so
+// ticket t sits at head + t − the first's ticket: a slice, not a map.
+type waitQueue struct {
+	q    []wait
+	head int
+	n    int // live waits
+}
+
+func (wq *waitQueue) add(w wait) {
+	if n := len(wq.q); n > wq.head && wq.q[n-1].ticket+1 != w.ticket {
+		panic("sim: the coordinator's tickets are not consecutive")
+	}
+	w.live = true
+	wq.q = append(wq.q, w)
+	wq.n++
+}
+
+// get returns the live wait of ticket t, or nil.
+func (wq *waitQueue) get(t uint64) *wait {
+	if wq.head == len(wq.q) {
+		return nil
+	}
+	first := wq.q[wq.head].ticket
+	if t < first || t-first >= uint64(len(wq.q)-wq.head) {
+		return nil
+	}
+	if w := &wq.q[wq.head+int(t-first)]; w.live && w.ticket == t {
+		return w
+	}
+	return nil
+}
+
+// done forgets w (from get); w must not be used afterwards.
+func (wq *waitQueue) done(w *wait) {
+	w.live = false
+	wq.n--
+	for wq.head < len(wq.q) && !wq.q[wq.head].live {
+		wq.head++
+	}
+	switch {
+	case wq.head == len(wq.q):
+		wq.q, wq.head = wq.q[:0], 0
+	case wq.head >= 64 && wq.head >= len(wq.q)/2:
+		k := copy(wq.q, wq.q[wq.head:])
+		wq.q, wq.head = wq.q[:k], 0
+	}
 }
 
 type breaker struct {
@@ -73,8 +129,10 @@ func (n *node) start(view []bool) {
 		Incarnation:   inc,
 	})
 	n.coord.SetRules([]cluster.RuleParams{n.rg.params})
-	n.waits = map[uint64]*wait{}
+	n.waits = waitQueue{}
+	n.rd = cluster.Ready{}
 	n.breaks = make([]breaker, len(n.rg.nodes))
+	n.unclean, n.open = 0, 0
 	n.queued = false
 	n.member = view
 	n.epoch = 0
@@ -91,7 +149,7 @@ func (n *node) stop() {
 	}
 	n.addPast()
 	n.up, n.serving = false, false
-	n.coord, n.waits = nil, nil
+	n.coord, n.waits = nil, waitQueue{}
 }
 
 func (n *node) addPast() {
@@ -115,7 +173,7 @@ func (n *node) request(ident int, cost int64) {
 	}
 	vnow := n.rg.sim.Now()
 	if o.Pending {
-		n.waits[o.Ticket] = &wait{ident: ident, cost: cost, arrived: vnow, ownerAt: -1}
+		n.waits.add(wait{ticket: o.Ticket, ident: ident, cost: cost, arrived: vnow, ownerAt: -1})
 	} else {
 		n.rg.outcome(n, ident, vnow, o, cost)
 	}
@@ -135,10 +193,11 @@ func (n *node) kick() {
 
 // flush hands out completions and sends every queued batch.
 func (n *node) flush() {
-	rd := n.coord.Ready()
+	rd := &n.rd
+	n.coord.ReadyInto(rd)
 	n.complete(rd.Completions)
-	for _, env := range rd.Messages {
-		n.send(env)
+	for i := range rd.Messages {
+		n.send(&rd.Messages[i])
 	}
 }
 
@@ -147,12 +206,14 @@ func (n *node) flush() {
 // the limiter, not the wire.
 func (n *node) complete(cs []cluster.Completion) {
 	vnow := n.rg.sim.Now()
-	for _, c := range cs {
-		w := n.waits[c.Ticket]
-		if w == nil {
+	for i := range cs {
+		c := &cs[i]
+		wp := n.waits.get(c.Ticket)
+		if wp == nil {
 			continue
 		}
-		delete(n.waits, c.Ticket)
+		w := *wp
+		n.waits.done(wp)
 		at := vnow
 		if c.Outcome.Source == cluster.SourceRemote && w.ownerAt >= 0 {
 			at = w.ownerAt
@@ -162,16 +223,28 @@ func (n *node) complete(cs []cluster.Completion) {
 }
 
 // send starts one exchange with env.To.
-func (n *node) send(env cluster.Envelope) {
-	to, ok := n.rg.byName[env.To]
+func (n *node) send(env *cluster.Envelope) {
+	rg := n.rg
+	to, ok := rg.nodeIndex(env.To)
 	if !ok {
 		return
 	}
-	now := n.rg.sim.Now()
-	x := &exchange{from: n, fromInc: n.inc, to: to, msg: env.Msg, sentAt: now, deadline: now + int64(n.rg.cfg.CallTimeout)}
-	x.timer.x = x
-	n.rg.exchanges++
-	if at, ok := n.rg.net.Send(n.id, to, x); !ok || at > x.deadline {
+	now := rg.sim.Now()
+	x := rg.newExchange()
+	x.from, x.fromInc, x.to, x.msg, x.sentAt, x.deadline = n, n.inc, to, env.Msg, now, now+int64(rg.cfg.CallTimeout)
+	x.stepper = n.coord
+	rg.exchanges++
+	x.transmit(n.id, to)
+}
+
+// transmit hands the exchange to the network, from a to b, and arms the
+// timeout if it cannot arrive in time.
+func (x *exchange) transmit(a, b int) {
+	at, ok := x.from.rg.net.Send(a, b, x)
+	if ok {
+		x.refs++
+	}
+	if !ok || at > x.deadline {
 		x.fail()
 	}
 }
@@ -184,20 +257,54 @@ func (x *exchange) fail() {
 		return
 	}
 	x.timerSet = true
+	x.refs++
 	x.from.rg.sim.At(x.deadline, &x.timer)
 }
 
 // Dropped is the network telling that a partition cut the request or the
 // reply at delivery.
-func (x *exchange) Dropped(*engine.Sim) { x.fail() }
+func (x *exchange) Dropped(*engine.Sim) {
+	x.refs--
+	x.fail()
+	x.release()
+}
+
+// newExchange returns a zeroed exchange from the region's free list.
+func (rg *Region) newExchange() *exchange {
+	x := rg.freeX
+	if x == nil {
+		x = &exchange{}
+	} else {
+		rg.freeX = x.next
+		x.next = nil
+	}
+	x.timer.x = x
+	return x
+}
+
+// release puts the exchange back on the free list once no scheduled event
+// refers to it any more (the network's deliveries and the timeout each
+// hold a reference while scheduled).
+func (x *exchange) release() {
+	if x.refs > 0 {
+		return
+	}
+	rg := x.from.rg
+	*x = exchange{next: rg.freeX}
+	rg.freeX = x
+}
 
 // exchange is one request and its reply. It fires twice at most: at the
-// receiver (phase 0), then back at the sender (phase 1).
+// receiver (phase 0), then back at the sender (phase 1). Exchanges are
+// recycled through a free list once no event refers to them (refs).
 type exchange struct {
 	from     *node
 	fromInc  uint64
 	to       int
 	msg      cluster.Message
+	stepper  *cluster.Coordinator // made msg; receives its arrays back once it is stepped
+	refs     int                  // scheduled deliveries and timeouts that refer to x
+	next     *exchange            // free list
 	sentAt   int64
 	deadline int64 // sentAt + the call timeout
 	timerSet bool
@@ -208,6 +315,8 @@ type exchange struct {
 }
 
 func (x *exchange) Fire(s *engine.Sim) {
+	x.refs--
+	defer x.release()
 	rg := x.from.rg
 	if x.phase == 0 {
 		recv := rg.nodes[x.to]
@@ -217,27 +326,34 @@ func (x *exchange) Fire(s *engine.Sim) {
 		}
 		recv.noteResults(&x.msg, x.sentAt)
 		recv.coord.Step(recv.now(), x.from.name, &x.msg)
-		rd := recv.coord.Ready()
+		// Stepped: nothing reads the request's items any more.
+		x.stepper.Recycle(&x.msg)
+		rd := &recv.rd
+		recv.coord.ReadyInto(rd)
 		var reply cluster.Message
-		var others []cluster.Envelope
-		for _, env := range rd.Messages {
-			if env.To == x.from.name {
-				reply = env.Msg
-			} else {
-				others = append(others, env)
+		replied := false
+		for i := range rd.Messages {
+			if rd.Messages[i].To == x.from.name {
+				reply, replied = rd.Messages[i].Msg, true
+				break
 			}
 		}
 		recv.complete(rd.Completions)
-		for _, env := range others {
-			recv.send(env)
+		// What the receiver has for others goes at once. send does not
+		// call Ready, so rd stays as it is meanwhile.
+		if !replied || len(rd.Messages) > 1 {
+			for i := range rd.Messages {
+				if rd.Messages[i].To != x.from.name {
+					recv.send(&rd.Messages[i])
+				}
+			}
 		}
 		x.msg = reply
+		x.stepper = recv.coord
 		x.phase = 1
 		x.replyAt = s.Now()
 		rg.replies++
-		if at, ok := rg.net.Send(x.to, x.from.id, x); !ok || at > x.deadline {
-			x.fail()
-		}
+		x.transmit(x.to, x.from.id)
 		return
 	}
 	n := x.from
@@ -253,6 +369,8 @@ func (x *exchange) Fire(s *engine.Sim) {
 	if !x.msg.Empty() {
 		n.coord.Step(n.now(), rg.names[x.to], &x.msg)
 	}
+	x.stepper.Recycle(&x.msg)
+	x.msg = cluster.Message{}
 	n.flush()
 }
 
@@ -262,8 +380,8 @@ func (x *exchange) Fire(s *engine.Sim) {
 // send time is the decision time, whether the result rides in a reply or in
 // a request of the owner's own.
 func (n *node) noteResults(m *cluster.Message, sentAt int64) {
-	for _, r := range m.Results {
-		if w := n.waits[r.Ticket]; w != nil {
+	for i := range m.Results {
+		if w := n.waits.get(m.Results[i].Ticket); w != nil {
 			w.ownerAt = sentAt
 		}
 	}
@@ -273,6 +391,8 @@ type exchangeTimer struct{ x *exchange }
 
 func (t *exchangeTimer) Fire(*engine.Sim) {
 	x := t.x
+	x.refs--
+	defer x.release()
 	n := x.from
 	if x.done || !n.up || n.inc != x.fromInc {
 		return
@@ -285,25 +405,40 @@ func (t *exchangeTimer) Fire(*engine.Sim) {
 
 func (n *node) peerFailed(peer int) {
 	b := &n.breaks[peer]
+	if *b == (breaker{}) {
+		n.unclean++
+	}
 	b.failures++
 	if b.failures >= n.rg.cfg.BreakerFailures && b.openAt == 0 {
 		b.openAt = n.now()
+		n.open++
 		n.coord.SetPeerDown(n.now(), n.rg.names[peer], true)
 		n.rg.breakerOpens++
 	}
 }
 
 func (n *node) peerOK(peer int) {
+	if n.unclean == 0 {
+		return // the common case
+	}
 	b := &n.breaks[peer]
+	if *b == (breaker{}) {
+		return
+	}
 	if b.openAt != 0 {
 		n.coord.SetPeerDown(0, n.rg.names[peer], false)
+		n.open--
 	}
 	*b = breaker{}
+	n.unclean--
 }
 
 // retryBreakers makes a cooled-down breaker half-open, as Shell does on
 // every tick.
 func (n *node) retryBreakers() {
+	if n.open == 0 {
+		return
+	}
 	now := n.now()
 	for peer := range n.breaks {
 		b := &n.breaks[peer]
@@ -311,6 +446,10 @@ func (n *node) retryBreakers() {
 			n.coord.SetPeerDown(now, n.rg.names[peer], false)
 			b.openAt = 0
 			b.failures = n.rg.cfg.BreakerFailures - 1
+			n.open--
+			if *b == (breaker{}) {
+				n.unclean--
+			}
 		}
 	}
 }
@@ -327,7 +466,7 @@ func (t *nodeTick) Fire(s *engine.Sim) {
 	}
 	// Tick on a coordinator with no entry, no owned bucket and no pending
 	// request does nothing; skipping it keeps big idle fleets cheap.
-	if st := n.coord.Stats(); st.Entries > 0 || st.Owned > 0 || len(n.waits) > 0 {
+	if st := n.coord.Stats(); st.Entries > 0 || st.Owned > 0 || n.waits.n > 0 {
 		n.coord.Tick(n.now())
 	}
 	n.retryBreakers()

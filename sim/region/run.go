@@ -41,6 +41,7 @@ type Region struct {
 	chk         *checker
 	horizon     int64
 	baseLoss    float64
+	freeX       *exchange // exchanges to reuse
 
 	requests, unserved, refAdmitted, admitted int64
 	degraded, degradedAdmitted                int64
@@ -269,6 +270,37 @@ func (rg *Region) scheduleFault(f Fault) {
 			}))
 		}
 	}
+}
+
+// nodeIndex returns the index of the node named name ("n" and its index,
+// nodeName): parsed, not looked up in a map, as every exchange needs it.
+func (rg *Region) nodeIndex(name string) (int, bool) {
+	i, ok := parseIndex(name, "n")
+	if !ok || i >= len(rg.names) || rg.names[i] != name {
+		return 0, false
+	}
+	return i, true
+}
+
+// parseIndex parses the decimal index after prefix in s (at most 9
+// digits, no sign, no leading zero unless it is 0).
+func parseIndex(s, prefix string) (int, bool) {
+	if len(s) <= len(prefix) || len(s) > len(prefix)+9 || s[:len(prefix)] != prefix {
+		return 0, false
+	}
+	d := s[len(prefix):]
+	if len(d) > 1 && d[0] == '0' {
+		return 0, false
+	}
+	i := 0
+	for j := 0; j < len(d); j++ {
+		c := d[j]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		i = i*10 + int(c-'0')
+	}
+	return i, true
 }
 
 // groupsOf returns each node's side of a partition: its group's index, or
