@@ -21,11 +21,12 @@ type Shell struct {
 	cfg    ShellConfig
 	log    *slog.Logger
 	now    func() int64
-	mu     sync.Mutex // guards coord, waiters, breakers, flushQueued
+	mu     sync.Mutex // guards coord, waits, breaks, busy
 	coord  *Coordinator
 	ring   atomic.Pointer[Ring]
 	waits  map[uint64]chan Outcome
 	breaks map[string]*breaker
+	busy   map[string]*Message // peers with an exchange in flight, and what waits for the next
 	queued bool
 
 	flushC chan struct{}
@@ -116,6 +117,7 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		coord:  NewCoordinator(cfg.Coordinator),
 		waits:  map[uint64]chan Outcome{},
 		breaks: map[string]*breaker{},
+		busy:   map[string]*Message{},
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
@@ -379,16 +381,60 @@ func (s *Shell) flush() {
 // send exchanges one batch with a peer in its own goroutine and steps the
 // reply back in. Failures feed the peer's breaker.
 func (s *Shell) send(env Envelope) {
+	// One exchange in flight per peer: what is due to a peer while one is
+	// on its way waits and joins the next batch. Under load batches grow
+	// instead of calls multiplying (each call costs a round trip's CPU on
+	// both sides), and one peer's messages are stepped in the order they
+	// were made.
+	s.mu.Lock()
+	if q, inflight := s.busy[env.To]; inflight {
+		if q == nil {
+			m := env.Msg
+			s.busy[env.To] = &m
+		} else {
+			q.merge(&env.Msg)
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.busy[env.To] = nil
+	s.mu.Unlock()
 	addr := s.addrOf(env.To)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		for _, msg := range env.Msg.Split(s.cfg.MaxBatch) {
-			if !s.exchange(env.To, addr, &msg) {
+		msg := env.Msg
+		for {
+			for _, part := range msg.Split(s.cfg.MaxBatch) {
+				if !s.exchange(env.To, addr, &part) {
+					break // the rest of a failed batch is dropped, as a lost message
+				}
+			}
+			s.mu.Lock()
+			q := s.busy[env.To]
+			if q == nil || s.closed.Load() {
+				delete(s.busy, env.To)
+				s.mu.Unlock()
 				return
 			}
+			s.busy[env.To] = nil
+			s.mu.Unlock()
+			msg = *q
 		}
 	}()
+}
+
+// merge appends n's items to m's, keeping their order; n is the newer.
+func (m *Message) merge(n *Message) {
+	m.Epoch = n.Epoch
+	m.Syncs = append(m.Syncs, n.Syncs...)
+	m.Decides = append(m.Decides, n.Decides...)
+	m.Acks = append(m.Acks, n.Acks...)
+	m.Results = append(m.Results, n.Results...)
+	m.Handoffs = append(m.Handoffs, n.Handoffs...)
+	if n.HandedOver != 0 {
+		m.HandedOver = n.HandedOver
+	}
 }
 
 // exchange sends one batch, steps the reply in and sends what follows from
