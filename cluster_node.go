@@ -363,7 +363,7 @@ func (n *Node) clusterRules(e *engine) {
 
 // decideCluster asks the coordinator for a cluster rule's decision.
 func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket.Decision, bool) {
-	o, err := n.cluster.shell.Decide(ctx, p.spec.cid, p.id, p.cost)
+	o, err := n.cluster.shell.DecideAt(ctx, now, p.spec.cid, p.id, p.cost)
 	if err != nil {
 		// The caller gave up (ctx) or the rule is unknown mid-reload: the
 		// rule's local fallback decides, degraded.

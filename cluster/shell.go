@@ -165,8 +165,14 @@ func (s *Shell) Ring() *Ring { return s.ring.Load() }
 // on_failure decides), and so does ctx (then the request is decided by
 // on_failure at once, and marked degraded).
 func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64) (Outcome, error) {
+	return s.DecideAt(ctx, s.now(), ruleID, identity, cost)
+}
+
+// DecideAt is Decide at a time the caller already read from the Shell's
+// clock (ShellConfig.Clock), so that a request reads the clock once: outside
+// the Shell's lock.
+func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string, cost int64) (Outcome, error) {
 	s.mu.Lock()
-	now := s.now()
 	o, err := s.coord.Decide(now, ruleID, identity, cost)
 	full := s.coord.Queued() >= s.cfg.MaxBatch
 	if err != nil || !o.Pending {
