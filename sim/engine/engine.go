@@ -186,3 +186,25 @@ func (s *Sim) Run(until int64) {
 		s.now = until
 	}
 }
+
+// Product calls visit once for every combination of indexes idx[i] in
+// [0, max(sizes[i], 1)), in odometer order: the last index turns fastest. A
+// size of 0 counts as one (a dimension the grid leaves at its base value).
+// Sweeps use it to expand their grids in a fixed order.
+func Product(sizes []int, visit func(idx []int)) {
+	idx := make([]int, len(sizes))
+	for {
+		visit(idx)
+		i := len(idx) - 1
+		for ; i >= 0; i-- {
+			idx[i]++
+			if idx[i] < max(sizes[i], 1) {
+				break
+			}
+			idx[i] = 0
+		}
+		if i < 0 {
+			return
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -118,5 +119,21 @@ func TestQueueOrder(t *testing.T) {
 			t.Fatalf("popped (%d, %d), want (%d, %d)", got.at, got.seq, ref[0].at, ref[0].seq)
 		}
 		ref = ref[1:]
+	}
+}
+
+// TestProduct: every combination once, last index fastest, empty
+// dimensions counted as one.
+func TestProduct(t *testing.T) {
+	var got []string
+	Product([]int{2, 0, 3}, func(i []int) { got = append(got, fmt.Sprint(i)) })
+	want := "[[0 0 0] [0 0 1] [0 0 2] [1 0 0] [1 0 1] [1 0 2]]"
+	if fmt.Sprint(got) != want {
+		t.Fatalf("Product = %v, want %s", got, want)
+	}
+	n := 0
+	Product(nil, func([]int) { n++ })
+	if n != 1 {
+		t.Fatalf("Product of no dimensions visited %d times, want 1", n)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/weir-dev/weir/sim/engine"
 )
 
 // Grid is a sweep: every combination of its dimensions is one run; an
@@ -101,31 +103,24 @@ func ParseGrid(spec string) (Grid, error) {
 
 // Configs expands the grid over base; run i gets seed base.Seed + i.
 func (g Grid) Configs(base Config) []Config {
-	or := func(n int) int { return max(n, 1) }
 	var out []Config
-	for a := range or(len(g.Regions)) {
-		for b := range or(len(g.Demand)) {
-			for c := range or(len(g.Refresh)) {
-				for d := range or(len(g.Faults)) {
-					cfg := base
-					if len(g.Regions) > 0 {
-						cfg.Regions = g.Regions[a]
-					}
-					if len(g.Demand) > 0 {
-						cfg.Demand = g.Demand[b]
-					}
-					if len(g.Refresh) > 0 {
-						cfg.Refresh = g.Refresh[c]
-					}
-					if len(g.Faults) > 0 {
-						cfg.Faults = g.Faults[d]
-					}
-					cfg.Seed = base.Seed + uint64(len(out))
-					out = append(out, cfg)
-				}
-			}
+	engine.Product([]int{len(g.Regions), len(g.Demand), len(g.Refresh), len(g.Faults)}, func(i []int) {
+		cfg := base
+		if len(g.Regions) > 0 {
+			cfg.Regions = g.Regions[i[0]]
 		}
-	}
+		if len(g.Demand) > 0 {
+			cfg.Demand = g.Demand[i[1]]
+		}
+		if len(g.Refresh) > 0 {
+			cfg.Refresh = g.Refresh[i[2]]
+		}
+		if len(g.Faults) > 0 {
+			cfg.Faults = g.Faults[i[3]]
+		}
+		cfg.Seed = base.Seed + uint64(len(out))
+		out = append(out, cfg)
+	})
 	return out
 }
 

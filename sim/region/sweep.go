@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/quota"
+	"github.com/weir-dev/weir/sim/engine"
 )
 
 // Grid is a sweep: every combination of its dimensions is one run. An
@@ -149,51 +150,37 @@ func parseFaultList(s string) ([][]Fault, error) {
 
 // Configs expands the grid over base. Run i gets seed base.Seed + i.
 func (g Grid) Configs(base Config) []Config {
-	or := func(n int) int { return max(n, 1) }
 	var out []Config
-	for a := range or(len(g.Nodes)) {
-		for b := range or(len(g.Accuracy)) {
-			for c := range or(len(g.Sync)) {
-				for d := range or(len(g.Traffic)) {
-					for e := range or(len(g.Faults)) {
-						for f := range or(len(g.Mode)) {
-							for h := range or(len(g.Load)) {
-								for x := range or(len(g.Scheme)) {
-									cfg := base
-									if len(g.Scheme) > 0 {
-										cfg.Scheme = g.Scheme[x]
-									}
-									if len(g.Nodes) > 0 {
-										cfg.Nodes = g.Nodes[a]
-									}
-									if len(g.Accuracy) > 0 {
-										cfg.Accuracy = g.Accuracy[b]
-									}
-									if len(g.Sync) > 0 {
-										cfg.Sync = g.Sync[c]
-									}
-									if len(g.Traffic) > 0 {
-										cfg.Traffic = g.Traffic[d]
-									}
-									if len(g.Faults) > 0 {
-										cfg.Faults = g.Faults[e]
-									}
-									if len(g.Mode) > 0 {
-										cfg.Mode = g.Mode[f]
-									}
-									if len(g.Load) > 0 {
-										cfg.Load = g.Load[h]
-									}
-									cfg.Seed = base.Seed + uint64(len(out))
-									out = append(out, cfg)
-								}
-							}
-						}
-					}
-				}
-			}
+	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme)}
+	engine.Product(sizes, func(i []int) {
+		cfg := base
+		if len(g.Scheme) > 0 {
+			cfg.Scheme = g.Scheme[i[7]]
 		}
-	}
+		if len(g.Nodes) > 0 {
+			cfg.Nodes = g.Nodes[i[0]]
+		}
+		if len(g.Accuracy) > 0 {
+			cfg.Accuracy = g.Accuracy[i[1]]
+		}
+		if len(g.Sync) > 0 {
+			cfg.Sync = g.Sync[i[2]]
+		}
+		if len(g.Traffic) > 0 {
+			cfg.Traffic = g.Traffic[i[3]]
+		}
+		if len(g.Faults) > 0 {
+			cfg.Faults = g.Faults[i[4]]
+		}
+		if len(g.Mode) > 0 {
+			cfg.Mode = g.Mode[i[5]]
+		}
+		if len(g.Load) > 0 {
+			cfg.Load = g.Load[i[6]]
+		}
+		cfg.Seed = base.Seed + uint64(len(out))
+		out = append(out, cfg)
+	})
 	return out
 }
 
