@@ -73,6 +73,10 @@ func newSketchParams(r *quota.Rule) (SketchParams, error) {
 		return SketchParams{}, fmt.Errorf("sketch threshold %d is not in [1, %d]", p.Threshold, quota.MaxSketchThreshold)
 	case p.Period <= 0:
 		return SketchParams{}, fmt.Errorf("sketch period %s is not positive", p.Period)
+	case p.Period < r.Window:
+		// The envelope's term grows by N·θ per period: a period shorter
+		// than the window would let it outgrow a·L per window.
+		return SketchParams{}, fmt.Errorf("sketch period %s is shorter than the window %s", p.Period, r.Window)
 	case p.Width < 1 || p.Width > quota.MaxSketchWidth:
 		return SketchParams{}, fmt.Errorf("sketch width %d is not in [1, %d]", p.Width, quota.MaxSketchWidth)
 	case p.Depth < 1 || p.Depth > quota.MaxSketchDepth:

@@ -99,7 +99,10 @@ type idCheck struct {
 	all   upStream // every admission, every interval
 	clean upStream // every admission, intervals within one fault-free segment
 	low   lowStream
-	seg   int // index of the clean segment the clean and low streams are in; -1 none yet
+	// pts holds every admission of a gated run, in time order, for the
+	// exact pass (gatedPass).
+	pts []gPoint
+	seg int // index of the clean segment the clean and low streams are in; -1 none yet
 	// lowSeen is the number of clean segments the low stream has closed
 	// or is in, for segments with no admission at all.
 	lowSeen int
@@ -122,6 +125,22 @@ type checker struct {
 	worstAcc, worstAll, worstClean, worstLow float64
 	worstAccID, worstCleanID, worstLowID     int
 	lowFrom, lowTo                           int64 // the worst shortfall\'s interval
+
+	// Sketch gating: gated runs keep every admission for an exact pass
+	// at the end (gatedPass), with the sketch term K·(⌈Δ/P⌉ + 1), K =
+	// N·θ_eff, P the sketch period (ns).
+	gated                       bool
+	gK                          float64
+	gP                          int64
+	gAcc, gAll, gClean, gSketch float64
+	gAccID, gSketchID           int
+}
+
+// gPoint is one admission of a gated run.
+type gPoint struct {
+	at              int64
+	cost            float64
+	degraded, gated bool
 }
 
 type admission struct {
@@ -130,6 +149,7 @@ type admission struct {
 	ident    int32
 	cost     int64
 	degraded bool
+	sketch   bool // admitted through the sketch
 }
 
 // before orders admissions by time, then by arrival.
@@ -159,10 +179,18 @@ func newChecker(ids int, rate float64, segs []segment, lowEnd int64, saturated b
 	return c
 }
 
-// record queues an admission at t (ns since start).
-func (c *checker) record(t int64, ident int, cost int64, degraded bool) {
+// gate turns on the exact pass of a gated run: the sketch term is
+// k·(⌈Δ/P⌉ + 1) tokens over an interval of length Δ, p = P in ns.
+func (c *checker) gate(k float64, p int64) {
+	c.gated, c.gK, c.gP = true, k, p
+	c.gAcc, c.gAll, c.gClean, c.gSketch = math.Inf(-1), math.Inf(-1), math.Inf(-1), math.Inf(-1)
+}
+
+// record queues an admission at t (ns since start); sketch marks one
+// admitted through the sketch.
+func (c *checker) record(t int64, ident int, cost int64, degraded, sketch bool) {
 	c.seq++
-	c.fresh = append(c.fresh, admission{at: t, seq: c.seq, ident: int32(ident), cost: cost, degraded: degraded})
+	c.fresh = append(c.fresh, admission{at: t, seq: c.seq, ident: int32(ident), cost: cost, degraded: degraded, sketch: sketch})
 }
 
 // drain feeds the checks every queued admission at or before upTo, in
@@ -227,6 +255,9 @@ func (c *checker) segOf(t int64) int {
 
 func (c *checker) feed(a admission) {
 	ic := &c.ids[a.ident]
+	if c.gated {
+		ic.pts = append(ic.pts, gPoint{at: a.at, cost: float64(a.cost), degraded: a.degraded, gated: a.sketch})
+	}
 	if !a.degraded {
 		ic.acc.add(a.at, a.cost, c.rate)
 	}
@@ -317,5 +348,122 @@ func (c *checker) finish() {
 		if v := ic.all.best; v > c.worstAll {
 			c.worstAll = v
 		}
+		if c.gated {
+			c.gatedPass(i)
+		}
 	}
+}
+
+// The sketch term depends on Δ through ⌈Δ/P⌉, which the streams above
+// cannot carry (their running minimum is over starts of any age). Gated
+// runs therefore keep every admission and take an exact pass over them at
+// the end: for each end j and each k = ⌈Δ/P⌉, the best start lies in the
+// index range whose times fall in [tⱼ − k·P, tⱼ − (k−1)·P) (k = 0: tᵢ =
+// tⱼ), and a monotone deque per k gives its maximum as j advances. That
+// is O(n·(D/P + 1)) per identity for n admissions over D, instead of the
+// O(n²) of every pair, and exact: it scores every interval between
+// admissions, as the streams do, against its own term.
+
+// bestByK returns, for each k = ⌈Δ/P⌉, the largest Σ cost − rate·Δ over
+// the intervals [tᵢ, tⱼ] between the points (in time order) with
+// Δ = tⱼ − tᵢ in that class; -Inf where there is none.
+func bestByK(pts []gPoint, keep func(*gPoint) bool, rate float64, per int64) []float64 {
+	var ts []int64
+	var v []float64 // rate·tᵢ − Σ cost before i
+	var cs []float64
+	sum := 0.0
+	for i := range pts {
+		if !keep(&pts[i]) {
+			continue
+		}
+		ts = append(ts, pts[i].at)
+		v = append(v, rate*float64(pts[i].at)-sum)
+		sum += pts[i].cost
+		cs = append(cs, sum)
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	kmax := int((ts[len(ts)-1]-ts[0]+per-1)/per) + 1
+	best := make([]float64, kmax+1)
+	for k := range best {
+		best[k] = math.Inf(-1)
+	}
+	dq := make([][]int, kmax+1)
+	head := make([]int, kmax+1)
+	next := make([]int, kmax+1)
+	group, groupBest := 0, math.Inf(-1)
+	for j := range ts {
+		end := cs[j] - rate*float64(ts[j])
+		if ts[j] != ts[group] {
+			group, groupBest = j, math.Inf(-1)
+		}
+		groupBest = max(groupBest, v[j])
+		best[0] = max(best[0], end+groupBest)
+		for k := 1; k <= kmax; k++ {
+			lo, hi := ts[j]-int64(k)*per, ts[j]-int64(k-1)*per
+			q := dq[k]
+			for next[k] <= j && ts[next[k]] < hi {
+				x := next[k]
+				for len(q) > head[k] && v[q[len(q)-1]] <= v[x] {
+					q = q[:len(q)-1]
+				}
+				q = append(q, x)
+				next[k]++
+			}
+			for head[k] < len(q) && ts[q[head[k]]] < lo {
+				head[k]++
+			}
+			if head[k] < len(q) {
+				best[k] = max(best[k], end+v[q[head[k]]])
+			}
+			dq[k] = q
+		}
+	}
+	return best
+}
+
+// worstWithTerm returns the largest best[k] − term·(k + 1).
+func worstWithTerm(best []float64, term float64) float64 {
+	w := math.Inf(-1)
+	for k, b := range best {
+		w = max(w, b-term*float64(k+1))
+	}
+	return w
+}
+
+// gatedPass scores identity i's admissions of a gated run: accounted,
+// all and fault-free intervals against B + r·Δ + K·(⌈Δ/P⌉ + 1), and the
+// sketch admissions alone per aligned period met, K·(⌈Δ/P⌉ + 1) ÷
+// (⌈Δ/P⌉ + 1) = K at most.
+func (c *checker) gatedPass(i int) {
+	pts := c.ids[i].pts
+	if v := worstWithTerm(bestByK(pts, func(p *gPoint) bool { return !p.degraded }, c.rate, c.gP), c.gK); v > c.gAcc {
+		c.gAcc, c.gAccID = v, i
+	}
+	c.gAll = max(c.gAll, worstWithTerm(bestByK(pts, func(*gPoint) bool { return true }, c.rate, c.gP), c.gK))
+	for k, b := range bestByK(pts, func(p *gPoint) bool { return p.gated }, 0, c.gP) {
+		if v := b / float64(k+1); v > c.gSketch {
+			c.gSketch, c.gSketchID = v, i
+		}
+	}
+	for _, seg := range c.segs {
+		lo, _ := slices.BinarySearchFunc(pts, seg.from, func(p gPoint, t int64) int { return cmpInt(p.at, t) })
+		hi, _ := slices.BinarySearchFunc(pts, seg.to, func(p gPoint, t int64) int { return cmpInt(p.at, t) })
+		if lo == hi {
+			continue
+		}
+		c.gClean = max(c.gClean, worstWithTerm(bestByK(pts[lo:hi], func(*gPoint) bool { return true }, c.rate, c.gP), c.gK))
+	}
+	c.ids[i].pts = nil
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

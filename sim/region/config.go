@@ -39,10 +39,16 @@ const (
 	// each for an identity drawn from a Zipf distribution (exponent
 	// ZipfS) over IDs identities, at nodes drawn uniformly.
 	TrafficZipf = "zipf"
+	// TrafficPulse: the sketch's adversary. From the start of every
+	// period (the sketch period, or the window without one) each
+	// identity saturates every node (Load × the rate each), then is quiet
+	// long enough for its entries to be dropped (pulseQuiet), so that
+	// the next period meets it on every node as a stranger again.
+	TrafficPulse = "pulse"
 )
 
 // TrafficKinds lists the traffic kinds.
-var TrafficKinds = []string{TrafficConstant, TrafficSaturate, TrafficBursty, TrafficOneNode, TrafficUneven, TrafficPoisson, TrafficZipf}
+var TrafficKinds = []string{TrafficConstant, TrafficSaturate, TrafficBursty, TrafficOneNode, TrafficUneven, TrafficPoisson, TrafficZipf, TrafficPulse}
 
 // Config is one simulated run: a region of Nodes gateways enforcing one
 // GCRA rule under Traffic, with Faults. The zero values of the optional
@@ -61,6 +67,12 @@ type Config struct {
 	Accuracy  float64
 	OnFailure quota.OnFailure
 	Cost      int64
+	// Sketch is the rule's sketch gating threshold θ (quota.Sketch,
+	// docs/overshoot.md "Sketch gating"; 0: no gating, shared mode only)
+	// and SketchPeriod its period P (0: Window; at least Window). Each
+	// node's sketch hashes with a seed drawn from the run's random source.
+	Sketch       int64
+	SketchPeriod time.Duration
 	// Scheme is the rule's slack scheme, "fixed" or "demand" (""
 	// : cluster.DefaultSlackScheme).
 	Scheme string
@@ -192,6 +204,9 @@ func (c Config) withDefaults() Config {
 	if c.Duration == 0 {
 		c.Duration = 10 * time.Second
 	}
+	if c.Sketch > 0 && c.SketchPeriod == 0 {
+		c.SketchPeriod = c.Window
+	}
 	if c.Bin == 0 {
 		c.Bin = max(100*time.Millisecond, c.Duration/2000)
 	}
@@ -238,6 +253,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("zipf exponent %g: want > 1", c.ZipfS)
 	case c.Duration <= 0:
 		return fmt.Errorf("duration %v: want > 0", c.Duration)
+	case c.Sketch < 0 || c.Sketch > quota.MaxSketchThreshold:
+		return fmt.Errorf("sketch %d: want 0 (off) or 1..%d", c.Sketch, quota.MaxSketchThreshold)
+	case c.Sketch > 0 && c.Mode != quota.ModeShared:
+		return fmt.Errorf("sketch %d: gating needs mode shared, not %s", c.Sketch, c.Mode)
+	case c.Sketch > 0 && c.SketchPeriod < c.Window:
+		return fmt.Errorf("sketch period %v: want at least the window %v", c.SketchPeriod, c.Window)
+	case c.Traffic == TrafficPulse && c.pulseQuiet() >= c.pulsePeriod():
+		return fmt.Errorf("traffic pulse: the quiet part %v (B·T + 2·sync + decide timeout + 4 ticks) leaves nothing of the period %v: raise -sketch-period or lower -burst",
+			time.Duration(c.pulseQuiet()), time.Duration(c.pulsePeriod()))
 	}
 	if _, err := bucketFor(c); err != nil {
 		return err
@@ -326,6 +350,9 @@ func (c Config) Flags() string {
 	fmt.Fprintf(&b, " -traffic %s -load %g -ids %d", c.Traffic, c.Load, c.IDs)
 	if c.Traffic == TrafficZipf {
 		fmt.Fprintf(&b, " -rate %g -zipf %g", c.Rate, c.ZipfS)
+	}
+	if c.Sketch > 0 {
+		fmt.Fprintf(&b, " -sketch %d -sketch-period %v", c.Sketch, c.SketchPeriod)
 	}
 	fmt.Fprintf(&b, " -faults '%s' -duration %v -seed %d", FormatFaults(c.Faults), c.Duration, c.Seed)
 	return b.String()

@@ -122,11 +122,19 @@ func (n *node) start(view []bool) {
 	inc := max(uint64(n.now()), n.inc+1<<32)
 	n.inc = inc
 	n.up, n.serving = true, true
+	// A gated rule's sketch hashes with a per-process seed, drawn from
+	// the run's source (only when gating is on: ungated runs draw as
+	// before).
+	var seed uint64
+	if n.rg.cfg.Sketch > 0 {
+		seed = n.rg.sim.Rand().Uint64()
+	}
 	n.coord = cluster.NewCoordinator(cluster.CoordinatorConfig{
 		Self:          n.name,
 		SyncInterval:  n.rg.cfg.Sync,
 		DecideTimeout: n.rg.cfg.DecideTimeout,
 		Incarnation:   inc,
+		SketchSeed:    seed,
 	})
 	n.coord.SetRules([]cluster.RuleParams{n.rg.params})
 	n.waits = waitQueue{}
@@ -163,6 +171,8 @@ func (n *node) addPast() {
 	p.SyncsSent += s.SyncsSent
 	p.AcksSent += s.AcksSent
 	p.ReportsCharged += s.ReportsCharged
+	p.SketchAdmits += s.SketchAdmits
+	p.SketchPromotions += s.SketchPromotions
 }
 
 // request is a client request for identity ident arriving at this node.

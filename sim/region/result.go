@@ -23,7 +23,7 @@ type Result struct {
 	// identity, fed every request in arrival order) admitted; Admitted
 	// what the cluster admitted, BySource split by how it decided.
 	RefAdmitted, Admitted int64
-	BySource              [5]int64
+	BySource              [6]int64
 	// Degraded counts decisions made by on_failure; DegradedAdmitted the
 	// tokens they admitted.
 	Degraded, DegradedAdmitted int64
@@ -51,6 +51,21 @@ type Result struct {
 	// ShortfallFrom and ShortfallTo bound the interval of the worst
 	// shortfall (run time).
 	ShortfallFrom, ShortfallTo time.Duration
+	// Gated runs (Config.Sketch > 0) add the sketch term N·θ_eff·(⌈Δ/P⌉ +
+	// 1) to the upper bound over an interval of length Δ: SketchN is N
+	// (the node incarnations, each with a sketch), SketchTheta θ_eff,
+	// SketchPeriod P. In a gated run ExcessAccounted, ExcessAll and
+	// ExcessClean are the worst excess over B + r·Δ + N·θ_eff·(⌈Δ/P⌉ + 1),
+	// from an exact pass (check.go), and ExcessPlain is the worst accounted
+	// excess over B + r·Δ alone. SketchPerPeriod is the most tokens
+	// admitted through the sketch in an interval, per aligned period it
+	// meets (÷ (⌈Δ/P⌉ + 1)), for SketchID; its bound is N·θ_eff.
+	SketchN         int
+	SketchTheta     int64
+	SketchPeriod    time.Duration
+	ExcessPlain     float64
+	SketchPerPeriod float64
+	SketchID        string
 	// WorstID names the identity with the worst accounted excess.
 	WorstID string
 	// Exchanges and Replies are the messages sent; FailedExchanges timed
@@ -90,6 +105,19 @@ func (rg *Region) result() *Result {
 	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.idNames) {
 		res.WorstID = rg.idNames[ch.worstAccID]
 	}
+	res.ExcessPlain = res.ExcessAccounted
+	if ch.gated {
+		res.SketchN, res.SketchTheta, res.SketchPeriod = rg.sketchN, rg.sketchTheta, c.SketchPeriod
+		res.ExcessAccounted, res.ExcessAll = ch.gAcc-float64(c.Burst), ch.gAll-float64(c.Burst)
+		res.ExcessClean = ch.gClean - float64(c.Burst)
+		res.SketchPerPeriod = ch.gSketch
+		if ch.gAccID >= 0 && ch.gAccID < len(rg.idNames) {
+			res.WorstID = rg.idNames[ch.gAccID]
+		}
+		if !math.IsInf(ch.gSketch, -1) {
+			res.SketchID = rg.idNames[ch.gSketchID]
+		}
+	}
 	for _, seg := range ch.segs {
 		res.CleanTime += time.Duration(min(seg.to, int64(c.Duration)) - min(seg.from, int64(c.Duration)))
 	}
@@ -120,6 +148,8 @@ func (rg *Region) result() *Result {
 		p.SyncsSent += s.SyncsSent
 		p.AcksSent += s.AcksSent
 		p.ReportsCharged += s.ReportsCharged
+		p.SketchAdmits += s.SketchAdmits
+		p.SketchPromotions += s.SketchPromotions
 	}
 	res.check()
 	return res
@@ -143,10 +173,18 @@ func (r *Result) check() {
 		r.Violations = append(r.Violations, fmt.Sprintf("lower bound: shortfall %.3f under r·Δ in the fault-free interval (%v, %v) above S + c + ⌈r·ℓ⌉ = %.0f (ℓ = %v)",
 			r.Shortfall, r.ShortfallFrom, r.ShortfallTo, r.BoundShortfall, r.Ell))
 	}
+	if r.SketchN > 0 && !math.IsInf(r.SketchPerPeriod, -1) && r.SketchPerPeriod > r.SketchBound()+eps {
+		r.Violations = append(r.Violations, fmt.Sprintf("sketch term: %.3f tokens per aligned period through the sketch (%s) above N·θ_eff = %.0f",
+			r.SketchPerPeriod, r.SketchID, r.SketchBound()))
+	}
 	if len(c.Faults) == 0 && r.Degraded != 0 {
 		r.Violations = append(r.Violations, fmt.Sprintf("%d degraded (on_failure) decisions in a run with no fault", r.Degraded))
 	}
 }
+
+// SketchBound is N·θ_eff, the sketch term per aligned period an interval
+// meets (0 in an ungated run).
+func (r *Result) SketchBound() float64 { return float64(r.SketchN) * float64(r.SketchTheta) }
 
 // OK reports whether the run kept every bound.
 func (r *Result) OK() bool { return len(r.Violations) == 0 }
@@ -178,7 +216,12 @@ func (r *Result) Summary(w io.Writer) {
 	if c.Traffic == TrafficZipf {
 		fmt.Fprintf(w, " rate %g/s zipf %g", c.Rate, c.ZipfS)
 	}
-	fmt.Fprintf(w, ", latency %s, faults %s, duration %v, seed %d\n\n", c.Latency, FormatFaults(c.Faults), c.Duration, c.Seed)
+	fmt.Fprintf(w, ", latency %s, faults %s, duration %v, seed %d\n", c.Latency, FormatFaults(c.Faults), c.Duration, c.Seed)
+	if r.SketchN > 0 {
+		fmt.Fprintf(w, "sketch gating: θ %d, period P %v, θ_eff %d, N %d: the upper bound gains N·θ_eff·(⌈Δ/P⌉ + 1) = %.0f·(⌈Δ/P⌉ + 1)\n",
+			c.Sketch, c.SketchPeriod, r.SketchTheta, r.SketchN, r.SketchBound())
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	secs := c.Duration.Seconds()
 	fmt.Fprintf(tw, "\trequests\tadmitted\tadmitted/s\tof reference\t\n")
@@ -188,8 +231,13 @@ func (r *Result) Summary(w io.Writer) {
 		pct = 100 * float64(r.Admitted) / float64(r.RefAdmitted)
 	}
 	fmt.Fprintf(tw, "cluster\t%d\t%d\t%.1f\t%.1f%%\t\n", r.Requests, r.Admitted, float64(r.Admitted)/secs, pct)
-	fmt.Fprintf(tw, "  by owner/slack/remote/on_failure\t\t%d/%d/%d/%d\t\t\t\n",
-		r.BySource[cluster.SourceOwner], r.BySource[cluster.SourceSlack], r.BySource[cluster.SourceRemote], r.BySource[cluster.SourceFailure])
+	if r.SketchN > 0 {
+		fmt.Fprintf(tw, "  by owner/slack/remote/on_failure/sketch\t\t%d/%d/%d/%d/%d\t\t\t\n",
+			r.BySource[cluster.SourceOwner], r.BySource[cluster.SourceSlack], r.BySource[cluster.SourceRemote], r.BySource[cluster.SourceFailure], r.BySource[cluster.SourceSketch])
+	} else {
+		fmt.Fprintf(tw, "  by owner/slack/remote/on_failure\t\t%d/%d/%d/%d\t\t\t\n",
+			r.BySource[cluster.SourceOwner], r.BySource[cluster.SourceSlack], r.BySource[cluster.SourceRemote], r.BySource[cluster.SourceFailure])
+	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -200,9 +248,17 @@ func (r *Result) Summary(w io.Writer) {
 		}
 		return "NO"
 	}
-	fmt.Fprintf(tw, "worst excess over B + r·Δ, accounted, any interval (%s)\t%s\t%s\t%s\t\n", r.WorstID, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), ok(r.ExcessAccounted, r.BoundAccounted))
-	fmt.Fprintf(tw, "worst excess over B + r·Δ, all admissions, any interval\t%s\t%s\t%s\t\n", fmtTok(r.ExcessAll), fmtTok(r.BoundAccounted+float64(r.DegradedAdmitted)), ok(r.ExcessAll, r.BoundAccounted+float64(r.DegradedAdmitted)))
-	fmt.Fprintf(tw, "worst excess over B + r·Δ, fault-free intervals\t%s\t%d\t%s\t\n", fmtTok(r.ExcessClean), r.S, ok(r.ExcessClean, float64(r.S)))
+	over := "B + r·Δ"
+	if r.SketchN > 0 {
+		over = "B + r·Δ + sketch term"
+	}
+	fmt.Fprintf(tw, "worst excess over %s, accounted, any interval (%s)\t%s\t%s\t%s\t\n", over, r.WorstID, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), ok(r.ExcessAccounted, r.BoundAccounted))
+	fmt.Fprintf(tw, "worst excess over %s, all admissions, any interval\t%s\t%s\t%s\t\n", over, fmtTok(r.ExcessAll), fmtTok(r.BoundAccounted+float64(r.DegradedAdmitted)), ok(r.ExcessAll, r.BoundAccounted+float64(r.DegradedAdmitted)))
+	fmt.Fprintf(tw, "worst excess over %s, fault-free intervals\t%s\t%d\t%s\t\n", over, fmtTok(r.ExcessClean), r.S, ok(r.ExcessClean, float64(r.S)))
+	if r.SketchN > 0 {
+		fmt.Fprintf(tw, "  sketch term: admitted through the sketch per aligned period met, worst interval (%s)\t%s\t%s\t%s\t\n", r.SketchID, fmtTok(r.SketchPerPeriod), fmtTok(r.SketchBound()), ok(r.SketchPerPeriod, r.SketchBound()))
+		fmt.Fprintf(tw, "  worst excess over B + r·Δ alone, accounted (sketch term included)\t%s\t\t\t\n", fmtTok(r.ExcessPlain))
+	}
 	if math.IsNaN(r.Shortfall) {
 		fmt.Fprintf(tw, "worst shortfall under r·Δ, saturating, fault-free\t-\t-\tn/a\t\n")
 	} else {
@@ -225,6 +281,9 @@ func (r *Result) Summary(w io.Writer) {
 		fmt.Fprintf(w, "  S while views disagree: %d; fault-free time %v of %v\n", r.SFault, r.CleanTime, c.Duration)
 	}
 	fmt.Fprintln(w)
+	if r.SketchN > 0 {
+		fmt.Fprintf(w, "sketch: %d admissions through the sketch, %d promotions\n", r.Coord.SketchAdmits, r.Coord.SketchPromotions)
+	}
 	fmt.Fprintf(w, "messages: %d exchanges + %d replies = %.1f/s; %d failed, %d lost, %d cut; %d syncs, %d forwarded, %d view rejects; %d breaker opens, %d ring changes\n",
 		r.Exchanges, r.Replies, r.MessagesPerSecond(), r.FailedExchanges, r.Lost, r.Cut, r.Coord.SyncsSent, r.Coord.Forwarded, r.Coord.ViewRejects, r.BreakerOpens, r.RingChanges)
 	if r.OK() {

@@ -45,7 +45,7 @@ type Region struct {
 
 	requests, unserved, refAdmitted, admitted int64
 	degraded, degradedAdmitted                int64
-	bySource                                  [5]int64
+	bySource                                  [6]int64
 	exchanges, replies, failedExchanges       uint64
 	breakerOpens, ringChanges                 uint64
 	maxRTT                                    int64
@@ -53,7 +53,11 @@ type Region struct {
 	windows                                   []segment
 	terms                                     []Term
 	sClean, sFault, slack                     int64
-	liveMin, liveMax, sideMin                 int
+	// The sketch term N·θ_eff·(⌈Δ/P⌉ + 1): sketchN the sketches that may
+	// admit for an identity (node incarnations), sketchTheta θ_eff.
+	sketchN                   int
+	sketchTheta               int64
+	liveMin, liveMax, sideMin int
 }
 
 // Term is a fault term of the envelope: the extra tokens a fault may admit
@@ -68,6 +72,9 @@ type Term struct {
 func bucketFor(c Config) (cluster.RuleParams, error) {
 	r := quota.Rule{ID: ruleID, Algorithm: quota.AlgorithmGCRA, Mode: c.Mode, Limit: c.Limit, Window: c.Window,
 		Burst: c.Burst, Accuracy: c.Accuracy, OnFailure: c.OnFailure}
+	if c.Sketch > 0 {
+		r.Sketch = &quota.Sketch{Threshold: c.Sketch, Period: c.SketchPeriod}
+	}
 	p, err := cluster.NewRuleParams(&r, 1)
 	if err != nil {
 		return p, fmt.Errorf("rule: %w", err)
@@ -114,6 +121,9 @@ func newRegion(c Config) *Region {
 	rg.binsRef = make([]int64, len(rg.binsCluster))
 	rg.deriveTerms()
 	rg.chk = newChecker(c.IDs, c.rate()/1e9, cleanSegments(rg.windows, rg.end-T0), int64(c.Duration), c.saturating())
+	if c.Sketch > 0 {
+		rg.chk.gate(float64(int64(rg.sketchN)*rg.sketchTheta), int64(c.SketchPeriod))
+	}
 	return rg
 }
 
@@ -358,7 +368,7 @@ func (rg *Region) outcome(n *node, ident int, at int64, o cluster.Outcome, cost 
 		rg.degradedAdmitted += cost
 	}
 	rg.binsCluster[(at-rg.t0)/int64(rg.cfg.Bin)] += cost
-	rg.chk.record(at-rg.t0, ident, cost, o.Degraded)
+	rg.chk.record(at-rg.t0, ident, cost, o.Degraded, o.Source == cluster.SourceSketch)
 }
 
 // deriveTerms computes S, the fault windows and the fault terms of the
@@ -416,6 +426,26 @@ func (rg *Region) deriveTerms() {
 		}
 	}
 	ceil := math.Ceil
+	if c.Sketch > 0 {
+		// Gating (docs/overshoot.md "Sketch gating"): every incarnation
+		// of a node has a sketch of its own, a restarted or joining node
+		// an empty one. θ_eff = min(θ, sᵢ(n), B) at the view size n the
+		// node has: the initial size without faults, any size (a
+		// restarted node starts alone) with them.
+		rg.sketchN = c.Nodes
+		slackMax := p.Slack(c.Nodes)
+		for _, f := range c.Faults {
+			if f.Kind == FaultRestart || f.Kind == FaultJoin {
+				rg.sketchN++
+			}
+		}
+		if len(c.Faults) > 0 {
+			for n := 1; n <= nMax; n++ {
+				slackMax = max(slackMax, p.Slack(n))
+			}
+		}
+		rg.sketchTheta = min(c.Sketch, slackMax, c.Burst)
+	}
 	for _, f := range sortFaults(c.Faults) {
 		switch f.Kind {
 		case FaultCrash:
@@ -455,6 +485,10 @@ func (rg *Region) deriveTerms() {
 				}
 				addTerm(Term{f.Text, t,
 					"min(⌈r·j⌉, B + S) + s for a forward step j: the owner's bucket refills by j at once, a node's views expire j early"})
+				if c.Sketch > 0 && f.Skew > 0 {
+					addTerm(Term{f.Text + " (sketch)", float64(rg.sketchTheta),
+						"θ_eff: a forward step ends the node's sketch period early, once"})
+				}
 			}
 		}
 	}

@@ -26,12 +26,15 @@ type Grid struct {
 	Mode     []quota.Mode
 	Load     []float64
 	Scheme   []string
+	// Sketch is the sketch gating threshold θ (0: off); it applies to
+	// shared rules only, exact runs stay ungated.
+	Sketch []int64
 }
 
 // GridSyntax documents the sweep spec; -help prints it.
 const GridSyntax = `A sweep spec is dimensions separated by ";", each NAME=VALUE,VALUE...
   nodes=3,5,10  accuracy=0.05,0.1  sync=20ms,100ms  traffic=uneven,saturate
-  mode=shared,exact  load=2,3  scheme=fixed,demand
+  mode=shared,exact  load=2,3  scheme=fixed,demand  sketch=0,4 (θ; 0: off; shared rules only)
   faults=[none][crash:n1@2s,restart:n1@4s]   (each fault spec in brackets)
 "default" is the built-in grid (DefaultGrid).`
 
@@ -119,8 +122,14 @@ func ParseGrid(spec string) (Grid, error) {
 					return g, bad(errors.New("want a positive number"))
 				}
 				g.Load = append(g.Load, l)
+			case "sketch":
+				th, err := strconv.ParseInt(v, 10, 64)
+				if err != nil || th < 0 || th > quota.MaxSketchThreshold {
+					return g, bad(fmt.Errorf("want an integer in [0, %d]", quota.MaxSketchThreshold))
+				}
+				g.Sketch = append(g.Sketch, th)
 			default:
-				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, faults)", ErrGridSpec, name)
+				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, faults)", ErrGridSpec, name)
 			}
 		}
 	}
@@ -151,7 +160,7 @@ func parseFaultList(s string) ([][]Fault, error) {
 // Configs expands the grid over base. Run i gets seed base.Seed + i.
 func (g Grid) Configs(base Config) []Config {
 	var out []Config
-	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme)}
+	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch)}
 	engine.Product(sizes, func(i []int) {
 		cfg := base
 		if len(g.Scheme) > 0 {
@@ -178,6 +187,12 @@ func (g Grid) Configs(base Config) []Config {
 		if len(g.Load) > 0 {
 			cfg.Load = g.Load[i[6]]
 		}
+		if len(g.Sketch) > 0 {
+			cfg.Sketch = g.Sketch[i[8]]
+		}
+		if cfg.Mode == quota.ModeExact {
+			cfg.Sketch = 0
+		}
 		cfg.Seed = base.Seed + uint64(len(out))
 		out = append(out, cfg)
 	})
@@ -196,8 +211,15 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 			return nil, fmt.Errorf("sweep run %d (%s): %w", i, c.Flags(), err)
 		}
 	}
+	// Gated sweeps get a sketch column (θ, and the measured sketch term
+	// per aligned period against N·θ_eff); ungated ones print as before.
+	gated := slices.ContainsFunc(cfgs, func(c Config) bool { return c.Sketch > 0 })
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "run\tnodes\tmode\tacc\tslack\tsync\ttraffic\tfaults\tS\texcess\tbound\tclean\tshortfall\tbound\ton_failure\tmsgs/s\tfwd\tok\t\n")
+	sk := ""
+	if gated {
+		sk = "sketch\tterm\tN·θ\t"
+	}
+	fmt.Fprintf(tw, "run\tnodes\tmode\tacc\tslack\tsync\ttraffic\tfaults\t%sS\texcess\tbound\tclean\tshortfall\tbound\ton_failure\tmsgs/s\tfwd\tok\t\n", sk)
 	var out []*Result
 	for i, c := range cfgs {
 		r, err := Run(c)
@@ -209,9 +231,16 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 		if !r.OK() {
 			ok = "NO"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%s\t%v\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%s\t\n",
+		sk := ""
+		if gated {
+			sk = fmt.Sprintf("%d\t%s\t%s\t", r.Config.Sketch, fmtTok(r.SketchPerPeriod), fmtTok(r.SketchBound()))
+			if r.SketchN == 0 {
+				sk = "0\t-\t-\t"
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%s\t%v\t%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%s\t\n",
 			i, r.Config.Nodes, r.Config.Mode, r.Config.Accuracy, r.Config.Scheme, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
-			r.S, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), fmtTok(r.ExcessClean), fmtTok(r.Shortfall), fmtBound(r),
+			sk, r.S, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), fmtTok(r.ExcessClean), fmtTok(r.Shortfall), fmtBound(r),
 			r.Degraded, r.MessagesPerSecond(), r.Coord.Forwarded, ok)
 		if progress != nil {
 			progress(i+1, len(cfgs))

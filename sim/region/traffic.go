@@ -58,6 +58,32 @@ func (b *bursty) Fire(s *engine.Sim) {
 	}
 }
 
+// pulse issues one identity's requests at one node every spacing ns
+// during the first on ns of each period of length every, the periods
+// aligned on multiples of every counted from time 0 as the sketch's are.
+type pulse struct {
+	rg                *Region
+	ident, node       int
+	spacing           float64
+	every, on, offset int64
+	base              int64 // start of the current period
+	k                 int64 // requests issued in it
+}
+
+func (p *pulse) Fire(s *engine.Sim) {
+	p.rg.arrive(p.ident, p.node)
+	p.k++
+	next := p.base + p.offset + int64(math.Round(float64(p.k)*p.spacing))
+	if next >= p.base+p.on {
+		p.base += p.every
+		p.k = 0
+		next = p.base + p.offset
+	}
+	if next < p.rg.trafficEnd {
+		s.At(next, p)
+	}
+}
+
 // poisson issues requests at exponential intervals; ident < 0 draws each
 // request's identity from zipf.
 type poisson struct {
@@ -133,11 +159,44 @@ func (rg *Region) startTraffic() {
 			p := &poisson{rg: rg, ident: i, mean: period}
 			s.At(rg.t0+int64(s.Rand().ExpFloat64()*period), p)
 		}
+	case TrafficPulse:
+		every := c.pulsePeriod()
+		on := every - c.pulseQuiet()
+		base := rg.t0 / every * every
+		for i := range c.IDs {
+			for j := range n {
+				off := int64(float64(i*n+j) * period / float64(c.IDs*n))
+				if off >= on { // requests further apart than the burst lasts
+					off = 0
+				}
+				p := &pulse{rg: rg, ident: i, node: j, spacing: period, every: every, on: on, offset: off, base: base}
+				for p.base+off < rg.t0 {
+					p.base += every
+				}
+				s.At(p.base+off, p)
+			}
+		}
 	case TrafficZipf:
 		z := rand.NewZipf(s.Rand(), c.ZipfS, 1, uint64(c.IDs-1))
 		mean := 1e9 / c.Rate
 		s.At(rg.t0, &poisson{rg: rg, ident: -1, mean: mean, zipf: z})
 	}
+}
+
+// pulsePeriod is the period of pulse traffic: the sketch period, or the
+// window without gating (ns).
+func (c *Config) pulsePeriod() int64 {
+	if c.Sketch > 0 {
+		return int64(c.SketchPeriod)
+	}
+	return int64(c.Window)
+}
+
+// pulseQuiet is the quiet end of each period of pulse traffic: B·T for the
+// owner's bucket to refill, and two syncs, a decide timeout and four ticks
+// for the entries to be dropped (ns).
+func (c *Config) pulseQuiet() int64 {
+	return c.Burst*int64(c.Window)/c.Limit + int64(2*c.Sync+c.DecideTimeout+4*c.Tick)
 }
 
 // saturating reports whether the configured traffic keeps every identity's
