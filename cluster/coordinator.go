@@ -199,6 +199,11 @@ const (
 	SourceSketch
 )
 
+// NumSources is the number of Source values (0 to NumSources−1): size
+// arrays indexed by Source with it, so that a new Source cannot overflow
+// them.
+const NumSources = int(SourceSketch) + 1
+
 // Outcome is the coordinator's answer to Decide.
 type Outcome struct {
 	// Decision is the decision, when Pending is false.

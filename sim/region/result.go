@@ -23,7 +23,7 @@ type Result struct {
 	// identity, fed every request in arrival order) admitted; Admitted
 	// what the cluster admitted, BySource split by how it decided.
 	RefAdmitted, Admitted int64
-	BySource              [6]int64
+	BySource              [cluster.NumSources]int64
 	// Degraded counts decisions made by on_failure; DegradedAdmitted the
 	// tokens they admitted.
 	Degraded, DegradedAdmitted int64

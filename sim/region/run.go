@@ -45,7 +45,7 @@ type Region struct {
 
 	requests, unserved, refAdmitted, admitted int64
 	degraded, degradedAdmitted                int64
-	bySource                                  [6]int64
+	bySource                                  [cluster.NumSources]int64
 	exchanges, replies, failedExchanges       uint64
 	breakerOpens, ringChanges                 uint64
 	maxRTT                                    int64
