@@ -36,7 +36,11 @@
 // adapters, in the same loop and the same network.
 package engine
 
-import "math/rand/v2"
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+)
 
 // Event is something that happens at a virtual time. Fire runs on the
 // loop's goroutine with the clock set to the event's time.
@@ -207,4 +211,53 @@ func Product(sizes []int, visit func(idx []int)) {
 			return
 		}
 	}
+}
+
+// GridDim is one dimension of a sweep spec: its name and its values.
+type GridDim struct {
+	Name   string
+	Values []string
+	// Bracketed is true when the values were written as [V][V]...
+	Bracketed bool
+}
+
+// SplitGrid splits a sweep spec "NAME=V,V,...;NAME=[V][V]..." into its
+// dimensions, in order. Values are comma-separated, or, when the list
+// starts with '[', bracketed groups (which may hold commas: fault specs).
+// The callers give each dimension its meaning; errors name the part that is
+// malformed.
+func SplitGrid(spec string) ([]GridDim, error) {
+	var out []GridDim
+	for dim := range strings.SplitSeq(spec, ";") {
+		dim = strings.TrimSpace(dim)
+		if dim == "" {
+			continue
+		}
+		name, vals, ok := strings.Cut(dim, "=")
+		if !ok || vals == "" {
+			return nil, fmt.Errorf("%q: want NAME=VALUE,...", dim)
+		}
+		d := GridDim{Name: strings.TrimSpace(name)}
+		rest := strings.TrimSpace(vals)
+		if strings.HasPrefix(rest, "[") {
+			d.Bracketed = true
+			for rest != "" {
+				if rest[0] != '[' {
+					return nil, fmt.Errorf("%s=%q: want [SPEC][SPEC]...", d.Name, vals)
+				}
+				end := strings.IndexByte(rest, ']')
+				if end < 0 {
+					return nil, fmt.Errorf("%s=%q: missing ]", d.Name, vals)
+				}
+				d.Values = append(d.Values, rest[1:end])
+				rest = strings.TrimSpace(rest[end+1:])
+			}
+		} else {
+			for v := range strings.SplitSeq(vals, ",") {
+				d.Values = append(d.Values, strings.TrimSpace(v))
+			}
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }

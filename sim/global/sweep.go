@@ -48,33 +48,26 @@ func ParseGrid(spec string) (Grid, error) {
 	if spec == "default" {
 		return DefaultGrid(), nil
 	}
-	for dim := range strings.SplitSeq(spec, ";") {
-		dim = strings.TrimSpace(dim)
-		if dim == "" {
-			continue
-		}
-		name, vals, ok := strings.Cut(dim, "=")
-		if !ok || vals == "" {
-			return g, fmt.Errorf("sweep spec %q: want NAME=VALUE,...", dim)
-		}
+	dims, err := engine.SplitGrid(spec)
+	if err != nil {
+		return g, fmt.Errorf("sweep spec %w", err)
+	}
+	for _, d := range dims {
+		name, vals := d.Name, strings.Join(d.Values, ",")
 		if name == "faults" {
-			rest := strings.TrimSpace(vals)
-			for rest != "" {
-				end := strings.IndexByte(rest, ']')
-				if rest[0] != '[' || end < 0 {
-					return g, fmt.Errorf("sweep spec faults=%q: want [SPEC][SPEC]...", vals)
-				}
-				fs, err := ParseFaults(rest[1:end])
+			if !d.Bracketed {
+				return g, fmt.Errorf("sweep spec faults=%q: want [SPEC][SPEC]...", vals)
+			}
+			for _, v := range d.Values {
+				fs, err := ParseFaults(v)
 				if err != nil {
 					return g, fmt.Errorf("sweep spec: %w", err)
 				}
 				g.Faults = append(g.Faults, fs)
-				rest = strings.TrimSpace(rest[end+1:])
 			}
 			continue
 		}
-		for v := range strings.SplitSeq(vals, ",") {
-			v = strings.TrimSpace(v)
+		for _, v := range d.Values {
 			switch name {
 			case "regions":
 				n, err := strconv.Atoi(v)

@@ -62,25 +62,26 @@ func ParseGrid(spec string) (Grid, error) {
 	if spec == "default" {
 		return DefaultGrid(), nil
 	}
-	for dim := range strings.SplitSeq(spec, ";") {
-		dim = strings.TrimSpace(dim)
-		if dim == "" {
-			continue
-		}
-		name, vals, ok := strings.Cut(dim, "=")
-		if !ok || vals == "" {
-			return g, fmt.Errorf("%w: %q: want NAME=VALUE,...", ErrGridSpec, dim)
-		}
+	dims, err := engine.SplitGrid(spec)
+	if err != nil {
+		return g, fmt.Errorf("%w: %w", ErrGridSpec, err)
+	}
+	for _, d := range dims {
+		name := d.Name
 		if name == "faults" {
-			fs, err := parseFaultList(vals)
-			if err != nil {
-				return g, err
+			if !d.Bracketed {
+				return g, fmt.Errorf("%w: faults=%q: want [SPEC][SPEC]...", ErrGridSpec, strings.Join(d.Values, ","))
 			}
-			g.Faults = fs
+			for _, v := range d.Values {
+				fs, err := ParseFaults(v)
+				if err != nil {
+					return g, fmt.Errorf("%w: %w", ErrGridSpec, err)
+				}
+				g.Faults = append(g.Faults, fs)
+			}
 			continue
 		}
-		for v := range strings.SplitSeq(vals, ",") {
-			v = strings.TrimSpace(v)
+		for _, v := range d.Values {
 			bad := func(err error) error { return fmt.Errorf("%w: %s=%q: %v", ErrGridSpec, name, v, err) }
 			switch name {
 			case "nodes":
@@ -134,27 +135,6 @@ func ParseGrid(spec string) (Grid, error) {
 		}
 	}
 	return g, nil
-}
-
-func parseFaultList(s string) ([][]Fault, error) {
-	var out [][]Fault
-	rest := strings.TrimSpace(s)
-	for rest != "" {
-		if rest[0] != '[' {
-			return nil, fmt.Errorf("%w: faults=%q: want [SPEC][SPEC]...", ErrGridSpec, s)
-		}
-		end := strings.IndexByte(rest, ']')
-		if end < 0 {
-			return nil, fmt.Errorf("%w: faults=%q: missing ]", ErrGridSpec, s)
-		}
-		fs, err := ParseFaults(rest[1:end])
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrGridSpec, err)
-		}
-		out = append(out, fs)
-		rest = strings.TrimSpace(rest[end+1:])
-	}
-	return out, nil
 }
 
 // Configs expands the grid over base. Run i gets seed base.Seed + i.
