@@ -37,9 +37,10 @@ const (
 	m2     = 0x94d049bb133111eb
 )
 
-// splitmix64 is the splitmix64 finalizer: a bijection on uint64 with full
-// avalanche.
-func splitmix64(x uint64) uint64 {
+// Splitmix64 is the splitmix64 finalizer: a bijection on uint64 with full
+// avalanche. The cluster's ring and sketches and the hitters sketch use it
+// too, so there is one copy.
+func Splitmix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= m1
 	x ^= x >> 27
@@ -52,13 +53,13 @@ func splitmix64(x uint64) uint64 {
 // keying (rule, identity) pairs. For a fixed a it is a bijection in b and for
 // a fixed b a bijection in a; Mix(a, b) != Mix(b, a) in general.
 func Mix(a, b uint64) uint64 {
-	return splitmix64(splitmix64(a+golden) ^ b)
+	return Splitmix64(Splitmix64(a+golden) ^ b)
 }
 
 // seededSum is a portable string hash: 8 bytes at a time, each word
 // multiplied and xorshifted into the state, with a splitmix64 finalizer.
 func seededSum(seed uint64, s string) uint64 {
-	h := splitmix64(seed+golden) ^ (uint64(len(s)) * m2)
+	h := Splitmix64(seed+golden) ^ (uint64(len(s)) * m2)
 	for len(s) >= 8 {
 		k := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
 			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
@@ -72,7 +73,7 @@ func seededSum(seed uint64, s string) uint64 {
 		}
 		h = mixWord(h, k^0xff<<56) // mark the tail so "a" and "a\x00" differ by more than the length
 	}
-	return splitmix64(h)
+	return Splitmix64(h)
 }
 
 func mixWord(h, k uint64) uint64 {

@@ -237,7 +237,7 @@ func testDeterministic(t *testing.T, build func() (tatStore, func() []uint64)) {
 		now := int64(time.Hour)
 		var x uint64 = 1
 		for i := 0; i < 5000; i++ {
-			x = splitmix64(x)
+			x = Splitmix64(x)
 			now += int64(x % uint64(20*ms))
 			st.Apply(h.Sum(string(rune('a'+x%200))), now, &g, int64(x%3))
 		}

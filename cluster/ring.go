@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/weir-dev/weir/bucket"
 )
 
 // Member is one live gateway in a region's ring.
@@ -204,7 +206,7 @@ func (r *Ring) OwnerIndex(h uint64) int {
 	if r == nil || len(r.pre) == 0 {
 		return -1
 	}
-	// score(i) = ringMix(h ^ hashes[i]). The first xorshift of ringMix is
+	// score(i) = bucket.Splitmix64(h ^ hashes[i]). The first xorshift of Splitmix64 is
 	// linear over XOR, so it is applied to h here and to the member hashes
 	// in NewRing (pre), leaving two multiplies and two xorshifts per member.
 	// Four members are scored per step, then compared in name order;
@@ -274,7 +276,7 @@ func (r *Ring) Names() []string {
 	return out
 }
 
-// ringScore finishes ringMix(z) given z ^ (z >> 30).
+// ringScore finishes bucket.Splitmix64(z) given z ^ (z >> 30).
 func ringScore(y uint64) uint64 {
 	z := y * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
@@ -289,14 +291,6 @@ func IdentityHash(identity string) uint64 { return xxhash.Sum64String(identity) 
 
 // memberHash is a member's fixed hash. The extra mix keeps it from equalling
 // the IdentityHash of the same string.
-func memberHash(name string) uint64 { return ringMix(xxhash.Sum64String(name) + ringGolden) }
+func memberHash(name string) uint64 { return bucket.Splitmix64(xxhash.Sum64String(name) + ringGolden) }
 
 const ringGolden = 0x9E3779B97F4A7C15
-
-// ringMix is the splitmix64 finalizer: a bijection on uint64 with full
-// avalanche.
-func ringMix(z uint64) uint64 {
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/weir-dev/weir/bucket"
 )
 
 // vnodeRing is the alternative scheme Ring was measured against: a
@@ -35,7 +36,7 @@ func newVnodeRing(members []Member, vnodes int) *vnodeRing {
 	for i, m := range sorted {
 		h := memberHash(m.Name)
 		for j := 1; j <= vnodes; j++ {
-			pts = append(pts, pt{ringMix(h + uint64(j)*ringGolden), int32(i)})
+			pts = append(pts, pt{bucket.Splitmix64(h + uint64(j)*ringGolden), int32(i)})
 		}
 	}
 	slices.SortFunc(pts, func(a, b pt) int {
@@ -92,7 +93,7 @@ func ringBenchMembers(n int) []Member {
 func ringBenchIdentities(n int) []string {
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = fmt.Sprintf("key_%028x", ringMix(uint64(i)))[:32]
+		ids[i] = fmt.Sprintf("key_%028x", bucket.Splitmix64(uint64(i)))[:32]
 	}
 	return ids
 }

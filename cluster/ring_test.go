@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/weir-dev/weir/bucket"
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 )
@@ -163,11 +164,11 @@ func TestRingOwnerDoesNotAllocate(t *testing.T) {
 }
 
 // refOwnerIndex is the definition OwnerIndex optimizes: the highest
-// ringMix(h ^ memberHash(name)), ties to the first (smallest) name.
+// bucket.Splitmix64(h ^ memberHash(name)), ties to the first (smallest) name.
 func refOwnerIndex(r *Ring, h uint64) int {
 	best, bestScore := -1, uint64(0)
 	for i, m := range r.members {
-		if s := ringMix(h ^ memberHash(m.Name)); best < 0 || s > bestScore {
+		if s := bucket.Splitmix64(h ^ memberHash(m.Name)); best < 0 || s > bestScore {
 			best, bestScore = i, s
 		}
 	}

@@ -143,10 +143,10 @@ func (s *countMin) roll(now int64) {
 
 // slots computes the identity's counter index in each row.
 func (s *countMin) slots(identity string, idx *[quota.MaxSketchDepth]int) {
-	h := splitmix(xxhash.Sum64String(identity) ^ splitmix(s.seed+sketchGolden))
+	h := bucket.Splitmix64(xxhash.Sum64String(identity) ^ bucket.Splitmix64(s.seed+sketchGolden))
 	w := uint64(s.p.Width)
 	for i := range s.p.Depth {
-		x := splitmix(h + uint64(i+1)*sketchGolden)
+		x := bucket.Splitmix64(h + uint64(i+1)*sketchGolden)
 		hi, _ := bits.Mul64(x, w) // x·w ÷ 2⁶⁴: uniform in [0, w) for any w
 		idx[i] = i*s.p.Width + int(hi)
 	}
@@ -178,16 +178,6 @@ func (s *countMin) raise(idx *[quota.MaxSketchDepth]int, to int64) {
 func (s *countMin) bytes() int { return len(s.counts) }
 
 const sketchGolden = 0x9E3779B97F4A7C15
-
-// splitmix is the splitmix64 finaliser.
-func splitmix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
 
 // gate decides a request of an identity with no entry on this node under a
 // gated rule: admitted through the sketch (ok), or not gated (promoted, or

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/weir-dev/weir/bucket"
 )
 
 // MaxKeyLen is the number of bytes of a key that are kept. Longer keys are
@@ -299,21 +301,12 @@ func (s *Sketch) Top(now int64) []Entry {
 // hash returns two 64-bit hashes of key for double hashing: FNV-1a from a
 // seeded start, finished with the SplitMix64 mixer. h2 is odd.
 func hash(seed uint64, key []byte) (h1, h2 uint64) {
-	h := uint64(14695981039346656037) ^ mix(seed)
+	h := uint64(14695981039346656037) ^ bucket.Splitmix64(seed)
 	for i := 0; i < len(key); i++ {
 		h ^= uint64(key[i])
 		h *= 1099511628211
 	}
-	return mix(h), mix(h^0x9e3779b97f4a7c15) | 1
-}
-
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return bucket.Splitmix64(h), bucket.Splitmix64(h^0x9e3779b97f4a7c15) | 1
 }
 
 // minHeap orders items by estimate, smallest first, for container/heap.
