@@ -64,6 +64,8 @@ type leasePart struct {
 	admin  *lease.Admin
 	kick   chan struct{}
 	done   chan struct{}
+	ctx    context.Context // cancelled when the node stops: bounds every call to the group
+	stop   context.CancelFunc
 	wg     sync.WaitGroup
 	seen   atomic.Uint64 // the newest rule version heard of (group or gossip)
 	every  time.Duration
@@ -90,6 +92,7 @@ func (n *Node) startLease(lc *LeaseConfig) error {
 	}
 	lp := &leasePart{kick: make(chan struct{}, 1), done: make(chan struct{}), every: lc.CheckInterval,
 		durableTimeout: lc.DurableTimeout}
+	lp.ctx, lp.stop = context.WithCancel(context.Background())
 	if lp.every == 0 {
 		lp.every = 5 * time.Second
 	}
@@ -171,15 +174,8 @@ func (n *Node) followRules() {
 // fetchRules reads the group's rules and installs them if newer.
 func (n *Node) fetchRules(timeout time.Duration) {
 	lp := n.lease
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(lp.ctx, timeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-lp.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	v, rules, err := lp.svc.ReadRules(ctx, false)
 	if err != nil {
 		n.log.Warn("lease group: could not read the rules; keeping the set in force", "err", err)
@@ -266,11 +262,13 @@ func (n *Node) stopLease() error {
 		return nil
 	}
 	close(lp.done)
+	lp.stop() // cancels a fetch in flight
 	lp.wg.Wait()
 	return lp.close()
 }
 
 func (lp *leasePart) close() error {
+	lp.stop()
 	if lp.group != nil {
 		return lp.group.Close()
 	}

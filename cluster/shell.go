@@ -238,13 +238,9 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 			parts := env.Msg.Split(s.cfg.MaxBatch)
 			*reply = parts[0]
 			if len(parts) > 1 {
-				rest := Message{Epoch: env.Msg.Epoch, HandedOver: env.Msg.HandedOver}
-				for _, p := range parts[1:] {
-					rest.Handoffs = append(rest.Handoffs, p.Handoffs...)
-					rest.Syncs = append(rest.Syncs, p.Syncs...)
-					rest.Decides = append(rest.Decides, p.Decides...)
-					rest.Acks = append(rest.Acks, p.Acks...)
-					rest.Results = append(rest.Results, p.Results...)
+				rest := parts[1]
+				for _, p := range parts[2:] {
+					rest.merge(&p)
 				}
 				others = append(others, Envelope{To: from, Msg: rest})
 			}
