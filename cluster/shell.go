@@ -185,7 +185,10 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 		}
 		return o, err
 	}
-	ch := make(chan Outcome, 1)
+	ch, _ := waitPool.Get().(chan Outcome)
+	if ch == nil {
+		ch = make(chan Outcome, 1)
+	}
 	s.waits[o.Ticket] = ch
 	s.mu.Unlock()
 	if full {
@@ -195,14 +198,23 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 	}
 	select {
 	case out := <-ch:
+		waitPool.Put(ch)
 		return out, nil
 	case <-ctx.Done():
 		s.mu.Lock()
-		delete(s.waits, o.Ticket)
+		if _, waiting := s.waits[o.Ticket]; waiting {
+			delete(s.waits, o.Ticket)
+			waitPool.Put(ch) // nothing was or will be sent on it
+		}
 		s.mu.Unlock()
 		return Outcome{}, ctx.Err()
 	}
 }
+
+// waitPool recycles the channels on which pending requests wait for their
+// owner's answer: one per forwarded decision otherwise. A channel goes back
+// empty, and only once nothing can send on it any more.
+var waitPool sync.Pool
 
 // Refund gives back what Decide admitted for a request that did not go
 // through after all (see Coordinator.Refund).

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -65,7 +66,11 @@ type GRPCConfig struct {
 }
 
 // GRPCTransport is the Transport over gRPC: a Peer service answering with
-// the Handler, and one cached client connection per peer address.
+// the Handler, and one cached client connection per peer address. Exchanges
+// travel on long-lived Peer.Stream streams, kept idle between exchanges (one
+// exchange at a time on each), so that an exchange costs two messages and
+// not a call's setup; a peer whose server has no Stream method gets unary
+// Peer.Exchange calls instead.
 type GRPCTransport struct {
 	cfg       GRPCConfig
 	log       *slog.Logger
@@ -74,9 +79,23 @@ type GRPCTransport struct {
 	serveErr  error
 	malformed atomic.Uint64
 
-	mu     sync.Mutex
-	closed bool
-	conns  map[string]*grpc.ClientConn
+	mu      sync.Mutex
+	closed  bool
+	conns   map[string]*grpc.ClientConn
+	idle    map[string][]*peerStream // streams ready for an exchange, by address
+	unary   map[string]bool          // addresses whose server has no Stream method
+	active  int                      // batches the server is handling
+	drained chan struct{}            // closed when active reaches 0 during Close
+}
+
+// maxIdleStreams is how many idle streams to one address are kept: the
+// Shell has one exchange in flight per peer, so one is the usual need.
+const maxIdleStreams = 4
+
+// peerStream is a client's Peer.Stream to one address.
+type peerStream struct {
+	cs     peerpb.Peer_StreamClient
+	cancel context.CancelFunc
 }
 
 // LAN keepalive: a client pings a connection idle for 10 s and drops it when
@@ -126,7 +145,8 @@ func NewGRPCTransport(cfg GRPCConfig) (*GRPCTransport, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	t := &GRPCTransport{cfg: cfg, log: log.With("component", "peer-transport", "self", cfg.Self),
-		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{}}
+		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{},
+		idle: map[string][]*peerStream{}, unary: map[string]bool{}}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMessageBytes),
@@ -156,10 +176,12 @@ func (t *GRPCTransport) Addr() string { return t.cfg.Listener.Addr().String() }
 // (answered with codes.InvalidArgument) and replies peers returned.
 func (t *GRPCTransport) Malformed() uint64 { return t.malformed.Load() }
 
-// Exchange implements Transport: one unary Peer.Exchange call on the cached
-// connection to addr. A peer that is down fails at once with an error
-// wrapping ErrUnreachable (calls do not wait for a connection); a call past
-// ctx's deadline fails wrapping context.DeadlineExceeded; a Handler error on
+// Exchange implements Transport: one batch and its reply on an idle
+// Peer.Stream to addr (opened on the cached connection when none is idle),
+// or one unary Peer.Exchange call to a peer without Stream. A peer that is
+// down fails at once with an error wrapping ErrUnreachable (calls do not
+// wait for a connection); an exchange past ctx's deadline fails wrapping
+// context.DeadlineExceeded, and its stream is dropped; a Handler error on
 // the peer wraps ErrPeerHandler.
 func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *Message) (*Message, error) {
 	cc, err := t.conn(addr)
@@ -171,7 +193,13 @@ func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *Message) (
 		ctx, cancel = context.WithTimeout(ctx, t.cfg.ExchangeTimeout)
 		defer cancel()
 	}
-	b, err := peerpb.NewPeerClient(cc).Exchange(ctx, encodeBatch(t.cfg.Self, m))
+	in := encodeBatch(t.cfg.Self, m)
+	var b *peerpb.Batch
+	if t.isUnary(addr) {
+		b, err = peerpb.NewPeerClient(cc).Exchange(ctx, in)
+	} else {
+		b, err = t.streamExchange(ctx, cc, addr, in)
+	}
 	if err != nil {
 		return nil, t.callError(ctx, addr, err)
 	}
@@ -181,6 +209,127 @@ func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *Message) (
 		return nil, fmt.Errorf("cluster: exchange with %s: malformed reply: %w", addr, err)
 	}
 	return reply, nil
+}
+
+// streamExchange sends in on a stream to addr and returns the answer. An
+// idle stream that turns out to have ended before it could carry the batch
+// (the peer restarted while it was idle) is replaced by a new one once: the
+// batch cannot have been delivered on it. A failed exchange drops its
+// stream, since its answer may still be on the way; a peer without Stream
+// is marked and answered by a unary call.
+func (t *GRPCTransport) streamExchange(ctx context.Context, cc *grpc.ClientConn, addr string, in *peerpb.Batch) (*peerpb.Batch, error) {
+	for attempt := 0; ; attempt++ {
+		ps, reused := t.takeIdle(addr)
+		if ps == nil {
+			ps = &peerStream{}
+		}
+		b, sent, ok, err := ps.roundTrip(ctx, cc, in)
+		if err == nil {
+			if ok {
+				t.putIdle(addr, ps)
+			}
+			return b, nil
+		}
+		ps.close()
+		switch {
+		case status.Code(err) == codes.Unimplemented:
+			t.mu.Lock()
+			t.unary[addr] = true
+			t.mu.Unlock()
+			t.log.Info("peer has no Peer.Stream: exchanges use unary calls", "addr", addr)
+			return peerpb.NewPeerClient(cc).Exchange(ctx, in)
+		case reused && !sent && attempt == 0 && ctx.Err() == nil:
+			continue
+		}
+		return nil, err
+	}
+}
+
+// roundTrip sends in and receives the answer, opening the stream first if
+// it has none. ctx bounds the whole exchange: when it ends first, the stream
+// is cancelled. It reports whether in went out (sent; false means the
+// stream had ended before) and whether the stream may carry another
+// exchange (ok).
+func (ps *peerStream) roundTrip(ctx context.Context, cc *grpc.ClientConn, in *peerpb.Batch) (b *peerpb.Batch, sent, ok bool, err error) {
+	if ps.cs == nil {
+		// The stream outlives this exchange; ctx bounds only its opening.
+		sctx, cancel := context.WithCancel(context.Background())
+		ps.cancel = cancel
+		stop := context.AfterFunc(ctx, cancel)
+		ps.cs, err = peerpb.NewPeerClient(cc).Stream(sctx)
+		if !stop() || err != nil {
+			if err == nil {
+				err = ctx.Err()
+			}
+			return nil, false, false, err
+		}
+	}
+	stop := context.AfterFunc(ctx, ps.cancel)
+	if err = ps.cs.Send(in); err == io.EOF {
+		// The stream ended; Recv returns its status.
+		_, err = ps.cs.Recv()
+		stop()
+		if err == nil || err == io.EOF {
+			err = status.Error(codes.Unavailable, "peer stream ended")
+		}
+		return nil, false, false, err
+	} else if err == nil {
+		sent = true
+		b, err = ps.cs.Recv()
+		if err == io.EOF {
+			err = status.Error(codes.Unavailable, "peer stream ended")
+		}
+	}
+	if !stop() {
+		// ctx ended while the exchange ran, and cancelled the stream.
+		if err == nil {
+			return b, sent, false, nil
+		}
+		return nil, sent, false, err
+	}
+	return b, sent, err == nil, err
+}
+
+// close ends the stream.
+func (ps *peerStream) close() {
+	if ps.cancel != nil {
+		ps.cancel()
+	}
+}
+
+// takeIdle returns an idle stream to addr and true, or nil and false.
+func (t *GRPCTransport) takeIdle(addr string) (*peerStream, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := t.idle[addr]
+	if len(q) == 0 {
+		return nil, false
+	}
+	ps := q[len(q)-1]
+	q[len(q)-1] = nil
+	t.idle[addr] = q[:len(q)-1]
+	return ps, true
+}
+
+// putIdle keeps ps for the next exchange to addr, or closes it when enough
+// are kept or the transport is closed.
+func (t *GRPCTransport) putIdle(addr string, ps *peerStream) {
+	t.mu.Lock()
+	if !t.closed && t.conns[addr] != nil && len(t.idle[addr]) < maxIdleStreams {
+		t.idle[addr] = append(t.idle[addr], ps)
+		ps = nil
+	}
+	t.mu.Unlock()
+	if ps != nil {
+		ps.close()
+	}
+}
+
+// isUnary reports whether addr's server has no Stream method.
+func (t *GRPCTransport) isUnary(addr string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.unary[addr]
 }
 
 // callError maps a gRPC status to the transport's errors.
@@ -246,16 +395,23 @@ func (t *GRPCTransport) Disconnect(addr string) {
 	t.mu.Lock()
 	cc := t.conns[addr]
 	delete(t.conns, addr)
+	idle := t.idle[addr]
+	delete(t.idle, addr)
+	delete(t.unary, addr)
 	t.mu.Unlock()
+	for _, ps := range idle {
+		ps.close()
+	}
 	if cc != nil {
 		_ = cc.Close()
 	}
 }
 
-// Close implements Transport: it stops the server gracefully (running calls
-// get ShutdownGrace to finish, then are cancelled), closes the listener and
-// every client connection, and returns once no goroutine of the transport
-// runs. Exchange calls in flight fail.
+// Close implements Transport: it stops the server gracefully (batches being
+// handled get ShutdownGrace to finish, then are cancelled; new ones are
+// refused with Unavailable; peers' idle streams end), closes the listener
+// and every client connection, and returns once no goroutine of the
+// transport runs. Exchange calls in flight fail.
 func (t *GRPCTransport) Close() error {
 	t.mu.Lock()
 	if t.closed {
@@ -263,29 +419,38 @@ func (t *GRPCTransport) Close() error {
 		return nil
 	}
 	t.closed = true
-	conns := t.conns
-	t.conns = nil
+	conns, idle := t.conns, t.idle
+	t.conns, t.idle = nil, nil
+	var drained chan struct{}
+	if t.active > 0 {
+		t.drained = make(chan struct{})
+		drained = t.drained
+	}
 	t.mu.Unlock()
 
 	var errs []error
+	for _, q := range idle {
+		for _, ps := range q {
+			ps.close()
+		}
+	}
 	for _, cc := range conns {
 		if err := cc.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	graceful := make(chan struct{})
-	go func() {
-		t.srv.GracefulStop()
-		close(graceful)
-	}()
-	timer := time.NewTimer(t.cfg.ShutdownGrace)
-	select {
-	case <-graceful:
-		timer.Stop()
-	case <-timer.C:
-		t.srv.Stop()
-		<-graceful
+	if drained != nil {
+		timer := time.NewTimer(t.cfg.ShutdownGrace)
+		select {
+		case <-drained:
+			timer.Stop()
+		case <-timer.C:
+		}
 	}
+	// No batch is being handled (or the grace is over): Stop ends the
+	// connections, peers' idle streams with them, and waits for the
+	// handlers to return (grpc.WaitForHandlers).
+	t.srv.Stop()
 	<-t.serveDone
 	if t.serveErr != nil {
 		errs = append(errs, t.serveErr)
@@ -301,13 +466,57 @@ type peerServer struct {
 
 // Exchange validates the batch, runs the Handler and encodes its reply.
 func (s peerServer) Exchange(ctx context.Context, b *peerpb.Batch) (*peerpb.Batch, error) {
+	return s.t.serve(ctx, b)
+}
+
+// Stream answers each batch of the stream, in order, as Exchange would; an
+// error (a malformed batch, a Handler error, the transport closing) ends
+// the stream with its status.
+func (s peerServer) Stream(ss peerpb.Peer_StreamServer) error {
+	for {
+		b, err := ss.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		reply, err := s.t.serve(ss.Context(), b)
+		if err != nil {
+			return err
+		}
+		if err := ss.Send(reply); err != nil {
+			return err
+		}
+	}
+}
+
+// serve validates one batch, runs the Handler and encodes its reply; it
+// refuses batches once Close has begun, and Close waits for those it let in.
+func (t *GRPCTransport) serve(ctx context.Context, b *peerpb.Batch) (*peerpb.Batch, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "cluster: transport closing")
+	}
+	t.active++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.active--
+		if t.active == 0 && t.drained != nil {
+			close(t.drained)
+			t.drained = nil
+		}
+		t.mu.Unlock()
+	}()
 	from, m, err := decodeBatch(b)
 	if err != nil {
-		s.t.malformed.Add(1)
-		s.t.log.Debug("malformed batch rejected", "from", b.GetFrom(), "err", err)
+		t.malformed.Add(1)
+		t.log.Debug("malformed batch rejected", "from", b.GetFrom(), "err", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	reply, err := s.t.cfg.Handler(ctx, from, m)
+	reply, err := t.cfg.Handler(ctx, from, m)
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()
@@ -317,5 +526,5 @@ func (s peerServer) Exchange(ctx context.Context, b *peerpb.Batch) (*peerpb.Batc
 	if reply == nil {
 		reply = &Message{}
 	}
-	return encodeBatch(s.t.cfg.Self, reply), nil
+	return encodeBatch(t.cfg.Self, reply), nil
 }

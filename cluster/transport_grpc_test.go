@@ -21,6 +21,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -138,6 +139,124 @@ func TestGRPCDeadline(t *testing.T) {
 	case <-released:
 	case <-time.After(callLimit):
 		t.Error("the handler's ctx did not end with the caller's deadline")
+	}
+	// The stream the late answer was due on is dropped; the next exchange
+	// gets a fresh one and its own answer.
+	if got, err := a.Exchange(callCtx(t), slow.Addr(), &Message{}); err != nil || got.Epoch != 0 {
+		t.Errorf("exchange after a deadline: %+v, %v; want the echo of epoch 0", got, err)
+	}
+}
+
+// oldPeer is a peer from before Peer.Stream: only unary Exchange.
+type oldPeer struct {
+	peerpb.UnimplementedPeerServer
+	calls atomic.Int64
+}
+
+// Exchange answers with an empty batch from "old".
+func (o *oldPeer) Exchange(_ context.Context, b *peerpb.Batch) (*peerpb.Batch, error) {
+	o.calls.Add(1)
+	return &peerpb.Batch{From: "old", Epoch: b.Epoch}, nil
+}
+
+// TestGRPCStreamFallsBackToUnary: a peer without Peer.Stream is answered
+// through unary calls, the first exchange included.
+func TestGRPCStreamFallsBackToUnary(t *testing.T) {
+	checkTransportLeaks(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := &oldPeer{}
+	s := grpc.NewServer()
+	peerpb.RegisterPeerServer(s, old)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	t.Cleanup(func() { s.Stop(); <-done })
+
+	a := newGRPC(t, "a", echo(new(atomic.Int64)))
+	for i := range 3 {
+		got, err := a.Exchange(callCtx(t), ln.Addr().String(), &Message{Epoch: uint64(i + 1)})
+		if err != nil || got.Epoch != uint64(i+1) {
+			t.Fatalf("exchange %d with an old peer: %+v, %v", i, got, err)
+		}
+	}
+	if !a.isUnary(ln.Addr().String()) {
+		t.Error("the old peer is not marked unary")
+	}
+	if n := old.calls.Load(); n != 3 {
+		t.Errorf("old peer answered %d unary calls, want 3", n)
+	}
+}
+
+// TestGRPCStreamReusedAndRestarted: exchanges to a peer share one stream;
+// after the peer restarts on the same address, the dead idle stream is
+// replaced without failing the exchange (the batch never went out on it).
+func TestGRPCStreamReusedAndRestarted(t *testing.T) {
+	checkTransportLeaks(t)
+	var calls atomic.Int64
+	b := newGRPC(t, "b", echo(&calls))
+	a := newGRPC(t, "a", echo(new(atomic.Int64)))
+	addr := b.Addr()
+	for i := range 5 {
+		if _, err := a.Exchange(callCtx(t), addr, &Message{Epoch: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.mu.Lock()
+	idle, cc := len(a.idle[addr]), a.conns[addr]
+	a.mu.Unlock()
+	if idle != 1 {
+		t.Errorf("%d idle streams after 5 sequential exchanges, want 1", idle)
+	}
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until a has seen the connection end, so that its idle stream is
+	// known dead (the case this checks) rather than possibly mid-flight.
+	ctx := callCtx(t)
+	for cc.GetState() == connectivity.Ready {
+		if !cc.WaitForStateChange(ctx, connectivity.Ready) {
+			t.Fatal("the connection to the closed peer stayed ready")
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	b2, err := NewGRPCTransport(GRPCConfig{Self: "b", Listener: ln, Handler: echo(&calls)})
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b2.Close() })
+	if got, err := a.Exchange(callCtx(t), addr, &Message{Epoch: 9}); err != nil || got.Epoch != 9 {
+		t.Errorf("first exchange after the peer restarted: %+v, %v", got, err)
+	}
+}
+
+// TestGRPCCloseEndsIdleStreams: peers' idle streams do not hold Close up
+// for the shutdown grace.
+func TestGRPCCloseEndsIdleStreams(t *testing.T) {
+	checkTransportLeaks(t)
+	b := newGRPC(t, "b", echo(new(atomic.Int64)), func(c *GRPCConfig) { c.ShutdownGrace = time.Hour })
+	a := newGRPC(t, "a", echo(new(atomic.Int64)))
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(callLimit):
+		t.Fatal("Close waited for an idle stream (its grace is an hour)")
+	}
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); !errors.Is(err, ErrUnreachable) {
+		t.Errorf("after the peer closed: err = %v, want ErrUnreachable", err)
 	}
 }
 
@@ -402,26 +521,38 @@ func BenchmarkExchange(b *testing.B) {
 		Results: []ResultItem{{Ticket: 41, Allowed: true, Remaining: 9, Reset: 100}}}
 	h := func(context.Context, string, *Message) (*Message, error) { return reply, nil }
 
-	b.Run("transport=grpc", func(b *testing.B) {
-		srv := newGRPC(b, "srv", h)
-		cli := newGRPC(b, "cli", h)
-		ctx := context.Background()
-		if _, err := cli.Exchange(ctx, srv.Addr(), m); err != nil {
-			b.Fatal(err)
+	// transport=grpc is the transport as it runs (exchanges on a Peer.Stream);
+	// transport=grpc-unary the same with unary Peer.Exchange calls, as to a
+	// peer without Stream.
+	for _, unary := range []bool{false, true} {
+		name := "transport=grpc"
+		if unary {
+			name += "-unary"
 		}
-		lat := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			start := time.Now()
+		b.Run(name, func(b *testing.B) {
+			srv := newGRPC(b, "srv", h)
+			cli := newGRPC(b, "cli", h)
+			if unary {
+				cli.unary[srv.Addr()] = true
+			}
+			ctx := context.Background()
 			if _, err := cli.Exchange(ctx, srv.Addr(), m); err != nil {
 				b.Fatal(err)
 			}
-			lat = append(lat, time.Since(start))
-		}
-		b.StopTimer()
-		reportLatency(b, lat)
-	})
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				start := time.Now()
+				if _, err := cli.Exchange(ctx, srv.Addr(), m); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			reportLatency(b, lat)
+		})
+	}
 
 	b.Run("transport=bare-grpc", func(b *testing.B) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

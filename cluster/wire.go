@@ -36,35 +36,47 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 	b := &peerpb.Batch{From: from, Epoch: m.Epoch, HandedOver: m.HandedOver}
 	if len(m.Syncs) > 0 {
 		b.Syncs = make([]*peerpb.SyncItem, len(m.Syncs))
+		items := make([]peerpb.SyncItem, len(m.Syncs)) // one allocation for all items
 		for i, s := range m.Syncs {
-			b.Syncs[i] = &peerpb.SyncItem{Rule: s.Rule, Identity: []byte(s.Identity), Gen: s.Gen, Total: s.Total,
-				GrantEpoch: s.GrantEpoch, Grant: s.Grant}
+			it := &items[i]
+			it.Rule, it.Identity, it.Gen, it.Total, it.GrantEpoch, it.Grant = s.Rule, []byte(s.Identity), s.Gen, s.Total, s.GrantEpoch, s.Grant
+			b.Syncs[i] = it
 		}
 	}
 	if len(m.Decides) > 0 {
 		b.Decides = make([]*peerpb.DecideItem, len(m.Decides))
+		items := make([]peerpb.DecideItem, len(m.Decides))
 		for i, d := range m.Decides {
-			b.Decides[i] = &peerpb.DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: []byte(d.Identity), Cost: d.Cost}
+			it := &items[i]
+			it.Ticket, it.Rule, it.Identity, it.Cost = d.Ticket, d.Rule, []byte(d.Identity), d.Cost
+			b.Decides[i] = it
 		}
 	}
 	if len(m.Acks) > 0 {
 		b.Acks = make([]*peerpb.AckItem, len(m.Acks))
+		items := make([]peerpb.AckItem, len(m.Acks))
 		for i, a := range m.Acks {
-			b.Acks[i] = &peerpb.AckItem{Rule: a.Rule, Identity: []byte(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt,
-				GrantEpoch: a.GrantEpoch, Grant: a.Grant}
+			it := &items[i]
+			it.Rule, it.Identity, it.Gen, it.Total, it.Debt, it.GrantEpoch, it.Grant = a.Rule, []byte(a.Identity), a.Gen, a.Total, a.Debt, a.GrantEpoch, a.Grant
+			b.Acks[i] = it
 		}
 	}
 	if len(m.Results) > 0 {
 		b.Results = make([]*peerpb.ResultItem, len(m.Results))
+		items := make([]peerpb.ResultItem, len(m.Results))
 		for i, r := range m.Results {
-			b.Results[i] = &peerpb.ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
-				ResetAfter: r.Reset, RetryAfter: r.RetryAfter, Debt: r.Debt}
+			it := &items[i]
+			it.Ticket, it.Allowed, it.Remaining, it.ResetAfter, it.RetryAfter, it.Debt = r.Ticket, r.Allowed, r.Remaining, r.Reset, r.RetryAfter, r.Debt
+			b.Results[i] = it
 		}
 	}
 	if len(m.Handoffs) > 0 {
 		b.Handoffs = make([]*peerpb.HandoffItem, len(m.Handoffs))
+		items := make([]peerpb.HandoffItem, len(m.Handoffs))
 		for i, h := range m.Handoffs {
-			b.Handoffs[i] = &peerpb.HandoffItem{Rule: h.Rule, Identity: []byte(h.Identity), Debt: h.Debt}
+			it := &items[i]
+			it.Rule, it.Identity, it.Debt = h.Rule, []byte(h.Identity), h.Debt
+			b.Handoffs[i] = it
 		}
 	}
 	return b

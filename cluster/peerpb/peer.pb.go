@@ -1,5 +1,6 @@
 // The peer protocol of weir's cluster package: one Batch per peer per
-// linger, answered by one Batch. It mirrors cluster.Message field for field;
+// linger, answered by one Batch (on a unary call or a long-lived stream).
+// It mirrors cluster.Message field for field;
 // cluster/wire.go converts and validates. Durations are nanoseconds measured
 // on the sender; no field is a point in the sender's clock.
 //
@@ -589,9 +590,10 @@ const file_peer_proto_rawDesc = "" +
 	"\vHandoffItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04debt\x18\x03 \x01(\x12R\x04debt2<\n" +
+	"\x04debt\x18\x03 \x01(\x12R\x04debt2t\n" +
 	"\x04Peer\x124\n" +
-	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.BatchB)Z'github.com/weir-dev/weir/cluster/peerpbb\x06proto3"
+	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch\x126\n" +
+	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01B)Z'github.com/weir-dev/weir/cluster/peerpbb\x06proto3"
 
 var (
 	file_peer_proto_rawDescOnce sync.Once
@@ -621,9 +623,11 @@ var file_peer_proto_depIdxs = []int32{
 	4, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
 	5, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
 	0, // 5: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
-	0, // 6: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
+	0, // 6: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
+	0, // 7: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
+	0, // 8: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name
 	5, // [5:5] is the sub-list for extension extendee
 	0, // [0:5] is the sub-list for field type_name

@@ -1,5 +1,6 @@
 // The peer protocol of weir's cluster package: one Batch per peer per
-// linger, answered by one Batch. It mirrors cluster.Message field for field;
+// linger, answered by one Batch (on a unary call or a long-lived stream).
+// It mirrors cluster.Message field for field;
 // cluster/wire.go converts and validates. Durations are nanoseconds measured
 // on the sender; no field is a point in the sender's clock.
 //
@@ -27,6 +28,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Peer_Exchange_FullMethodName = "/weir.peer.v1.Peer/Exchange"
+	Peer_Stream_FullMethodName   = "/weir.peer.v1.Peer/Stream"
 )
 
 // PeerClient is the client API for Peer service.
@@ -36,6 +38,12 @@ type PeerClient interface {
 	// Exchange delivers one batch and returns the receiver's reply batch for
 	// the sender (possibly empty).
 	Exchange(ctx context.Context, in *Batch, opts ...grpc.CallOption) (*Batch, error)
+	// Stream carries exchanges on one long-lived stream: every Batch sent is
+	// answered by exactly one Batch, in order, as Exchange would answer it.
+	// It spares each exchange a call's setup (a new HTTP/2 stream, headers,
+	// a handler goroutine). A malformed batch ends the stream with
+	// InvalidArgument.
+	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Batch, Batch], error)
 }
 
 type peerClient struct {
@@ -56,6 +64,19 @@ func (c *peerClient) Exchange(ctx context.Context, in *Batch, opts ...grpc.CallO
 	return out, nil
 }
 
+func (c *peerClient) Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Batch, Batch], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_Stream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[Batch, Batch]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_StreamClient = grpc.BidiStreamingClient[Batch, Batch]
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -63,6 +84,12 @@ type PeerServer interface {
 	// Exchange delivers one batch and returns the receiver's reply batch for
 	// the sender (possibly empty).
 	Exchange(context.Context, *Batch) (*Batch, error)
+	// Stream carries exchanges on one long-lived stream: every Batch sent is
+	// answered by exactly one Batch, in order, as Exchange would answer it.
+	// It spares each exchange a call's setup (a new HTTP/2 stream, headers,
+	// a handler goroutine). A malformed batch ends the stream with
+	// InvalidArgument.
+	Stream(grpc.BidiStreamingServer[Batch, Batch]) error
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -75,6 +102,9 @@ type UnimplementedPeerServer struct{}
 
 func (UnimplementedPeerServer) Exchange(context.Context, *Batch) (*Batch, error) {
 	return nil, status.Error(codes.Unimplemented, "method Exchange not implemented")
+}
+func (UnimplementedPeerServer) Stream(grpc.BidiStreamingServer[Batch, Batch]) error {
+	return status.Error(codes.Unimplemented, "method Stream not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -115,6 +145,13 @@ func _Peer_Exchange_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).Stream(&grpc.GenericServerStream[Batch, Batch]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_StreamServer = grpc.BidiStreamingServer[Batch, Batch]
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -127,6 +164,13 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Peer_Exchange_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Stream",
+			Handler:       _Peer_Stream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "peer.proto",
 }
