@@ -68,6 +68,10 @@ type ClusterConfig struct {
 	// items, and cuts larger ones; zero means 1024.
 	Linger   time.Duration
 	MaxBatch int
+	// Shards is the number of independent decision cores the identities
+	// are spread over, each behind its own lock (a power of two, at most
+	// cluster.MaxShards); 0 means cluster.DefaultShards.
+	Shards int
 	// LocalTiming selects memberlist timings for a single machine (fast
 	// failure detection, for tests and the demo) instead of LAN defaults.
 	LocalTiming bool
@@ -121,7 +125,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	cp.tr = tr
 	sh, err := cluster.NewShell(cluster.ShellConfig{
 		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout},
-		Transport:   tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Clock: n.now, Logger: n.log,
+		Transport:   tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Shards: cc.Shards, Clock: n.now, Logger: n.log,
 	})
 	if err != nil {
 		tr.Close()

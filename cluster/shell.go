@@ -5,29 +5,42 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-dev/weir/bucket"
 )
 
-// Shell is the thin adapter around one node's Coordinator: it serialises
-// calls into the core with a mutex, reads the clock, drives Tick with a
-// ticker, sends what Ready returns through a Transport after a short linger
-// (so that everything due to one peer travels in one batch), feeds replies
-// and incoming batches back through Step, hands late decisions to the
-// callers waiting for them, and keeps a circuit breaker per peer. All
-// decisions are made by the Coordinator; the Shell only does I/O.
+// Shell is the thin adapter around one node's decision core: it serialises
+// calls into the core, reads the clock, drives Tick with a ticker, sends
+// what Ready returns through a Transport after a short linger (so that
+// everything due to one peer travels in one batch), feeds replies and
+// incoming batches back through Step, hands late decisions to the callers
+// waiting for them, and keeps a circuit breaker per peer. All decisions are
+// made by the core; the Shell only does I/O.
+//
+// The core is sharded: ShellConfig.Shards Coordinators, each with its own
+// mutex, each deciding the identities whose hash falls in its shard, so
+// that requests for different identities do not queue on one lock
+// (DESIGN.md: no lock shared across keys). Nothing the Coordinator decides
+// spans identities, so shards are independent: every one gets the same
+// rules, ring and peer states; a batch from a peer is split by identity
+// (results by ticket: a forwarded request's ticket carries its shard) and
+// what the shards send one peer is merged into one batch again.
 type Shell struct {
 	cfg    ShellConfig
 	log    *slog.Logger
 	now    func() int64
-	mu     sync.Mutex // guards coord, waits, breaks, busy
-	coord  *Coordinator
+	shards []shard
+	shift  uint // ticket = the shard's ticket << shift | the shard's index
 	ring   atomic.Pointer[Ring]
-	waits  map[uint64]chan Outcome
+	// mu guards breaks and busy. It may be held while taking shard locks,
+	// never taken while one is held.
+	mu     sync.Mutex
 	breaks map[string]*breaker
 	busy   map[string]*Message // peers with an exchange in flight, and what waits for the next
-	queued bool
 
 	flushC chan struct{}
 	stop   chan struct{}
@@ -37,19 +50,39 @@ type Shell struct {
 	sent, failed atomic.Uint64
 }
 
+// shard is one Coordinator of a Shell and the callers waiting on it.
+type shard struct {
+	mu    sync.Mutex // guards coord and waits
+	coord *Coordinator
+	waits map[uint64]chan Outcome // by the coordinator's own ticket
+	_     [40]byte                // keeps neighbouring shards' mutexes off one cache line
+}
+
+// DefaultShards is ShellConfig.Shards' default.
+const DefaultShards = 8
+
+// MaxShards bounds ShellConfig.Shards.
+const MaxShards = 256
+
 // ShellConfig configures a Shell.
 type ShellConfig struct {
-	// Coordinator configures the core (Self is required).
+	// Coordinator configures the core (Self is required); every shard is
+	// a Coordinator with this configuration.
 	Coordinator CoordinatorConfig
+	// Shards is the number of Coordinators the identities are spread
+	// over, each behind its own mutex: a power of two, at most MaxShards;
+	// zero means DefaultShards. 1 serialises every decision on one lock.
+	Shards int
 	// Transport carries batches to peers. Required.
 	Transport Transport
 	// Linger is how long a batch waits for more items before it is sent;
 	// zero means 200µs.
 	Linger time.Duration
 	// MaxBatch is the most items one exchange carries: a batch that
-	// reaches it is sent at once, without waiting for the linger, and a
-	// larger one (a leaving node's handoffs) is cut into several exchanges,
-	// sent in order. Zero means 1024; at most MaxBatchItems.
+	// reaches it in one shard is sent at once, without waiting for the
+	// linger, and a larger one (several shards' items, a leaving node's
+	// handoffs) is cut into several exchanges, sent in order. Zero means
+	// 1024; at most MaxBatchItems.
 	MaxBatch int
 	// CallTimeout bounds one exchange with a peer; zero means 200ms.
 	CallTimeout time.Duration
@@ -90,6 +123,12 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	if cfg.MaxBatch > MaxBatchItems {
 		return nil, fmt.Errorf("cluster: ShellConfig.MaxBatch: %d is more than the wire limit of %d items", cfg.MaxBatch, MaxBatchItems)
 	}
+	if cfg.Shards == 0 {
+		cfg.Shards = DefaultShards
+	}
+	if cfg.Shards < 0 || cfg.Shards > MaxShards || cfg.Shards&(cfg.Shards-1) != 0 {
+		return nil, fmt.Errorf("cluster: ShellConfig.Shards: %d is not a power of two from 1 to %d", cfg.Shards, MaxShards)
+	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 200 * time.Millisecond
 	}
@@ -114,12 +153,16 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		cfg:    cfg,
 		log:    cfg.Logger,
 		now:    cfg.Clock,
-		coord:  NewCoordinator(cfg.Coordinator),
-		waits:  map[uint64]chan Outcome{},
+		shards: make([]shard, cfg.Shards),
+		shift:  uint(bits.TrailingZeros(uint(cfg.Shards))),
 		breaks: map[string]*breaker{},
 		busy:   map[string]*Message{},
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].coord = NewCoordinator(cfg.Coordinator)
+		s.shards[i].waits = map[uint64]chan Outcome{}
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -132,16 +175,23 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 
 // SetRules installs the rules the core decides.
 func (s *Shell) SetRules(rules []RuleParams) {
-	s.mu.Lock()
-	s.coord.SetRules(rules)
-	s.mu.Unlock()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		sh.coord.SetRules(rules)
+		sh.mu.Unlock()
+	}
 }
 
 // SetRing installs a new ring (after a membership change).
 func (s *Shell) SetRing(r *Ring) {
 	s.mu.Lock()
 	old := s.ring.Swap(r)
-	s.coord.SetTable(s.now(), r)
+	// Every shard's handoffs and its handed-over marker leave together:
+	// a peer takes a marker to mean that all this node's handoffs came
+	// before it, so no shard's may be sent before every shard has queued
+	// its own (all shard locks are held until then).
+	envs := s.withAll(func(now int64, c *Coordinator) { c.SetTable(now, r) })
 	// A member that is back in the ring, or at a new address, is a new
 	// run of that node (a restart): the failures its breaker counted were
 	// the old run's, so its identities stop being decided by on_failure
@@ -154,7 +204,136 @@ func (s *Shell) SetRing(r *Ring) {
 		}
 	}
 	s.mu.Unlock()
+	for _, env := range envs {
+		s.send(env)
+	}
 	s.kick()
+}
+
+// withAll locks every shard, calls f on each coordinator at one time, takes
+// what each has ready, unlocks, and returns the messages merged per peer.
+func (s *Shell) withAll(f func(now int64, c *Coordinator)) []Envelope {
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+	}
+	now := s.now()
+	var out outboxes
+	for i := range s.shards {
+		sh := &s.shards[i]
+		f(now, sh.coord)
+		s.take(i, &out)
+	}
+	for i := range s.shards {
+		s.shards[i].mu.Unlock()
+	}
+	return out.envs
+}
+
+// shardOf returns the index of the shard deciding identity: high bits of a
+// remix of its hash, independent of the ring's use of the same hash.
+func (s *Shell) shardOf(identity string) int {
+	if s.shift == 0 {
+		return 0
+	}
+	return int(bucket.Splitmix64(IdentityHash(identity)) >> (64 - s.shift))
+}
+
+// outboxes collects the shards' messages, merged per destination.
+type outboxes struct {
+	envs []Envelope
+}
+
+// add merges m into the message for to.
+func (o *outboxes) add(to string, m *Message) {
+	for i := range o.envs {
+		if o.envs[i].To == to {
+			o.envs[i].Msg.merge(m)
+			return
+		}
+	}
+	o.envs = append(o.envs, Envelope{To: to, Msg: *m})
+}
+
+// take hands shard i's completions to their waiters and adds its messages
+// to out, its forwarded requests' tickets made the Shell's (under shard i's
+// lock).
+func (s *Shell) take(i int, out *outboxes) {
+	sh := &s.shards[i]
+	if !sh.coord.HasReady() {
+		return
+	}
+	rd := sh.coord.Ready()
+	sh.complete(rd.Completions)
+	for k := range rd.Messages {
+		m := &rd.Messages[k].Msg
+		for j := range m.Decides {
+			m.Decides[j].Ticket = m.Decides[j].Ticket<<s.shift | uint64(i)
+		}
+		out.add(rd.Messages[k].To, m)
+	}
+}
+
+// split cuts a batch from a peer into one part per shard: every item goes
+// to the shard of its identity, every result to the shard its ticket names
+// (with the shard's own ticket back), and a handed-over marker to every
+// shard. It returns nil when m is for one shard only (s.shift is 0).
+func (s *Shell) split(m *Message) []Message {
+	if s.shift == 0 {
+		return nil
+	}
+	parts := make([]Message, len(s.shards))
+	for i := range parts {
+		parts[i].Epoch, parts[i].HandedOver = m.Epoch, m.HandedOver
+	}
+	for _, h := range m.Handoffs {
+		p := &parts[s.shardOf(h.Identity)]
+		p.Handoffs = append(p.Handoffs, h)
+	}
+	for _, it := range m.Syncs {
+		p := &parts[s.shardOf(it.Identity)]
+		p.Syncs = append(p.Syncs, it)
+	}
+	for _, d := range m.Decides {
+		p := &parts[s.shardOf(d.Identity)]
+		p.Decides = append(p.Decides, d)
+	}
+	for _, a := range m.Acks {
+		p := &parts[s.shardOf(a.Identity)]
+		p.Acks = append(p.Acks, a)
+	}
+	mask := uint64(len(s.shards) - 1)
+	for _, r := range m.Results {
+		p := &parts[r.Ticket&mask]
+		r.Ticket >>= s.shift
+		p.Results = append(p.Results, r)
+	}
+	return parts
+}
+
+// step steps a batch from peer from through the shards it concerns and
+// returns what they have for every peer, merged.
+func (s *Shell) step(from string, m *Message) []Envelope {
+	var out outboxes
+	parts := s.split(m)
+	if parts == nil {
+		sh := &s.shards[0]
+		sh.mu.Lock()
+		sh.coord.Step(s.now(), from, m)
+		s.take(0, &out)
+		sh.mu.Unlock()
+		return out.envs
+	}
+	for i := range parts {
+		if parts[i].Empty() {
+			continue
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		sh.coord.Step(s.now(), from, &parts[i])
+		s.take(i, &out)
+		sh.mu.Unlock()
+	}
+	return out.envs
 }
 
 // Ring returns the ring in force.
@@ -172,12 +351,13 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 // clock (ShellConfig.Clock), so that a request reads the clock once: outside
 // the Shell's lock.
 func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string, cost int64) (Outcome, error) {
-	s.mu.Lock()
-	o, err := s.coord.Decide(now, ruleID, identity, cost)
-	full := s.coord.Queued() >= s.cfg.MaxBatch
+	sh := &s.shards[s.shardOf(identity)]
+	sh.mu.Lock()
+	o, err := sh.coord.Decide(now, ruleID, identity, cost)
+	full := sh.coord.Queued() >= s.cfg.MaxBatch
 	if err != nil || !o.Pending {
-		queued := s.coord.HasReady()
-		s.mu.Unlock()
+		queued := sh.coord.HasReady()
+		sh.mu.Unlock()
 		if full {
 			s.flush()
 		} else if queued {
@@ -189,8 +369,8 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 	if ch == nil {
 		ch = make(chan Outcome, 1)
 	}
-	s.waits[o.Ticket] = ch
-	s.mu.Unlock()
+	sh.waits[o.Ticket] = ch
+	sh.mu.Unlock()
 	if full {
 		s.flush()
 	} else {
@@ -201,12 +381,12 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 		waitPool.Put(ch)
 		return out, nil
 	case <-ctx.Done():
-		s.mu.Lock()
-		if _, waiting := s.waits[o.Ticket]; waiting {
-			delete(s.waits, o.Ticket)
+		sh.mu.Lock()
+		if _, waiting := sh.waits[o.Ticket]; waiting {
+			delete(sh.waits, o.Ticket)
 			waitPool.Put(ch) // nothing was or will be sent on it
 		}
-		s.mu.Unlock()
+		sh.mu.Unlock()
 		return Outcome{}, ctx.Err()
 	}
 }
@@ -219,9 +399,10 @@ var waitPool sync.Pool
 // Refund gives back what Decide admitted for a request that did not go
 // through after all (see Coordinator.Refund).
 func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
-	s.mu.Lock()
-	s.coord.Refund(s.now(), ruleID, identity, cost, src)
-	s.mu.Unlock()
+	sh := &s.shards[s.shardOf(identity)]
+	sh.mu.Lock()
+	sh.coord.Refund(s.now(), ruleID, identity, cost, src)
+	sh.mu.Unlock()
 }
 
 // kick asks the flusher to send after the linger.
@@ -238,12 +419,9 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 	if s.closed.Load() {
 		return nil, errors.New("cluster: node closed")
 	}
-	s.mu.Lock()
-	s.coord.Step(s.now(), from, m)
-	rd := s.coord.Ready()
 	reply := &Message{}
 	var others []Envelope
-	for _, env := range rd.Messages {
+	for _, env := range s.step(from, m) {
 		if env.To == from {
 			// The reply carries one batch; anything beyond it follows
 			// as exchanges of its own.
@@ -260,20 +438,18 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 			others = append(others, env)
 		}
 	}
-	s.complete(rd.Completions)
-	s.mu.Unlock()
 	for _, env := range others {
 		s.send(env)
 	}
 	return reply, nil
 }
 
-// complete hands completions to their waiters (under mu).
-func (s *Shell) complete(cs []Completion) {
+// complete hands completions to their waiters (under sh.mu).
+func (sh *shard) complete(cs []Completion) {
 	for _, c := range cs {
-		if ch, ok := s.waits[c.Ticket]; ok {
+		if ch, ok := sh.waits[c.Ticket]; ok {
 			ch <- c.Outcome
-			delete(s.waits, c.Ticket)
+			delete(sh.waits, c.Ticket)
 		}
 	}
 }
@@ -287,10 +463,14 @@ func (s *Shell) ticker() {
 		case <-s.stop:
 			return
 		case <-t.C:
+			for i := range s.shards {
+				sh := &s.shards[i]
+				sh.mu.Lock()
+				sh.coord.Tick(s.now())
+				sh.mu.Unlock()
+			}
 			s.mu.Lock()
-			now := s.now()
-			s.coord.Tick(now)
-			s.retryBreakers(now)
+			s.retryBreakers(s.now())
 			s.mu.Unlock()
 			s.flush()
 		}
@@ -319,7 +499,7 @@ func (s *Shell) flusher() {
 // Flush reports every identity's unsent spend to its owner and waits for
 // the exchanges (each bounded by CallTimeout): a node does it before it
 // leaves, so that what it admitted is charged.
-func (s *Shell) Flush() { s.flushWith(func(now int64) { s.coord.FlushAll(now) }) }
+func (s *Shell) Flush() { s.flushWith(func(now int64, c *Coordinator) { c.FlushAll(now) }) }
 
 // Leave hands every bucket this node owns to its owner in the ring without
 // this node, reports all unsent spend, and waits for the exchanges: the
@@ -337,17 +517,12 @@ func (s *Shell) Leave() {
 		s.Flush()
 		return
 	}
-	s.flushWith(func(now int64) { s.coord.HandoffAll(now, next) })
+	s.flushWith(func(now int64, c *Coordinator) { c.HandoffAll(now, next) })
 }
 
-func (s *Shell) flushWith(queue func(now int64)) {
-	s.mu.Lock()
-	queue(s.now())
-	rd := s.coord.Ready()
-	s.complete(rd.Completions)
-	s.mu.Unlock()
+func (s *Shell) flushWith(queue func(now int64, c *Coordinator)) {
 	var wg sync.WaitGroup
-	for _, env := range rd.Messages {
+	for _, env := range s.withAll(queue) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -361,9 +536,7 @@ func (s *Shell) flushWith(queue func(now int64)) {
 					return
 				}
 				if reply != nil && !reply.Empty() {
-					s.mu.Lock()
-					s.coord.Step(s.now(), env.To, reply)
-					s.mu.Unlock()
+					s.step(env.To, reply)
 				}
 			}
 		}()
@@ -383,11 +556,14 @@ func (s *Shell) addrOf(name string) string {
 
 // flush sends everything the core has queued, one exchange per peer.
 func (s *Shell) flush() {
-	s.mu.Lock()
-	rd := s.coord.Ready()
-	s.complete(rd.Completions)
-	s.mu.Unlock()
-	for _, env := range rd.Messages {
+	var out outboxes
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		s.take(i, &out)
+		sh.mu.Unlock()
+	}
+	for _, env := range out.envs {
 		s.send(env)
 	}
 }
@@ -459,23 +635,21 @@ func (s *Shell) exchange(to, addr string, msg *Message) bool {
 	reply, err := s.cfg.Transport.Exchange(ctx, addr, msg)
 	s.sent.Add(1)
 	s.mu.Lock()
-	now := s.now()
 	if err != nil {
 		s.failed.Add(1)
-		s.peerFailed(now, to, err)
+		s.peerFailed(s.now(), to, err)
 	} else {
 		s.peerOK(to)
-		if reply != nil && !reply.Empty() {
-			s.coord.Step(now, to, reply)
-		}
 	}
-	rd := s.coord.Ready()
-	s.complete(rd.Completions)
 	s.mu.Unlock()
+	var envs []Envelope
+	if err == nil && reply != nil && !reply.Empty() {
+		envs = s.step(to, reply)
+	}
 	if s.closed.Load() {
 		return false
 	}
-	for _, e := range rd.Messages {
+	for _, e := range envs {
 		s.send(e)
 	}
 	return err == nil
@@ -490,7 +664,7 @@ func (s *Shell) peerFailed(now int64, peer string, err error) {
 	b.failures++
 	if b.failures >= s.cfg.BreakerFailures && b.openAt == 0 {
 		b.openAt = now
-		s.coord.SetPeerDown(now, peer, true)
+		s.setPeerDown(now, peer, true)
 		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", peer, "err", err)
 	}
 }
@@ -501,7 +675,7 @@ func (s *Shell) peerOK(peer string) {
 		return
 	}
 	if b.openAt != 0 {
-		s.coord.SetPeerDown(0, peer, false)
+		s.setPeerDown(0, peer, false)
 		s.log.Info("peer reachable again", "peer", peer)
 	}
 	delete(s.breaks, peer)
@@ -514,18 +688,56 @@ func (s *Shell) retryBreakers(now int64) {
 		if b.openAt != 0 && now-b.openAt >= int64(s.cfg.BreakerCooldown) {
 			// Half-open: decisions go to the peer again; one more
 			// failure reopens at once.
-			s.coord.SetPeerDown(now, peer, false)
+			s.setPeerDown(now, peer, false)
 			b.openAt = 0
 			b.failures = s.cfg.BreakerFailures - 1
 		}
 	}
 }
 
-// Stats returns the core's counters and the exchanges sent and failed.
+// setPeerDown marks peer down or back in every shard (under s.mu). The
+// requests a shard then decides by on_failure complete at the next flush.
+func (s *Shell) setPeerDown(now int64, peer string, down bool) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		sh.coord.SetPeerDown(now, peer, down)
+		sh.mu.Unlock()
+	}
+	if down {
+		s.kick()
+	}
+}
+
+// Stats returns the core's counters, summed over the shards, and the
+// exchanges sent and failed.
 func (s *Shell) Stats() (Stats, uint64, uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.coord.Stats(), s.sent.Load(), s.failed.Load()
+	var sum Stats
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st := sh.coord.Stats()
+		sh.mu.Unlock()
+		sum.add(&st)
+	}
+	return sum, s.sent.Load(), s.failed.Load()
+}
+
+// add adds every counter of o to st.
+func (st *Stats) add(o *Stats) {
+	st.LocalAdmits += o.LocalAdmits
+	st.ViewRejects += o.ViewRejects
+	st.Forwarded += o.Forwarded
+	st.RemoteResults += o.RemoteResults
+	st.Degraded += o.Degraded
+	st.SyncsSent += o.SyncsSent
+	st.AcksSent += o.AcksSent
+	st.ReportsCharged += o.ReportsCharged
+	st.Entries += o.Entries
+	st.Owned += o.Owned
+	st.SketchAdmits += o.SketchAdmits
+	st.SketchPromotions += o.SketchPromotions
+	st.SketchBytes += o.SketchBytes
 }
 
 // Close stops the shell's goroutines and waits for exchanges in flight

@@ -312,3 +312,97 @@ func normal(m Message) Message {
 	}
 	return m
 }
+
+// TestShellShards: with identities spread over several shards, every
+// forwarded decision comes back to the shard and the caller that asked (the
+// ticket carries its shard), so `exact` admits each identity's burst and
+// not one token more, whatever the number of shards; and every shard's
+// counters are summed.
+func TestShellShards(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const ids, tries, burst = 48, 4, 5
+	for _, shards := range []int{1, 8} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			rule := gcraRule("api", quota.ModeExact, burst, time.Hour, burst)
+			nodes := startGRPCClusterWith(t, 3, func(c *ShellConfig) { c.Shards = shards }, rule)
+			admitted := make([]int, ids)
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for i := range ids {
+				for _, tn := range nodes {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range tries {
+							o, err := tn.shell.Decide(context.Background(), "api", fmt.Sprintf("id-%d", i), 1)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if o.Allowed {
+								mu.Lock()
+								admitted[i]++
+								mu.Unlock()
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			for i, n := range admitted {
+				if n != burst {
+					t.Errorf("id-%d: %d admitted of %d asked, want exactly the burst %d", i, n, tries*len(nodes), burst)
+				}
+			}
+			var forwarded, remote uint64
+			for _, tn := range nodes {
+				st, _, failed := tn.shell.Stats()
+				if st.Degraded != 0 || failed != 0 {
+					t.Errorf("%s: %d degraded decisions, %d failed exchanges in a run with no fault", tn.name, st.Degraded, failed)
+				}
+				forwarded += st.Forwarded
+				remote += st.RemoteResults
+			}
+			// Every decision of a non-owner went to the owner and came back.
+			if want := uint64(ids * tries * (len(nodes) - 1)); forwarded != want || remote != want {
+				t.Errorf("forwarded %d, results %d; want %d each", forwarded, remote, want)
+			}
+		})
+	}
+}
+
+// TestShellConfigShards: the shard count is a power of two in range.
+func TestShellConfigShards(t *testing.T) {
+	for _, n := range []int{-1, 3, 12, MaxShards * 2} {
+		_, err := NewShell(ShellConfig{Coordinator: CoordinatorConfig{Self: "a"}, Transport: NewInmemNetwork().Transport("a", nil), Shards: n})
+		if err == nil {
+			t.Errorf("Shards %d accepted", n)
+		}
+	}
+}
+
+// TestStatsAddEveryField: Stats.add sums every field, so a counter added
+// to Stats later cannot be lost in the Shell's sum over shards.
+func TestStatsAddEveryField(t *testing.T) {
+	var one Stats
+	v := reflect.ValueOf(&one).Elem()
+	for i := range v.NumField() {
+		switch f := v.Field(i); f.Kind() {
+		case reflect.Int, reflect.Int64:
+			f.SetInt(1)
+		case reflect.Uint64:
+			f.SetUint(1)
+		default:
+			t.Fatalf("Stats.%s: kind %s not handled by this test", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	var sum Stats
+	sum.add(&one)
+	sum.add(&one)
+	w := reflect.ValueOf(sum)
+	for i := range w.NumField() {
+		if f := w.Field(i); !(f.CanInt() && f.Int() == 2) && !(f.CanUint() && f.Uint() == 2) {
+			t.Errorf("Stats.%s = %v after adding 1 twice, want 2", w.Type().Field(i).Name, f)
+		}
+	}
+}

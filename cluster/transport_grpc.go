@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -219,7 +220,7 @@ func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *Message) (
 // is marked and answered by a unary call.
 func (t *GRPCTransport) streamExchange(ctx context.Context, cc *grpc.ClientConn, addr string, in *peerpb.Batch) (*peerpb.Batch, error) {
 	for attempt := 0; ; attempt++ {
-		ps, reused := t.takeIdle(addr)
+		ps, reused := t.takeIdle(addr, cc)
 		if ps == nil {
 			ps = &peerStream{}
 		}
@@ -297,12 +298,22 @@ func (ps *peerStream) close() {
 	}
 }
 
-// takeIdle returns an idle stream to addr and true, or nil and false.
-func (t *GRPCTransport) takeIdle(addr string) (*peerStream, bool) {
+// takeIdle returns an idle stream to addr and true, or nil and false. When
+// the connection is not ready, the idle streams were on a connection that
+// has ended (they cannot outlive it), and are dropped.
+func (t *GRPCTransport) takeIdle(addr string, cc *grpc.ClientConn) (*peerStream, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	q := t.idle[addr]
 	if len(q) == 0 {
+		return nil, false
+	}
+	if cc.GetState() != connectivity.Ready {
+		for i, ps := range q {
+			ps.close()
+			q[i] = nil
+		}
+		t.idle[addr] = q[:0]
 		return nil, false
 	}
 	ps := q[len(q)-1]

@@ -190,8 +190,8 @@ func TestGRPCStreamFallsBackToUnary(t *testing.T) {
 }
 
 // TestGRPCStreamReusedAndRestarted: exchanges to a peer share one stream;
-// after the peer restarts on the same address, the dead idle stream is
-// replaced without failing the exchange (the batch never went out on it).
+// after the peer restarts on the same address, the idle stream of the old
+// connection is dropped, not tried, so the exchange does not fail.
 func TestGRPCStreamReusedAndRestarted(t *testing.T) {
 	checkTransportLeaks(t)
 	var calls atomic.Int64
