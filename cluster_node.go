@@ -124,7 +124,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	cp.tr = tr
 	sh, err := cluster.NewShell(cluster.ShellConfig{
-		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout},
+		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout, Shares: n.shares()},
 		Transport:   tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Shards: cc.Shards, Clock: n.now, Logger: n.log,
 	})
 	if err != nil {

@@ -99,6 +99,7 @@ func (n *Node) install(set *quota.Set) {
 			c.penaltyRec = &rec
 		}
 	}
+	n.globalRules(e)
 	n.clusterRules(e)
 	for i := range e.rules {
 		if c := &e.rules[i]; c.r.Durable && c.r.Algorithm == quota.AlgorithmGCRA && n.lease != nil {

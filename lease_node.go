@@ -18,8 +18,8 @@ import (
 
 // LeaseConfig connects a Node to the lease group: the small Raft group that
 // keeps the rules (versioned and audited), decides durable rules (one Raft
-// commit per decision; docs/durable.md) and will lease global limits to
-// regions. A node is either one of the group's voters (Voter) or a client of
+// commit per decision; docs/durable.md) and leases global limits to
+// regions (docs/global.md). A node is either one of the group's voters (Voter) or a client of
 // them (Voters); see lease.Group and docs/rules-api.md.
 type LeaseConfig struct {
 	// Voter makes this node a voter: the group's configuration (data
@@ -50,6 +50,16 @@ type LeaseConfig struct {
 	// request's ctx bounds it too); 0 means DefaultDurableTimeout. See
 	// docs/durable.md.
 	DurableTimeout time.Duration
+	// Machine is, on a node that is not a voter, the lease machine's
+	// configuration the voters use (Regions, LeaseDuration, MaxSkew): a
+	// node in a cluster leases its `scope: global` rules only when its
+	// region is among Regions (docs/global.md). A voter uses
+	// Voter.Machine and ignores this.
+	Machine lease.Config
+	// RefreshInterval is how often a node reports the demand of the global
+	// identities it owns and renews their leases; 0 means a fifth of the
+	// lease lifetime. Keep it well below the lifetime.
+	RefreshInterval time.Duration
 }
 
 // DefaultDurableTimeout is LeaseConfig.DurableTimeout's default: far above

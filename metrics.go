@@ -83,6 +83,8 @@ type metrics struct {
 	latency      prometheus.Histogram // safe for concurrent use on its own
 
 	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults, behind *prometheus.Desc
+
+	globalLeased, globalFallback, globalShare, globalReports *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -114,6 +116,18 @@ func newMetrics(n *Node) *metrics {
 			"How many versions the rules in force trail the newest version heard of from the lease group or a peer's gossip (0 without a lease group). Alert when it stays above 0.", nil, nil),
 		defaults: prometheus.NewDesc("weir_rules_defaults_active",
 			"1 while the node enforces Config.DefaultRules because its rule file could not be loaded.", nil, nil),
+		globalLeased: prometheus.NewDesc("weir_global_leased",
+			"Identities of a scope: global rule that this node owns and enforces at an unexpired lease of its region's share.",
+			[]string{"rule"}, nil),
+		globalFallback: prometheus.NewDesc("weir_global_fallback",
+			"Identities of a scope: global rule that this node owns and enforces at the fallback (no lease yet, or expired): alert when it stays above 0.",
+			[]string{"rule"}, nil),
+		globalShare: prometheus.NewDesc("weir_global_share",
+			"Sum of the leased shares (tokens per window) of the identities of a scope: global rule that this node owns.",
+			[]string{"rule"}, nil),
+		globalReports: prometheus.NewDesc("weir_global_reports_total",
+			"Demand reports this node sent to the lease group, by outcome (ok, failed).",
+			[]string{"outcome"}, nil),
 	}
 }
 
@@ -130,6 +144,10 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.versionDesc
 	ch <- m.defaults
 	ch <- m.behind
+	ch <- m.globalLeased
+	ch <- m.globalFallback
+	ch <- m.globalShare
+	ch <- m.globalReports
 }
 
 // Collect implements prometheus.Collector.
@@ -157,4 +175,13 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.defaults, prometheus.GaugeValue, def)
 	ch <- prometheus.MustNewConstMetric(m.behind, prometheus.GaugeValue, float64(m.n.rulesBehind()))
+	if gs := m.n.GlobalStatus(); gs.Leasing {
+		for _, r := range gs.Rules {
+			ch <- prometheus.MustNewConstMetric(m.globalLeased, prometheus.GaugeValue, float64(r.Leased), r.Rule)
+			ch <- prometheus.MustNewConstMetric(m.globalFallback, prometheus.GaugeValue, float64(r.Fallback), r.Rule)
+			ch <- prometheus.MustNewConstMetric(m.globalShare, prometheus.GaugeValue, float64(r.Share), r.Rule)
+		}
+		ch <- prometheus.MustNewConstMetric(m.globalReports, prometheus.CounterValue, float64(gs.Reports), "ok")
+		ch <- prometheus.MustNewConstMetric(m.globalReports, prometheus.CounterValue, float64(gs.ReportFailures), "failed")
+	}
 }

@@ -149,6 +149,7 @@ type Node struct {
 	eng     engineHolder
 	cluster *clusterPart // nil without Config.Cluster
 	lease   *leasePart   // nil without Config.Lease
+	global  *globalPart  // nil unless global rules are leased (global_node.go)
 
 	mu           sync.Mutex // guards closed and the rule-stats registry
 	closed       bool
@@ -231,6 +232,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	n.startGlobal()
 	if cfg.Cluster != nil {
 		if err := n.startCluster(cfg.Cluster); err != nil {
 			n.stopLease()
@@ -244,6 +246,7 @@ func New(cfg Config) (*Node, error) {
 		n.unregister()
 		return nil, err
 	}
+	n.runGlobal()
 	return n, nil
 }
 
@@ -401,6 +404,7 @@ func (n *Node) Close() error {
 	n.closed = true
 	n.mu.Unlock()
 	err := n.stopCluster()
+	n.stopGlobal()
 	if e := n.stopLease(); err == nil {
 		err = e
 	}

@@ -94,7 +94,47 @@ type CoordinatorConfig struct {
 	// The zero value is a fixed seed: the simulator stays deterministic,
 	// and a per-process seed can be injected here.
 	SketchSeed uint64
+	// Shares, when not nil, overrides on the owner the rate and burst of
+	// the identities of the rules it leases (scope: global rules, whose
+	// region holds a share of the limit). Nil: every rule decides at its
+	// own limit.
+	Shares Shares
 }
+
+// Shares lets an owner decide some rules' identities at another rate and
+// burst than the rule's: a global rule's region share (lease/regional.go).
+// The coordinator asks it on its owner paths only (its own decisions,
+// forwarded ones, charged syncs), and only for rules Leases accepted when
+// they were installed, so other rules never reach it. One Shares serves
+// every shard of a Shell, so its methods may be called concurrently (for
+// different identities) and must be safe for that; they must not call back
+// into the coordinator.
+type Shares interface {
+	// Leases reports whether rule's identities are decided through Share.
+	Leases(rule string) bool
+	// Share returns the bucket parameters to decide identity under rule
+	// at now, and how: ShareEnforce decides with g, ShareReject rejects,
+	// ShareAdmit admits; in every case spend reported by other nodes is
+	// charged with g. It may rewrite *tat when the parameters change.
+	Share(now int64, rule, identity string, tat *bucket.TAT) (g bucket.GCRA, how ShareMode)
+	// Observe reports what the owner was asked for identity under rule
+	// at now (cost tokens, allowed or not; spend charged from a sync
+	// counts as allowed) and its bucket's TAT after it.
+	Observe(now int64, rule, identity string, cost int64, allowed bool, tat bucket.TAT)
+}
+
+// ShareMode says how an owner decides an identity of a leased rule.
+type ShareMode uint8
+
+// The ShareMode values.
+const (
+	// ShareEnforce decides with the share's bucket.
+	ShareEnforce ShareMode = iota
+	// ShareReject rejects every request the owner decides.
+	ShareReject
+	// ShareAdmit admits every request the owner decides.
+	ShareAdmit
+)
 
 // RuleParams is what the coordinator needs of a rule. Build it with
 // NewRuleParams.
@@ -114,6 +154,7 @@ type RuleParams struct {
 	Scheme SlackScheme
 	gcra   bucket.GCRA
 	sk     *countMin // this coordinator's sketch of a gated rule
+	leased bool      // decided on the owner through CoordinatorConfig.Shares
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
@@ -530,6 +571,7 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	next := make(map[string]*RuleParams, len(rules))
 	for i := range rules {
 		r := rules[i]
+		r.leased = c.cfg.Shares != nil && c.cfg.Shares.Leases(r.ID)
 		next[r.ID] = &r
 	}
 	for k, e := range c.entries {
@@ -745,11 +787,34 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 			return d, oe
 		}
 	}
-	d := r.gcra.Step(&oe.tat, now, cost)
+	var d bucket.Decision
+	if r.leased {
+		d = c.shareStep(now, r, k, oe, cost)
+	} else {
+		d = r.gcra.Step(&oe.tat, now, cost)
+	}
 	if oe.warming && d.Allowed {
 		oe.warmSpent += cost
 	}
 	return d, oe
+}
+
+// shareStep decides a leased rule's request at the identity's share
+// (CoordinatorConfig.Shares) and reports it.
+func (c *Coordinator) shareStep(now int64, r *RuleParams, k entryKey, oe *ownerEntry, cost int64) bucket.Decision {
+	g, how := c.cfg.Shares.Share(now, k.rule, k.identity, &oe.tat)
+	var d bucket.Decision
+	switch how {
+	case ShareReject:
+		d = g.Peek(oe.tat, now)
+		d.Allowed, d.Remaining, d.RetryAfter = false, 0, time.Second
+	case ShareAdmit:
+		d = bucket.Decision{Allowed: true, Limit: r.Burst, Remaining: r.Burst}
+	default:
+		d = g.Step(&oe.tat, now, cost)
+	}
+	c.cfg.Shares.Observe(now, k.rule, k.identity, cost, d.Allowed, oe.tat)
+	return d
 }
 
 // ownedEntry returns this node's bucket of k, creating it: right after a
@@ -891,7 +956,13 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 		fallthrough
 	case s.Gen == p.gen && s.Total > p.total:
 		spent = s.Total - p.total
-		r.gcra.Charge(&oe.tat, now, spent)
+		if r.leased {
+			g, _ := c.cfg.Shares.Share(now, k.rule, k.identity, &oe.tat)
+			g.Charge(&oe.tat, now, spent)
+			c.cfg.Shares.Observe(now, k.rule, k.identity, spent, true, oe.tat)
+		} else {
+			r.gcra.Charge(&oe.tat, now, spent)
+		}
 		p.total = s.Total
 		c.stats.ReportsCharged++
 	}

@@ -238,3 +238,29 @@ func (c *Client) do(ctx context.Context, what string, once func(context.Context,
 		wait = min(2*wait, 200*time.Millisecond)
 	}
 }
+
+// Report sends a region's Report through a voter and returns the grants,
+// like Group.Propose with Command{Report: &r}: the voter reached proposes
+// it when it leads and answers NOT_LEADER otherwise, and the client then
+// moves on to the next voter until it reaches the leader (or ctx, bounded
+// by Timeout, ends). Every attempt carries the same report, so a retry
+// after a lost reply is applied once (the machine ignores a Seq it has
+// applied and returns the current leases).
+func (c *Client) Report(ctx context.Context, r Report) (Result, error) {
+	pc, err := entryToPB(Entry{Command: &Command{Report: &r}})
+	if err != nil {
+		return Result{}, err
+	}
+	req := &leasepb.ProposeRequest{From: c.cfg.Name, Command: pc}
+	var res Result
+	err = c.do(ctx, "report", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
+		rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, req)
+		if err != nil {
+			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
+		}
+		resp, retry, err := replyResponse("voter "+addr, rep)
+		res = resp.Result
+		return retry, err
+	})
+	return res, err
+}

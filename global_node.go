@@ -1,0 +1,295 @@
+package weir
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/quota"
+)
+
+// This file is the thin shell around lease.Regional (lease/regional.go): a
+// node that is in a region's cluster and connected to the lease group
+// enforces its `scope: global` rules at its region's share. On the owner
+// of an identity the coordinator decides at the share (through the Shares
+// hook this type implements); every RefreshInterval (and soon after a new
+// identity appears) one batched Report of every global identity this node
+// owns goes to the lease group, bounded by the node's context and a
+// timeout, and the grants come back into the Holders. A report that fails
+// changes nothing: the leases expire into their fallback by themselves, and
+// no request ever waits for the lease group. docs/global.md has the whole
+// story and the envelope.
+
+// globalPart is a node's region-side lease manager.
+type globalPart struct {
+	mu  sync.Mutex // guards reg
+	reg *lease.Regional
+
+	rep     lease.Reporter
+	self    string
+	every   time.Duration
+	timeout time.Duration
+	ring    func() *cluster.Ring // nil until the cluster runs
+	now     func() int64
+
+	kick chan struct{}
+	done chan struct{}
+	wg   sync.WaitGroup
+	ctx  context.Context
+
+	reports, failures atomic.Uint64
+	lastLog           atomic.Int64
+}
+
+var _ cluster.Shares = (*globalPart)(nil)
+
+// startGlobal builds the region-side lease manager when the node is both in
+// a cluster and connected to the lease group, and its region is one the
+// lease machine knows. It does not start reporting: runGlobal does, once
+// the cluster runs.
+func (n *Node) startGlobal() {
+	lp, cc := n.lease, n.cfg.Cluster
+	if lp == nil || cc == nil {
+		return
+	}
+	lc := n.cfg.Lease
+	mc := lc.Machine
+	if lc.Voter != nil {
+		mc = lc.Voter.Machine
+	}
+	if !slices.Contains(mc.Regions, cc.Region) {
+		n.log.Error("global rules are not leased: this node's region is not among the lease machine's regions (Config.Lease.Machine.Regions for a client); they are enforced per region at the full limit",
+			"region", cc.Region, "regions", mc.Regions)
+		return
+	}
+	life := mc.LeaseDuration
+	if life <= 0 {
+		life = lease.DefaultLeaseDuration
+	}
+	every := lc.RefreshInterval
+	if every <= 0 {
+		every = life / 5
+	}
+	reg, err := lease.NewRegional(lease.RegionalConfig{Reporter: cc.Name, Region: cc.Region, Regions: len(mc.Regions),
+		Skew: mc.MaxSkew, Interval: every, FirstSeq: uint64(n.now())})
+	if err != nil {
+		n.log.Error("global rules are not leased", "err", err)
+		return
+	}
+	gp := &globalPart{reg: reg, self: cc.Name, every: every, timeout: every, now: n.now,
+		kick: make(chan struct{}, 1), done: make(chan struct{}), ctx: lp.ctx}
+	if lp.group != nil {
+		gp.rep = lp.group
+	} else {
+		gp.rep = lp.client
+	}
+	n.global = gp
+}
+
+// shares is the coordinator's Shares hook: nil (an untyped nil interface)
+// when global rules are not leased.
+func (n *Node) shares() cluster.Shares {
+	if n.global == nil {
+		return nil
+	}
+	return n.global
+}
+
+// runGlobal starts the report loop once the cluster runs.
+func (n *Node) runGlobal() {
+	gp := n.global
+	if gp == nil || n.cluster == nil {
+		return
+	}
+	gp.ring = n.cluster.shell.Ring
+	gp.wg.Add(1)
+	go n.reportLoop()
+}
+
+// stopGlobal stops the report loop (before the lease connection closes).
+func (n *Node) stopGlobal() {
+	gp := n.global
+	if gp == nil || gp.ring == nil {
+		return
+	}
+	select {
+	case <-gp.done:
+	default:
+		close(gp.done)
+	}
+	gp.wg.Wait()
+}
+
+// globalRules installs a rule set's global rules in the manager (before the
+// coordinator gets them, which asks Leases). A global rule is leased when
+// the cluster decides it (gcra, mode shared or exact, not durable); a
+// global rule in mode local is enforced per node, as before.
+func (n *Node) globalRules(e *engine) {
+	gp := n.global
+	if gp == nil {
+		return
+	}
+	var rules []lease.RegionalRule
+	for i := range e.rules {
+		r := e.rules[i].r
+		if r.Scope != quota.ScopeGlobal || r.Algorithm != quota.AlgorithmGCRA || r.Durable ||
+			(r.Mode != quota.ModeShared && r.Mode != quota.ModeExact) {
+			continue
+		}
+		maxCost := r.CostFor("")
+		for _, c := range r.CostByMethod {
+			maxCost = max(maxCost, c)
+		}
+		fb := lease.FallbackShare
+		switch r.OnFailure {
+		case quota.OnFailureOpen:
+			fb = lease.FallbackOpen
+		case quota.OnFailureClosed:
+			fb = lease.FallbackClosed
+		}
+		rules = append(rules, lease.RegionalRule{Fallback: fb,
+			Rule: lease.Rule{ID: r.ID, Limit: r.Limit, Window: r.Window, Burst: r.Burst, MaxCost: maxCost}})
+	}
+	gp.mu.Lock()
+	err := gp.reg.SetRules(rules)
+	gp.mu.Unlock()
+	if err != nil {
+		n.log.Error("global rules not leased; the previous ones stay", "err", err)
+	}
+}
+
+// Leases implements cluster.Shares.
+func (gp *globalPart) Leases(rule string) bool {
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	return gp.reg.Leases(rule)
+}
+
+// Share implements cluster.Shares.
+func (gp *globalPart) Share(now int64, rule, identity string, tat *bucket.TAT) (bucket.GCRA, cluster.ShareMode) {
+	gp.mu.Lock()
+	g, mode, ok := gp.reg.Share(now, rule, identity, tat)
+	urgent := gp.reg.Urgent()
+	gp.mu.Unlock()
+	if urgent {
+		select {
+		case gp.kick <- struct{}{}:
+		default:
+		}
+	}
+	switch {
+	case !ok || mode == lease.ModeAdmit:
+		return g, cluster.ShareAdmit
+	case mode == lease.ModeReject:
+		return g, cluster.ShareReject
+	}
+	return g, cluster.ShareEnforce
+}
+
+// Observe implements cluster.Shares.
+func (gp *globalPart) Observe(now int64, rule, identity string, cost int64, allowed bool, tat bucket.TAT) {
+	gp.mu.Lock()
+	gp.reg.Observe(now, rule, identity, cost, allowed, tat)
+	gp.mu.Unlock()
+}
+
+// reportLoop reports every RefreshInterval, and soon after a new identity
+// appears (at most ten times per interval).
+func (n *Node) reportLoop() {
+	gp := n.global
+	defer gp.wg.Done()
+	t := time.NewTicker(gp.every)
+	defer t.Stop()
+	gap := max(gp.every/10, time.Millisecond)
+	var last time.Time
+	for {
+		select {
+		case <-gp.done:
+			return
+		case <-gp.ctx.Done():
+			return
+		case <-t.C:
+		case <-gp.kick:
+			if wait := gap - time.Since(last); wait > 0 {
+				pause := time.NewTimer(wait)
+				select {
+				case <-gp.done:
+					pause.Stop()
+					return
+				case <-pause.C:
+				}
+			}
+		}
+		last = time.Now()
+		n.reportOnce()
+	}
+}
+
+// reportOnce sends one report of every global identity this node owns and
+// takes the grants.
+func (n *Node) reportOnce() {
+	gp := n.global
+	ring := gp.ring()
+	owns := func(identity string) bool {
+		if ring == nil {
+			return true
+		}
+		m, ok := ring.Owner(identity)
+		return !ok || m.Name == gp.self
+	}
+	sentAt := gp.now()
+	gp.mu.Lock()
+	rep, ok := gp.reg.Report(sentAt, owns)
+	gp.mu.Unlock()
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(gp.ctx, gp.timeout)
+	res, err := gp.rep.Report(ctx, rep)
+	cancel()
+	if err != nil {
+		gp.failures.Add(1)
+		if last := gp.lastLog.Load(); sentAt-last >= int64(time.Second) && gp.lastLog.CompareAndSwap(last, sentAt) {
+			n.log.Warn("lease group: report failed; leases expire into their fallback unless a later report succeeds",
+				"items", len(rep.Items), "err", err)
+		}
+		return
+	}
+	gp.reports.Add(1)
+	gp.mu.Lock()
+	gp.reg.Accept(sentAt, res)
+	gp.mu.Unlock()
+}
+
+// GlobalStatus is the state of a node's global (scope: global) rules.
+type GlobalStatus struct {
+	// Leasing is false when the node does not lease global rules (no
+	// cluster, no lease group, or a region the lease machine does not
+	// know): they are then enforced per region at the full limit.
+	Leasing bool `json:"leasing"`
+	// Rules is each leased rule's keys on lease and on fallback and the
+	// share held, for the identities this node owns.
+	Rules []lease.RuleStatus `json:"rules,omitempty"`
+	// Reports and ReportFailures count this node's reports to the lease
+	// group.
+	Reports        uint64 `json:"reports"`
+	ReportFailures uint64 `json:"report_failures"`
+}
+
+// GlobalStatus reports the node's global leases (docs/global.md).
+func (n *Node) GlobalStatus() GlobalStatus {
+	gp := n.global
+	if gp == nil {
+		return GlobalStatus{}
+	}
+	now := n.now()
+	gp.mu.Lock()
+	rules := gp.reg.Status(now)
+	gp.mu.Unlock()
+	return GlobalStatus{Leasing: true, Rules: rules, Reports: gp.reports.Load(), ReportFailures: gp.failures.Load()}
+}

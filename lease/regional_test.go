@@ -1,0 +1,246 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+)
+
+const sec = int64(time.Second)
+
+func newTestRegional(t *testing.T, region string, fb Fallback) *Regional {
+	t.Helper()
+	r, err := NewRegional(RegionalConfig{Reporter: "node-" + region, Region: region, Regions: 2,
+		Skew: 100 * time.Millisecond, Interval: time.Second, FirstSeq: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "g", Limit: 1000, Window: 10 * time.Second, Burst: 100, MaxCost: 1}
+	if err := r.SetRules([]RegionalRule{{Rule: rule, Fallback: fb}}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestRegionalSequenceNumbers(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	if _, ok := r.Report(sec, nil); ok {
+		t.Fatal("a report with no key")
+	}
+	var tat bucket.TAT
+	r.Share(sec, "g", "x", &tat)
+	if !r.Urgent() {
+		t.Fatal("a new key did not ask for a report")
+	}
+	r.Observe(sec, "g", "x", 1, false, tat)
+	a, ok := r.Report(2*sec, nil)
+	if !ok || a.Seq != 1001 || a.Reporter != "node-eu" || a.Region != "eu" || len(a.Items) != 1 {
+		t.Fatalf("first report %+v", a)
+	}
+	if r.Urgent() {
+		t.Fatal("still urgent after a report")
+	}
+	b, _ := r.Report(3*sec, nil)
+	if b.Seq != 1002 {
+		t.Fatalf("second seq %d, want 1002", b.Seq)
+	}
+}
+
+func TestRegionalDemand(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	r.Share(0, "g", "x", &tat)
+	r.Report(0, nil) // starts the period
+	// 100 tokens asked over 2s, window 10s: 500 per window.
+	for range 100 {
+		r.Observe(sec, "g", "x", 1, true, tat)
+	}
+	rep, _ := r.Report(2*sec, nil)
+	if d := rep.Items[0].Demand; d != 500 {
+		t.Fatalf("demand %d, want 500", d)
+	}
+	// Throttled: a share of 200 granted, 40 asked over 1s of which 10 were
+	// rejected: max(400, 200 + 100, 300) = 400.
+	r.Accept(2*sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 200, Burst: 20, Lifetime: 10 * sec}}})
+	for i := range 40 {
+		r.Observe(2*sec, "g", "x", 1, i >= 10, tat)
+	}
+	rep, _ = r.Report(3*sec, nil)
+	if it := rep.Items[0]; it.Demand != 400 || it.AckEpoch != 1 {
+		t.Fatalf("throttled item %+v, want demand 400 ack 1", it)
+	}
+	// Throttled while what it saw is small: the share grows by half.
+	r.Observe(3*sec, "g", "x", 1, false, tat)
+	rep, _ = r.Report(4*sec, nil)
+	if d := rep.Items[0].Demand; d != 300 {
+		t.Fatalf("demand %d, want 300 (3/2 of the share)", d)
+	}
+	// Idle: demand 0.
+	rep, _ = r.Report(5*sec, nil)
+	if d := rep.Items[0].Demand; d != 0 {
+		t.Fatalf("idle demand %d", d)
+	}
+}
+
+func TestRegionalFallbacks(t *testing.T) {
+	for _, c := range []struct {
+		fb   Fallback
+		want Mode
+	}{{FallbackShare, ModeReject}, {FallbackOpen, ModeAdmit}, {FallbackClosed, ModeReject}} {
+		r := newTestRegional(t, "eu", c.fb)
+		var tat bucket.TAT
+		if _, m, ok := r.Share(0, "g", "x", &tat); !ok || m != c.want {
+			t.Fatalf("fallback %d before a grant: mode %d, want %d", c.fb, m, c.want)
+		}
+		r.Accept(0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 800, Burst: 80, Lifetime: 10 * sec}}})
+		g, m, _ := r.Share(sec, "g", "x", &tat)
+		if m != ModeEnforce || g.Burst() != 80 || g.Interval() != 10*time.Second/800 {
+			t.Fatalf("under lease: mode %d burst %d interval %v", m, g.Burst(), g.Interval())
+		}
+		// Expired (10s − 100ms skew): the fallback, min(safe 500, 800).
+		g, m, _ = r.Share(10*sec, "g", "x", &tat)
+		switch c.fb {
+		case FallbackShare:
+			if m != ModeEnforce || g.Interval() != 10*time.Second/500 || g.Burst() != 50 {
+				t.Fatalf("expired: mode %d interval %v burst %d, want the safe share", m, g.Interval(), g.Burst())
+			}
+		default:
+			if m != c.want {
+				t.Fatalf("expired: mode %d, want %d", m, c.want)
+			}
+		}
+		st := r.Status(10 * sec)
+		if len(st) != 1 || st[0].Fallback != 1 || st[0].Leased != 0 {
+			t.Fatalf("status %+v", st)
+		}
+	}
+}
+
+func TestRegionalRescale(t *testing.T) {
+	small, _ := bucket.NewGCRA(100, 10*time.Second, 10) // 100ms per token
+	big, _ := bucket.NewGCRA(1000, 10*time.Second, 100) // 10ms per token
+	now := 50 * sec
+	// Full, then a grow: the tokens (10) stay, the capacity is 100.
+	tat := rescale(bucket.TAT(now), now, small, big)
+	if d := big.Peek(tat, now); d.Remaining != 10 {
+		t.Fatalf("after a grow %d tokens, want 10", d.Remaining)
+	}
+	// 50 of 100 tokens, then a shrink: clamped to the new burst, 10.
+	tat = bucket.TAT(now + 50*int64(10*time.Millisecond))
+	tat = rescale(tat, now, big, small)
+	if d := small.Peek(tat, now); d.Remaining != 10 {
+		t.Fatalf("after a shrink %d tokens, want 10", d.Remaining)
+	}
+	// 5 tokens owed stay owed.
+	tat = bucket.TAT(now + 15*int64(100*time.Millisecond))
+	tat = rescale(tat, now, small, big)
+	if want := now + 105*int64(10*time.Millisecond); int64(tat) != want {
+		t.Fatalf("owed tokens: TAT %d, want %d", tat, want)
+	}
+}
+
+func TestRegionalDrops(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	r.Share(0, "g", "mine", &tat)
+	r.Share(0, "g", "moved", &tat)
+	rep, _ := r.Report(sec, func(id string) bool { return id == "mine" })
+	if len(rep.Items) != 1 || rep.Items[0].Identity != "mine" || r.Keys() != 1 {
+		t.Fatalf("items %+v keys %d: a moved key was reported or kept", rep.Items, r.Keys())
+	}
+	// Given up: demand 0, a share of 0 granted and acknowledged.
+	r.Accept(sec, Result{Grants: []Grant{{Rule: "g", Identity: "mine", Epoch: 7, Share: 0, Lifetime: 10 * sec}}})
+	rep, _ = r.Report(2*sec, nil)
+	if len(rep.Items) != 1 || rep.Items[0].AckEpoch != 7 {
+		t.Fatalf("the zero share was not acknowledged: %+v", rep.Items)
+	}
+	if _, ok := r.Report(3*sec, nil); ok || r.Keys() != 0 {
+		t.Fatalf("a given-up key is still reported (keys %d)", r.Keys())
+	}
+}
+
+// TestRegionalWithMachine runs two regions' Regionals against one Machine:
+// demand in both, then only in one, checking the invariant after every
+// step and that the busy region's share grows to take what the idle one
+// gave up.
+func TestRegionalWithMachine(t *testing.T) {
+	m, err := NewMachine(Config{Regions: []string{"eu", "us"}, LeaseDuration: 10 * time.Second, MaxSkew: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "g", Limit: 1000, Window: 10 * time.Second, Burst: 100, MaxCost: 1}
+	if _, err := m.Apply(Command{Rules: []Rule{rule}}); err != nil {
+		t.Fatal(err)
+	}
+	eu, us := newTestRegional(t, "eu", FallbackShare), newTestRegional(t, "us", FallbackShare)
+	tats := map[*Regional]*bucket.TAT{eu: new(bucket.TAT), us: new(bucket.TAT)}
+	// Each region is asked at most `want` tokens per second and admits
+	// what its share allows.
+	step := func(now int64, r *Regional, want int) {
+		tat := tats[r]
+		for range want {
+			g, mode, _ := r.Share(now, "g", "cust", tat)
+			allowed := false
+			if mode == ModeEnforce {
+				allowed = g.Step(tat, now, 1).Allowed
+			}
+			r.Observe(now, "g", "cust", 1, allowed, *tat)
+		}
+		if rep, ok := r.Report(now, nil); ok {
+			res, err := m.Apply(Command{Now: now, Report: &rep})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Accept(now, res)
+		}
+		if err := m.Check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := int64(0)
+	for range 20 {
+		now += sec
+		step(now, eu, 80)
+		step(now, us, 80)
+	}
+	for range 60 {
+		now += sec
+		step(now, eu, 80)
+		step(now, us, 0)
+		if _, err := m.Apply(Command{Now: now, Tick: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := eu.Status(now)
+	if st[0].Leased != 1 || st[0].Share < 700 {
+		t.Fatalf("eu, alone in demand (800 per window), holds %+v", st[0])
+	}
+}
+
+// TestRegionalDebt: the first acknowledgement of an epoch carries the
+// bucket's debt then; later ones what is left of it, however throttled the
+// bucket still is.
+func TestRegionalDebt(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	r.Share(0, "g", "x", &tat)
+	r.Accept(0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 100, Burst: 10, Lifetime: 10 * sec}}})
+	g, _, _ := r.Share(sec, "g", "x", &tat)
+	for range 10 {
+		g.Step(&tat, sec, 1) // spent out: a full bucket is 1s away
+	}
+	r.Observe(sec, "g", "x", 1, false, tat)
+	rep, _ := r.Report(sec, nil)
+	if it := rep.Items[0]; it.AckEpoch != 1 || it.Debt != sec {
+		t.Fatalf("first ack %+v, want epoch 1 debt 1s", it)
+	}
+	// Half a second on, the bucket spent out again: the ack carries the
+	// half second left of the first debt.
+	tat = bucket.TAT(sec/2 + sec)
+	r.Observe(sec/2+sec, "g", "x", 1, false, tat)
+	rep, _ = r.Report(sec/2+sec, nil)
+	if it := rep.Items[0]; it.Debt != sec/2 {
+		t.Fatalf("second ack debt %v, want 500ms", time.Duration(it.Debt))
+	}
+}
