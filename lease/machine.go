@@ -371,9 +371,15 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 		if !retry {
 			l := &ks.regions[ri]
 			l.demand, l.seen = it.Demand, now
-			if it.AckEpoch != 0 && it.AckEpoch == l.epoch && l.share < l.hold {
+			if it.AckEpoch != 0 && it.AckEpoch == l.epoch && l.share < l.hold && (l.relEp != l.epoch || l.release == 0) {
 				// The region enforces the smaller share: hold drops
-				// once what it owed at the larger one is repaid.
+				// once what it owed at the larger one is repaid. The
+				// first acknowledgement of the epoch sets when: the
+				// debt it carries is what was spent at the larger
+				// share; later reports' debt is spending at the
+				// smaller one, and must not push the release back
+				// (a region that stays throttled would otherwise
+				// never give capacity up).
 				l.release, l.relTo, l.relEp = now+max(it.Debt, 0), l.share, l.epoch
 			}
 			m.settle(r, ks, now)

@@ -137,6 +137,50 @@ func TestSharesFollowDemand(t *testing.T) {
 	}
 }
 
+// TestReleaseSetByFirstAck: a shrunk region that stays throttled reports
+// debt in every report; the capacity it gave up is handed on once the debt
+// of its first acknowledgement is repaid, not pushed back by every later
+// report (the region would otherwise keep it for as long as it is busy).
+func TestReleaseSetByFirstAck(t *testing.T) {
+	m := newTestMachine(t, "eu", "us")
+	var seq uint64
+	report := func(now int64, region string, demand int64, ack uint64, debt int64) Grant {
+		t.Helper()
+		seq++
+		res, err := m.Apply(Command{Now: now, Report: &Report{Reporter: region + "-node", Seq: seq, Region: region,
+			Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: demand, AckEpoch: ack, Debt: debt}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.CheckAt(now); err != nil {
+			t.Fatal(err)
+		}
+		return res.Grants[0]
+	}
+	now := int64(time.Second)
+	eu := report(now, "eu", 1000, 0, 0) // the whole limit: us is not active
+	eu = report(now, "eu", 1000, eu.Epoch, 0)
+	us := report(now, "us", 1000, 0, 0) // eu shrinks toward 500; us waits for it
+	eu = report(now, "eu", 1000, eu.Epoch, 0)
+	if eu.Share > 500 {
+		t.Fatalf("eu's share %d after us asked for as much, want at most 500", eu.Share)
+	}
+	// eu acknowledges the shrink owing 2 s of refill, then keeps reporting
+	// the same debt every 500 ms, as a throttled region does.
+	debt := int64(2 * time.Second)
+	report(now, "eu", 1000, eu.Epoch, debt)
+	for range 8 {
+		now += int64(500 * time.Millisecond)
+		report(now, "eu", 1000, eu.Epoch, debt)
+		us = report(now, "us", 1000, us.Epoch, 0)
+	}
+	// 4 s after the first acknowledgement, 2 s past its debt: us has eu's
+	// half.
+	if us.Share < 500 {
+		t.Fatalf("us's share %d, 2 s after eu's debt was repaid; want 500", us.Share)
+	}
+}
+
 // TestRetryIsIdempotent: a report applied twice (the same reporter and
 // sequence number) changes nothing the second time and returns the same
 // leases.
