@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,9 @@ type shard struct {
 	waits map[uint64]chan Outcome // by the coordinator's own ticket
 	_     [40]byte                // keeps neighbouring shards' mutexes off one cache line
 }
+
+// minShardSketchWidth is the narrowest a shard's share of a sketch gets.
+const minShardSketchWidth = 4096
 
 // DefaultShards is ShellConfig.Shards' default.
 const DefaultShards = 8
@@ -173,8 +177,20 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	return s, nil
 }
 
-// SetRules installs the rules the core decides.
+// SetRules installs the rules the core decides. A gated rule's sketch is
+// split over the shards: each shard sees about 1/Shards of the identities,
+// so a sketch of 1/Shards the width (at least 4096 counters, or the whole
+// width when it is smaller) keeps the same load per counter, and a node's
+// sketches take about the memory of one.
 func (s *Shell) SetRules(rules []RuleParams) {
+	if k := len(s.shards); k > 1 {
+		rules = slices.Clone(rules)
+		for i := range rules {
+			if w := rules[i].Sketch.Width; rules[i].Sketch.Threshold != 0 {
+				rules[i].Sketch.Width = max((w+k-1)/k, min(w, minShardSketchWidth))
+			}
+		}
+	}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
