@@ -264,6 +264,15 @@ func (n *Node) watchMembers(region string) {
 	}
 }
 
+// region is this node's region: ClusterConfig.Region, or "" without a
+// cluster.
+func (n *Node) region() string {
+	if n.cfg.Cluster == nil {
+		return ""
+	}
+	return n.cfg.Cluster.Region
+}
+
 // Members returns the names of the live members of this node's region as
 // the ring sees them (just this node without a cluster).
 func (n *Node) Members() []string {

@@ -148,3 +148,54 @@ func TestClusterOfNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestEnforceRegions: a rule with shadow: true is enforced in the regions
+// its enforce_regions names and shadowed elsewhere (issue 5: shadow first,
+// then enforce region by region).
+func TestEnforceRegions(t *testing.T) {
+	rules := parseRules(t, `
+rules:
+  - id: rollout
+    key: [header:X-Api-Key]
+    limit: 2
+    window: 1h
+    shadow: true
+    enforce_regions: [eu]
+    mode: local
+`)
+	for _, c := range []struct {
+		region   string
+		enforced bool
+	}{{"eu", true}, {"us", false}, {"", false}} {
+		t.Run("region="+c.region, func(t *testing.T) {
+			cfg := weir.Config{Rules: rules}
+			if c.region != "" {
+				cfg.Cluster = &weir.ClusterConfig{Name: "gw-" + c.region, Region: c.region, LocalTiming: true, Label: "enforce-" + c.region}
+			}
+			node, err := weir.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer node.Close()
+			req := weir.Request{Method: "GET", Path: "/", Header: http.Header{"X-Api-Key": {"k"}}}
+			allowed, shadowRejected := 0, 0
+			for range 5 {
+				d := node.Allow(context.Background(), req)
+				if d.Allowed {
+					allowed++
+				}
+				for _, r := range d.Results() {
+					if r.ShadowRejected {
+						shadowRejected++
+					}
+				}
+			}
+			if c.enforced && (allowed != 2 || shadowRejected != 0) {
+				t.Errorf("enforced: %d allowed, %d shadow rejections of 5; want 2 and 0", allowed, shadowRejected)
+			}
+			if !c.enforced && (allowed != 5 || shadowRejected != 3) {
+				t.Errorf("shadowed: %d allowed, %d shadow rejections of 5; want 5 and 3", allowed, shadowRejected)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,10 @@ func (n *Node) install(set *quota.Set) {
 		r := set.Rule(i)
 		c := &e.rules[i]
 		c.r = r
+		if r.Shadow && slices.Contains(r.EnforceRegions, n.region()) {
+			// Shadowed elsewhere, enforced in this node's region.
+			c.r.Shadow = false
+		}
 		c.salt = n.hasher.Sum("rule\x00" + r.ID)
 		for _, k := range r.Key {
 			e.needs.ip = e.needs.ip || k.Kind == quota.KeyIP

@@ -27,6 +27,16 @@ func NewHolder(r Rule, regions int, skew int64) Holder {
 	return Holder{safe: safe, safeBurst: burst(r, safe), skew: skew}
 }
 
+// SetRule rebuilds the holder's safe share from rule r among regions
+// regions after the rule's limit or burst changed, keeping the lease held:
+// the leader counts the region at that share until it acknowledges a new
+// one or the lease expires, so enforcing it meanwhile is within the
+// invariant.
+func (h *Holder) SetRule(r Rule, regions int) {
+	h.safe = r.Limit / int64(max(regions, 1))
+	h.safeBurst = burst(r, h.safe)
+}
+
 // Granted reports whether the region has received a lease.
 func (h *Holder) Granted() bool { return h.epoch != 0 }
 

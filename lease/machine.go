@@ -169,6 +169,13 @@ type regionLease struct {
 
 type keyState struct {
 	regions []regionLease // by region index
+	// over is, after the rule's limit was lowered, the Σ terms granted
+	// under the old limit that were still in force then: what Check
+	// allows until the regions have given back the difference. It only
+	// widens what Check accepts, never what is granted (allocate hands out
+	// only L − Σ terms, nothing while that is negative), so it is not part
+	// of the replicated state: a restored replica decides the same.
+	over int64
 }
 
 // Machine is the replicated lease state. It is not safe for concurrent use.
@@ -327,13 +334,32 @@ func (m *Machine) setRules(rules []Rule) error {
 		}
 		next[r.ID] = r
 	}
-	// Not yet handled: a rule whose limit, burst or window changes while
-	// leases on it are live. Its keys keep the holds granted under the old
-	// limit, shrink toward the new one at the next allocation, and until
-	// every region has acknowledged, the sum is bounded by the old limit,
-	// not the new one (Check reports it against the new one). Regions
-	// must also rebuild their Holders' safe share. The rules-in-Raft work
-	// (issue 5, item 4) settles the transition.
+	// A lowered limit under live leases: the holds granted under the old
+	// one stay counted until their regions acknowledge smaller shares or
+	// their leases expire (the leader cannot take capacity back), and no
+	// region grows meanwhile (allocate hands out only what is free under
+	// the new limit). So Σ terms falls from what it was, at most the old
+	// limit, to the new limit; each key remembers where it started for
+	// Check. A raised limit is free capacity at the next allocation.
+	// Regions rebuild their safe shares from the new rule (Holder.SetRule).
+	for id, nr := range next {
+		or, ok := m.rules[id]
+		if !ok || nr.Limit >= or.Limit {
+			continue
+		}
+		for k, ks := range m.keys {
+			if k.rule != id {
+				continue
+			}
+			var sum int64
+			for i := range ks.regions {
+				sum += m.term(or, &ks.regions[i], m.now)
+			}
+			if sum > nr.Limit {
+				ks.over = max(ks.over, sum)
+			}
+		}
+	}
 	m.rules = next
 	return nil
 }
@@ -466,6 +492,9 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 	for i := range ks.regions {
 		used += m.term(r, &ks.regions[i], now)
 	}
+	if used <= r.Limit {
+		ks.over = 0 // a lowered limit's transition is over
+	}
 	free := r.Limit - used
 	for i := range ks.regions {
 		l := &ks.regions[i]
@@ -543,7 +572,9 @@ func (m *Machine) expired(ks *keyState, now int64) bool {
 
 // Check verifies the invariant Σᵣ termᵣ ≤ L for every key at the latest
 // command time, and returns an error naming the first key that breaks it.
-// Tests call it after every step.
+// Tests call it after every step. After L was lowered, a key's bound is what
+// was granted under the old L until Σᵣ termᵣ has come down to the new one
+// (see setRules): it never rises.
 func (m *Machine) Check() error {
 	return m.CheckAt(m.now)
 }
@@ -563,7 +594,10 @@ func (m *Machine) CheckAt(now int64) error {
 		for i := range ks.regions {
 			sum += m.term(r, &ks.regions[i], now)
 		}
-		if sum > r.Limit {
+		if sum > max(r.Limit, ks.over) {
+			if ks.over > r.Limit {
+				return fmt.Errorf("lease: invariant broken for %s/%q: Σ terms %d > %d, granted under the limit before it was lowered to %d", k.rule, k.identity, sum, ks.over, r.Limit)
+			}
 			return fmt.Errorf("lease: invariant broken for %s/%q: Σ terms %d > limit %d", k.rule, k.identity, sum, r.Limit)
 		}
 	}

@@ -275,13 +275,19 @@ func invariantUnderFaults(t *testing.T) {
 				sum += s
 				_ = i
 			}
-			if sum > rule.Limit {
+			// After the limit was lowered, what was granted under the
+			// old one is counted until given back (Machine.setRules).
+			bound := rule.Limit
+			for _, ks := range m.keys {
+				bound = max(bound, ks.over)
+			}
+			if sum > bound {
 				for k, ks := range m.keys {
 					for i, l := range ks.regions {
 						t.Logf("%v region %d: leader %+v (now %d guard %d) holder %+v at %d", k, i, l, m.now, m.guard, rs[i].h, real+rs[i].off)
 					}
 				}
-				t.Fatalf("%s: regions enforce %d in all, above L = %d", step, sum, rule.Limit)
+				t.Fatalf("%s: regions enforce %d in all, above L = %d (bound %d)", step, sum, rule.Limit, bound)
 			}
 			if err := m.CheckAt(max(real+leaderOff, m.now)); err != nil {
 				t.Fatalf("%s: %v", step, err)
@@ -289,7 +295,7 @@ func invariantUnderFaults(t *testing.T) {
 		}
 		steps := rapid.IntRange(1, 200).Draw(t, "steps")
 		for s := range steps {
-			switch rapid.IntRange(0, 9).Draw(t, "action") {
+			switch rapid.IntRange(0, 10).Draw(t, "action") {
 			case 0, 1: // time passes, sometimes past a whole lease
 				real += rapid.Int64Range(0, 2*lease).Draw(t, "dt") / int64(rapid.IntRange(1, 20).Draw(t, "div"))
 			case 2, 3, 4, 5: // a region reports
@@ -333,6 +339,18 @@ func invariantUnderFaults(t *testing.T) {
 			case 8:
 				if _, err := m.Apply(Command{Now: real + leaderOff, Tick: true}); err != nil {
 					t.Fatal(err)
+				}
+			case 10: // an operator changes the limit; regions learn it at once
+				if rapid.IntRange(0, 3).Draw(t, "change limit") != 0 {
+					break
+				}
+				rule.Limit = rapid.Int64Range(int64(len(regions)), 5000).Draw(t, "new limit")
+				rule.Burst = max(rule.Burst, int64(len(regions)))
+				if _, err := m.Apply(Command{Now: max(real+leaderOff, m.now), Rules: []Rule{rule}}); err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range rs {
+					r.h.SetRule(rule, len(regions))
 				}
 			case 9: // a late reply arrives even if not due yet (reordering)
 				for _, r := range rs {

@@ -168,9 +168,12 @@ func NewRegional(cfg RegionalConfig) (*Regional, error) {
 }
 
 // SetRules installs the global rules. Keys of a rule that is gone are
-// dropped; keys of a rule whose limit, window, burst or largest cost
-// changed start over with no lease (the leader's grants were for the old
-// parameters). A rule whose GCRA cannot be built is refused.
+// dropped; keys of a rule whose limit, burst or largest cost changed keep
+// their leases (the leader counts them until the region acknowledges new
+// shares, which the next report, sent soon, brings) with safe shares from
+// the new rule; keys of a rule whose window changed start over with no
+// lease (shares are tokens per window). A rule whose GCRA cannot be built
+// is refused.
 func (r *Regional) SetRules(rules []RegionalRule) error {
 	next := make(map[string]*regRule, len(rules))
 	for _, rr := range rules {
@@ -185,10 +188,14 @@ func (r *Regional) SetRules(rules []RegionalRule) error {
 		}
 		next[rr.ID] = &regRule{RegionalRule: rr, zero: params{g: g}}
 	}
-	for k := range r.keys {
-		old, nw := r.rules[k.rule], next[k.rule]
-		if nw == nil || old == nil || old.Rule != nw.Rule {
-			delete(r.keys, k)
+	for kk, k := range r.keys {
+		old, nw := r.rules[kk.rule], next[kk.rule]
+		switch {
+		case nw == nil || old == nil || old.Window != nw.Window:
+			delete(r.keys, kk)
+		case old.Rule != nw.Rule:
+			k.holder.SetRule(nw.Rule, r.cfg.Regions)
+			r.urgent = true
 		}
 	}
 	r.rules = next

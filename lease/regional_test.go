@@ -244,3 +244,37 @@ func TestRegionalDebt(t *testing.T) {
 		t.Fatalf("second ack debt %v, want 500ms", time.Duration(it.Debt))
 	}
 }
+
+// TestRegionalRuleChange: a changed limit keeps the lease held (the leader
+// counts it until a new share is acknowledged) with the fallback share from
+// the new limit, and asks for a report soon; a changed window starts over.
+func TestRegionalRuleChange(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	r.Share(0, "g", "x", &tat)
+	r.Report(sec, nil)
+	r.Accept(sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 700, Burst: 70, Lifetime: 10 * sec}}})
+	lowered := Rule{ID: "g", Limit: 400, Window: 10 * time.Second, Burst: 100, MaxCost: 1}
+	if err := r.SetRules([]RegionalRule{{Rule: lowered, Fallback: FallbackShare}}); err != nil {
+		t.Fatal(err)
+	}
+	k := r.keys[key{"g", "x"}]
+	if k == nil || k.holder.Epoch() != 3 || !r.Urgent() {
+		t.Fatalf("after a limit change: key %v, urgent %v; want the lease of epoch 3 kept and a report asked for", k, r.Urgent())
+	}
+	if s, _, fb := k.holder.At(2 * sec); s != 700 || fb {
+		t.Fatalf("share %d (fallback %v) while the lease lasts, want 700", s, fb)
+	}
+	// Past the lease: the fallback is the new safe share, 400 ÷ 2.
+	if s, _, fb := k.holder.At(20 * sec); s != 200 || !fb {
+		t.Fatalf("fallback %d (%v) after expiry, want 200 from the new limit", s, fb)
+	}
+	longer := lowered
+	longer.Window = time.Minute
+	if err := r.SetRules([]RegionalRule{{Rule: longer, Fallback: FallbackShare}}); err != nil {
+		t.Fatal(err)
+	}
+	if r.Keys() != 0 {
+		t.Fatal("a key kept across a window change (its share was per the old window)")
+	}
+}

@@ -269,6 +269,10 @@ func TestValidate(t *testing.T) {
 		{"durable sw", func(r *Rule) { r.Algorithm = AlgorithmSlidingWindow; r.Durable = true }, "durable needs algorithm gcra"},
 		{"durable local", func(r *Rule) { r.Durable = true; r.Mode = ModeLocal }, "durable contradicts mode local"},
 		{"global lb", func(r *Rule) { r.Algorithm = AlgorithmLeakyBucket; r.Scope = ScopeGlobal }, "global scope needs algorithm gcra"},
+		{"enforce regions", func(r *Rule) { r.Shadow = true; r.EnforceRegions = []string{"us", "eu"} }, ""},
+		{"enforce regions no shadow", func(r *Rule) { r.EnforceRegions = []string{"eu"} }, "rules[0].enforce_regions: only with shadow: true"},
+		{"enforce regions dup", func(r *Rule) { r.Shadow = true; r.EnforceRegions = []string{"eu", "eu"} }, `rules[0].enforce_regions[1]: region "eu" appears twice`},
+		{"enforce regions bad", func(r *Rule) { r.Shadow = true; r.EnforceRegions = []string{"e u"} }, `rules[0].enforce_regions[0]: region "e u" must match`},
 		{"exact fw", func(r *Rule) { r.Algorithm = AlgorithmFixedWindow; r.Mode = ModeExact }, ""},
 		{"sliding log cap", func(r *Rule) { r.Algorithm = AlgorithmSlidingLog; r.Limit = 10001 }, "above 10000"},
 		{"sliding log override cap", func(r *Rule) {
@@ -419,6 +423,17 @@ func TestDigestDistinguishes(t *testing.T) {
 	if d1.Digest() != d2.Digest() {
 		t.Fatal("digest depends on method case or map order")
 	}
+	// enforce_regions: order does not matter, content does.
+	r = validRule()
+	r.Shadow = true
+	shadow, _ := NewSet([]Rule{r}, 1)
+	r.EnforceRegions = []string{"us", "eu"}
+	e1, _ := NewSet([]Rule{r}, 1)
+	r.EnforceRegions = []string{"eu", "us"}
+	e2, _ := NewSet([]Rule{r}, 1)
+	if e1.Digest() != e2.Digest() || e1.Digest() == shadow.Digest() {
+		t.Fatalf("enforce_regions digests: %s %s (shadow only %s)", e1.Digest(), e2.Digest(), shadow.Digest())
+	}
 }
 
 func TestHolder(t *testing.T) {
@@ -565,5 +580,31 @@ func TestMarshalQuoting(t *testing.T) {
 	b, _ := NewSet(back, 1)
 	if a.Digest() != b.Digest() {
 		t.Fatalf("round trip changed the rules:\n%s\n%+v", out, back)
+	}
+}
+
+// TestEnforceRegionsRoundTrip: enforce_regions parses, marshals (sorted)
+// and parses back to the same rule.
+func TestEnforceRegionsRoundTrip(t *testing.T) {
+	in := "rules:\n- id: a\n  limit: 1\n  window: 1s\n  shadow: true\n  enforce_regions: [us-east, eu-west]\n"
+	rules, err := Parse("r.yaml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Marshal(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "enforce_regions: [eu-west, us-east]") {
+		t.Fatalf("marshalled:\n%s", out)
+	}
+	back, err := Parse("r.yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := NewSet(rules, 1)
+	b, _ := NewSet(back, 1)
+	if a.Digest() != b.Digest() {
+		t.Fatalf("round trip changed the rule:\n%s", out)
 	}
 }

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"math/bits"
+	"slices"
 	"strings"
 	"time"
 )
@@ -263,6 +264,13 @@ type Rule struct {
 	Accuracy float64
 	// Shadow makes the rule never reject; would-be rejections are counted.
 	Shadow bool
+	// EnforceRegions, with Shadow, names the regions where the rule is
+	// enforced after all: a rule is shadowed first, then enforced region
+	// by region (the node's region is ClusterConfig.Region; a node with no
+	// cluster has none). Each name matches ^[a-zA-Z0-9_.:-]{1,128}$ and
+	// appears once; NewSet sorts them. Omitted from the digest's canonical
+	// form when empty, so that rules without it keep their digests.
+	EnforceRegions []string `json:",omitempty"`
 	// MaxDelay is, for leaky_bucket only, the longest a request may queue;
 	// zero means (Burst-1) × Window/Limit.
 	MaxDelay time.Duration
@@ -419,6 +427,11 @@ func normalize(r Rule) Rule {
 		n.MaxDelay = defaultMaxDelay(n.Burst, n.Limit, n.Window)
 	}
 	n.Match = normalizeMatch(r.Match)
+	if len(r.EnforceRegions) > 0 {
+		n.EnforceRegions = slices.Sorted(slices.Values(r.EnforceRegions))
+	} else {
+		n.EnforceRegions = nil
+	}
 	if len(r.Key) == 0 {
 		n.Key = []KeySource{{Kind: KeyGlobal}}
 	} else {

@@ -147,6 +147,9 @@ func deepCopy(r Rule) Rule {
 	if r.Overrides != nil {
 		c.Overrides = append([]Override(nil), r.Overrides...)
 	}
+	if r.EnforceRegions != nil {
+		c.EnforceRegions = append([]string(nil), r.EnforceRegions...)
+	}
 	if r.Tiers != nil {
 		c.Tiers = append([]Tier(nil), r.Tiers...)
 	}

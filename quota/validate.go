@@ -174,6 +174,20 @@ func (v *validator) rule(p string, r *Rule) {
 	if r.Durable && r.Mode == ModeLocal {
 		v.add(p+".durable", "durable contradicts mode local (local is enforced per node)")
 	}
+	if len(r.EnforceRegions) > 0 && !r.Shadow {
+		v.add(p+".enforce_regions", "only with shadow: true (a rule without shadow is enforced in every region)")
+	}
+	seenRegion := make(map[string]bool, len(r.EnforceRegions))
+	for i, reg := range r.EnforceRegions {
+		f := fmt.Sprintf("%s.enforce_regions[%d]", p, i)
+		switch {
+		case !idRE.MatchString(reg):
+			v.add(f, "region %s must match %s", quote(reg), idRE)
+		case seenRegion[reg]:
+			v.add(f, "region %s appears twice", quote(reg))
+		}
+		seenRegion[reg] = true
+	}
 
 	limitOK := r.Limit > 0
 	if !limitOK {

@@ -291,7 +291,7 @@ func (p *parser) top(root *yaml.Node) (rules []Rule, found bool) {
 }
 
 var ruleFields = []string{"id", "description", "match", "key", "limit", "window", "burst", "cost", "cost_by_method",
-	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "max_delay", "overrides", "tiers", "penalty", "sketch"}
+	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "enforce_regions", "max_delay", "overrides", "tiers", "penalty", "sketch"}
 
 func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 	p.mapping(n, path, ruleFields, func(key string, v *yaml.Node, f string) {
@@ -339,6 +339,10 @@ func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 			}
 		case "shadow":
 			r.Shadow = p.bool(v, f)
+		case "enforce_regions":
+			p.list(v, f, func(item *yaml.Node, ip string) {
+				r.EnforceRegions = append(r.EnforceRegions, p.str(item, ip))
+			})
 		case "max_delay":
 			r.MaxDelay = p.duration(v, f)
 			if r.MaxDelay == 0 && !p.bad[f] {
@@ -581,7 +585,7 @@ func Marshal(rules []Rule) ([]byte, error) {
 			ID: r.ID, Description: r.Description, Limit: r.Limit, Window: r.Window.String(),
 			Burst: r.Burst, Cost: r.Cost, CostByMethod: r.CostByMethod, Algorithm: string(r.Algorithm),
 			Mode: string(r.Mode), Durable: r.Durable, Scope: string(r.Scope), OnFailure: string(r.OnFailure),
-			Accuracy: r.Accuracy, Shadow: r.Shadow,
+			Accuracy: r.Accuracy, Shadow: r.Shadow, EnforceRegions: r.EnforceRegions,
 		}
 		if r.Match.Path != "" || r.Match.Prefix != "" || r.Match.Pattern != "" || len(r.Match.Methods) > 0 {
 			y.Match = &yMatch{Path: r.Match.Path, Prefix: r.Match.Prefix, Pattern: r.Match.Pattern, Methods: r.Match.Methods}
@@ -623,27 +627,28 @@ type yFile struct {
 }
 
 type yRule struct {
-	ID           string           `yaml:"id"`
-	Description  string           `yaml:"description,omitempty"`
-	Match        *yMatch          `yaml:"match,omitempty,flow"`
-	Key          []string         `yaml:"key,omitempty,flow"`
-	Limit        int64            `yaml:"limit"`
-	Window       string           `yaml:"window"`
-	Burst        int64            `yaml:"burst,omitempty"`
-	Cost         int64            `yaml:"cost,omitempty"`
-	CostByMethod map[string]int64 `yaml:"cost_by_method,omitempty,flow"`
-	Algorithm    string           `yaml:"algorithm,omitempty"`
-	Mode         string           `yaml:"mode,omitempty"`
-	Durable      bool             `yaml:"durable,omitempty"`
-	Scope        string           `yaml:"scope,omitempty"`
-	OnFailure    string           `yaml:"on_failure,omitempty"`
-	Accuracy     float64          `yaml:"accuracy,omitempty"`
-	Shadow       bool             `yaml:"shadow,omitempty"`
-	MaxDelay     string           `yaml:"max_delay,omitempty"`
-	Overrides    []yOverride      `yaml:"overrides,omitempty"`
-	Tiers        []yTier          `yaml:"tiers,omitempty"`
-	Penalty      *yPenalty        `yaml:"penalty,omitempty,flow"`
-	Sketch       *ySketch         `yaml:"sketch,omitempty,flow"`
+	ID             string           `yaml:"id"`
+	Description    string           `yaml:"description,omitempty"`
+	Match          *yMatch          `yaml:"match,omitempty,flow"`
+	Key            []string         `yaml:"key,omitempty,flow"`
+	Limit          int64            `yaml:"limit"`
+	Window         string           `yaml:"window"`
+	Burst          int64            `yaml:"burst,omitempty"`
+	Cost           int64            `yaml:"cost,omitempty"`
+	CostByMethod   map[string]int64 `yaml:"cost_by_method,omitempty,flow"`
+	Algorithm      string           `yaml:"algorithm,omitempty"`
+	Mode           string           `yaml:"mode,omitempty"`
+	Durable        bool             `yaml:"durable,omitempty"`
+	Scope          string           `yaml:"scope,omitempty"`
+	OnFailure      string           `yaml:"on_failure,omitempty"`
+	Accuracy       float64          `yaml:"accuracy,omitempty"`
+	Shadow         bool             `yaml:"shadow,omitempty"`
+	EnforceRegions []string         `yaml:"enforce_regions,omitempty,flow"`
+	MaxDelay       string           `yaml:"max_delay,omitempty"`
+	Overrides      []yOverride      `yaml:"overrides,omitempty"`
+	Tiers          []yTier          `yaml:"tiers,omitempty"`
+	Penalty        *yPenalty        `yaml:"penalty,omitempty,flow"`
+	Sketch         *ySketch         `yaml:"sketch,omitempty,flow"`
 }
 
 type yMatch struct {
