@@ -83,6 +83,7 @@ type metrics struct {
 	latency      prometheus.Histogram // safe for concurrent use on its own
 
 	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults, behind *prometheus.Desc
+	canaryOK, canaryProbes, keysMax                                           *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -114,6 +115,12 @@ func newMetrics(n *Node) *metrics {
 			"How many versions the rules in force trail the newest version heard of from the lease group or a peer's gossip (0 without a lease group). Alert when it stays above 0.", nil, nil),
 		defaults: prometheus.NewDesc("weir_rules_defaults_active",
 			"1 while the node enforces Config.DefaultRules because its rule file could not be loaded.", nil, nil),
+		keysMax: prometheus.NewDesc("weir_keys_max",
+			"The key cap of each store (Config.MaxKeys): at it, full buckets are evicted first and then partly spent ones are forgiven (weir_keys_evicted_total{reason=\"forgiven\"}).", nil, nil),
+		canaryOK: prometheus.NewDesc("weir_canary_ok",
+			"1 while the enforcement canary saw a rejection of its probes within its window (or is in its first window), 0 when it did not: enforcement may have stopped. Exported only with Config.Canary.", nil, nil),
+		canaryProbes: prometheus.NewDesc("weir_canary_probes_total",
+			"Enforcement canary probes by outcome (allowed, rejected, error). Exported only with Config.Canary.", []string{"outcome"}, nil),
 	}
 }
 
@@ -130,6 +137,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.versionDesc
 	ch <- m.defaults
 	ch <- m.behind
+	ch <- m.canaryOK
+	ch <- m.canaryProbes
+	ch <- m.keysMax
 }
 
 // Collect implements prometheus.Collector.
@@ -157,4 +167,19 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.defaults, prometheus.GaugeValue, def)
 	ch <- prometheus.MustNewConstMetric(m.behind, prometheus.GaugeValue, float64(m.n.rulesBehind()))
+	maxKeys := m.n.cfg.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = 10_000_000
+	}
+	ch <- prometheus.MustNewConstMetric(m.keysMax, prometheus.GaugeValue, float64(maxKeys))
+	if c := m.n.Canary(); c.Enabled {
+		ok := 0.0
+		if c.OK {
+			ok = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.canaryOK, prometheus.GaugeValue, ok)
+		ch <- prometheus.MustNewConstMetric(m.canaryProbes, prometheus.CounterValue, float64(c.Allowed), CanaryAllowed)
+		ch <- prometheus.MustNewConstMetric(m.canaryProbes, prometheus.CounterValue, float64(c.Rejected), CanaryRejected)
+		ch <- prometheus.MustNewConstMetric(m.canaryProbes, prometheus.CounterValue, float64(c.Errors), CanaryError)
+	}
 }
