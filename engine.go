@@ -419,6 +419,7 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	r.release, r.key, r.order, r.charged = p.spec.rel, p.key, int32(p.order), charged
 	if degraded {
 		r.Degraded, d.Degraded = true, true
+		n.ops.events.add(now, EventFailOpen, c.r.ID, failOpenReason(c.durable, c.r.OnFailure), p.id)
 		if c.durable {
 			n.noteDurableDegraded(c, p, now)
 		} else {
@@ -430,15 +431,18 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	case bd.Allowed:
 		if charged {
 			c.stats.allowed.add(stripe)
+			n.ops.recent.add(p.key, now, false)
 		}
 	case c.r.Shadow:
 		r.Allowed = true
 		r.ShadowRejected = true
 		c.stats.shadow.add(stripe)
+		n.ops.recent.add(p.key, now, true) // a would-be rejection
 		n.shadowed.AddPair(now, c.r.ID, p.id, 1)
 	default:
 		d.Allowed = false
 		c.stats.rejected.add(stripe)
+		n.ops.recent.add(p.key, now, true)
 		n.throttled.AddPair(now, c.r.ID, p.id, 1)
 		if c.penalty != nil && !locked {
 			if bl := n.stores.penalty.Apply(p.key, now, c.penaltyRec, 1); !bl.Allowed {

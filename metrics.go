@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weir-dev/weir/bucket"
 )
 
 // counterStripes spreads a hot counter over cache lines so that decisions on
@@ -85,6 +87,7 @@ type metrics struct {
 	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults, behind *prometheus.Desc
 
 	globalLeased, globalFallback, globalShare, globalReports *prometheus.Desc
+	canaryOK, canaryProbes, keysMax                          *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -128,6 +131,12 @@ func newMetrics(n *Node) *metrics {
 		globalReports: prometheus.NewDesc("weir_global_reports_total",
 			"Demand reports this node sent to the lease group, by outcome (ok, failed).",
 			[]string{"outcome"}, nil),
+		keysMax: prometheus.NewDesc("weir_keys_max",
+			"The key cap of each store (Config.MaxKeys): at it, full buckets are evicted first and then partly spent ones are forgiven (weir_keys_evicted_total{reason=\"forgiven\"}).", nil, nil),
+		canaryOK: prometheus.NewDesc("weir_canary_ok",
+			"1 while the enforcement canary saw a rejection of its probes within its window (or is in its first window), 0 when it did not: enforcement may have stopped. Exported only with Config.Canary.", nil, nil),
+		canaryProbes: prometheus.NewDesc("weir_canary_probes_total",
+			"Enforcement canary probes by outcome (allowed, rejected, error). Exported only with Config.Canary.", []string{"outcome"}, nil),
 	}
 }
 
@@ -148,6 +157,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.globalFallback
 	ch <- m.globalShare
 	ch <- m.globalReports
+	ch <- m.canaryOK
+	ch <- m.canaryProbes
+	ch <- m.keysMax
 }
 
 // Collect implements prometheus.Collector.
@@ -183,5 +195,20 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(m.globalReports, prometheus.CounterValue, float64(gs.Reports), "ok")
 		ch <- prometheus.MustNewConstMetric(m.globalReports, prometheus.CounterValue, float64(gs.ReportFailures), "failed")
+	}
+	maxKeys := m.n.cfg.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = bucket.DefaultMaxKeys
+	}
+	ch <- prometheus.MustNewConstMetric(m.keysMax, prometheus.GaugeValue, float64(maxKeys))
+	if c := m.n.Canary(); c.Enabled {
+		ok := 0.0
+		if c.OK {
+			ok = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.canaryOK, prometheus.GaugeValue, ok)
+		ch <- prometheus.MustNewConstMetric(m.canaryProbes, prometheus.CounterValue, float64(c.Allowed), CanaryAllowed)
+		ch <- prometheus.MustNewConstMetric(m.canaryProbes, prometheus.CounterValue, float64(c.Rejected), CanaryRejected)
+		ch <- prometheus.MustNewConstMetric(m.canaryProbes, prometheus.CounterValue, float64(c.Errors), CanaryError)
 	}
 }

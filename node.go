@@ -128,6 +128,11 @@ type Config struct {
 	// RulesAdminHandler serves the rules API, and durable rules are decided
 	// there. Nil: a rule set with a durable rule is refused.
 	Lease *LeaseConfig
+
+	// Canary, when set, makes the node probe a canary rule a few times a
+	// second and export whether it still sees rejections (weir_canary_ok;
+	// see CanaryConfig). Nil: no canary.
+	Canary *CanaryConfig
 }
 
 // Node is one weir limiter. It is safe for concurrent use by many goroutines.
@@ -150,6 +155,7 @@ type Node struct {
 	cluster *clusterPart // nil without Config.Cluster
 	lease   *leasePart   // nil without Config.Lease
 	global  *globalPart  // nil unless global rules are leased (global_node.go)
+	ops     opsPart      // events, recent per-identity counts, canary (ui.go)
 
 	mu           sync.Mutex // guards closed and the rule-stats registry
 	closed       bool
@@ -217,6 +223,7 @@ func New(cfg Config) (*Node, error) {
 	if topK == 0 {
 		topK = 20
 	}
+	n.ops.recent = new(recentCounts)
 	n.throttled = hitters.New(hitters.Config{K: topK, Seed: 1})
 	n.shadowed = hitters.New(hitters.Config{K: topK, Seed: 2})
 	n.metrics = newMetrics(n)
@@ -226,6 +233,12 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 
+	if cfg.Canary != nil {
+		if n.ops.canary, err = newCanary(n, *cfg.Canary); err != nil {
+			n.unregister()
+			return nil, err
+		}
+	}
 	if cfg.Lease != nil {
 		if err := n.startLease(cfg.Lease); err != nil {
 			n.unregister()
@@ -239,6 +252,7 @@ func New(cfg Config) (*Node, error) {
 			n.unregister()
 			return nil, err
 		}
+		n.cluster.tr.SetInspector(n.inspectPeer)
 	}
 	if err := n.loadInitialRules(); err != nil {
 		n.stopLease()
@@ -247,6 +261,9 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.runGlobal()
+	if n.ops.canary != nil {
+		go n.ops.canary.run()
+	}
 	return n, nil
 }
 
@@ -403,6 +420,9 @@ func (n *Node) Close() error {
 	}
 	n.closed = true
 	n.mu.Unlock()
+	if n.ops.canary != nil {
+		n.ops.canary.close()
+	}
 	err := n.stopCluster()
 	n.stopGlobal()
 	if e := n.stopLease(); err == nil {

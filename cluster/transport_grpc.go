@@ -79,6 +79,7 @@ type GRPCTransport struct {
 	serveDone chan struct{}
 	serveErr  error
 	malformed atomic.Uint64
+	inspect   atomic.Pointer[Inspector] // answers Peer.Inspect; nil: Unimplemented
 
 	mu      sync.Mutex
 	closed  bool
@@ -469,6 +470,43 @@ func (t *GRPCTransport) Close() error {
 	return errors.Join(errs...)
 }
 
+// SetInspector sets what answers peers' Inspect calls (an operator's
+// identity lookup, Shell.Inspect); until it is set they are answered
+// Unimplemented. It is safe to call at any time.
+func (t *GRPCTransport) SetInspector(f Inspector) { t.inspect.Store(&f) }
+
+// Inspect asks the peer at addr for its BucketState of identity under
+// rule (Coordinator.Inspect), bounded by ctx (or the ExchangeTimeout when
+// ctx has no deadline). A peer that does not decide the rule answers with
+// an error wrapping ErrUnknownRule; the other errors are Exchange's.
+func (t *GRPCTransport) Inspect(ctx context.Context, addr, rule, identity string) (BucketState, error) {
+	if err := checkKey("inspect", 0, rule, identity); err != nil {
+		return BucketState{}, err
+	}
+	cc, err := t.conn(addr)
+	if err != nil {
+		return BucketState{}, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.cfg.ExchangeTimeout)
+		defer cancel()
+	}
+	r, err := peerpb.NewPeerClient(cc).Inspect(ctx, &peerpb.InspectRequest{From: t.cfg.Self, Rule: rule, Identity: []byte(identity)})
+	if err != nil {
+		if st := status.Convert(err); st.Code() == codes.NotFound {
+			return BucketState{}, fmt.Errorf("cluster: inspect at %s: %w: %s", addr, ErrUnknownRule, st.Message())
+		}
+		return BucketState{}, t.callError(ctx, addr, err)
+	}
+	st, err := decodeInspect(r)
+	if err != nil {
+		t.malformed.Add(1)
+		return BucketState{}, fmt.Errorf("cluster: inspect at %s: %w: %w", addr, ErrMalformed, err)
+	}
+	return st, nil
+}
+
 // peerServer is the Peer service.
 type peerServer struct {
 	peerpb.UnimplementedPeerServer
@@ -500,6 +538,30 @@ func (s peerServer) Stream(ss peerpb.Peer_StreamServer) error {
 			return err
 		}
 	}
+}
+
+// Inspect answers an operator's lookup of one bucket with the Inspector.
+func (s peerServer) Inspect(ctx context.Context, in *peerpb.InspectRequest) (*peerpb.InspectReply, error) {
+	f := s.t.inspect.Load()
+	if f == nil || *f == nil {
+		return nil, status.Error(codes.Unimplemented, "cluster: this node answers no inspect calls")
+	}
+	if p := checkName("from", in.GetFrom(), MaxNodeNameBytes); p != "" {
+		s.t.malformed.Add(1)
+		return nil, status.Error(codes.InvalidArgument, "cluster: inspect: "+p)
+	}
+	if err := checkKey("inspect", 0, in.GetRule(), string(in.GetIdentity())); err != nil {
+		s.t.malformed.Add(1)
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	st, err := (*f)(ctx, in.GetFrom(), in.GetRule(), string(in.GetIdentity()))
+	if errors.Is(err, ErrUnknownRule) {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	if err != nil {
+		return nil, status.Error(codes.Unknown, err.Error())
+	}
+	return encodeInspect(st), nil
 }
 
 // serve validates one batch, runs the Handler and encodes its reply; it

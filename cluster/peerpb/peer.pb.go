@@ -29,6 +29,208 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// InspectRequest names the bucket to report: a coordinator rule id (with an
+// override's or tier's suffix, as the sender's Coordinator names it) and
+// an identity.
+type InspectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from is the sender's member name.
+	From          string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Rule          string `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity      []byte `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectRequest) Reset() {
+	*x = InspectRequest{}
+	mi := &file_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectRequest) ProtoMessage() {}
+
+func (x *InspectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
+func (*InspectRequest) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *InspectRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *InspectRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *InspectRequest) GetIdentity() []byte {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+// InspectReply mirrors cluster.BucketState. Durations are nanoseconds
+// measured on the receiver at the time it answered.
+type InspectReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the receiver's member name; owner whom its ring names as the
+	// identity's owner.
+	Node  string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	// known: the receiver decides this rule; held: it holds a bucket for the
+	// identity (false means full, the same as no entry).
+	Known         bool   `protobuf:"varint,3,opt,name=known,proto3" json:"known,omitempty"`
+	Held          bool   `protobuf:"varint,4,opt,name=held,proto3" json:"held,omitempty"`
+	Burst         int64  `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
+	Remaining     int64  `protobuf:"varint,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	ResetAfter    int64  `protobuf:"varint,7,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
+	Debt          int64  `protobuf:"varint,8,opt,name=debt,proto3" json:"debt,omitempty"`
+	Warming       bool   `protobuf:"varint,9,opt,name=warming,proto3" json:"warming,omitempty"`
+	Reporters     uint32 `protobuf:"varint,10,opt,name=reporters,proto3" json:"reporters,omitempty"`
+	Unconfirmed   int64  `protobuf:"varint,11,opt,name=unconfirmed,proto3" json:"unconfirmed,omitempty"`
+	Interval      int64  `protobuf:"varint,12,opt,name=interval,proto3" json:"interval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectReply) Reset() {
+	*x = InspectReply{}
+	mi := &file_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectReply) ProtoMessage() {}
+
+func (x *InspectReply) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
+func (*InspectReply) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *InspectReply) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *InspectReply) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *InspectReply) GetKnown() bool {
+	if x != nil {
+		return x.Known
+	}
+	return false
+}
+
+func (x *InspectReply) GetHeld() bool {
+	if x != nil {
+		return x.Held
+	}
+	return false
+}
+
+func (x *InspectReply) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *InspectReply) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *InspectReply) GetResetAfter() int64 {
+	if x != nil {
+		return x.ResetAfter
+	}
+	return 0
+}
+
+func (x *InspectReply) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
+func (x *InspectReply) GetWarming() bool {
+	if x != nil {
+		return x.Warming
+	}
+	return false
+}
+
+func (x *InspectReply) GetReporters() uint32 {
+	if x != nil {
+		return x.Reporters
+	}
+	return 0
+}
+
+func (x *InspectReply) GetUnconfirmed() int64 {
+	if x != nil {
+		return x.Unconfirmed
+	}
+	return 0
+}
+
+func (x *InspectReply) GetInterval() int64 {
+	if x != nil {
+		return x.Interval
+	}
+	return 0
+}
+
 // Batch is cluster.Message plus the sender's node name.
 type Batch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -51,7 +253,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_peer_proto_msgTypes[0]
+	mi := &file_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -63,7 +265,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[0]
+	mi := &file_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -76,7 +278,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{0}
+	return file_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Batch) GetFrom() string {
@@ -154,7 +356,7 @@ type SyncItem struct {
 
 func (x *SyncItem) Reset() {
 	*x = SyncItem{}
-	mi := &file_peer_proto_msgTypes[1]
+	mi := &file_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -166,7 +368,7 @@ func (x *SyncItem) String() string {
 func (*SyncItem) ProtoMessage() {}
 
 func (x *SyncItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[1]
+	mi := &file_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -179,7 +381,7 @@ func (x *SyncItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncItem.ProtoReflect.Descriptor instead.
 func (*SyncItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{1}
+	return file_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SyncItem) GetRule() string {
@@ -244,7 +446,7 @@ type AckItem struct {
 
 func (x *AckItem) Reset() {
 	*x = AckItem{}
-	mi := &file_peer_proto_msgTypes[2]
+	mi := &file_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -256,7 +458,7 @@ func (x *AckItem) String() string {
 func (*AckItem) ProtoMessage() {}
 
 func (x *AckItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[2]
+	mi := &file_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -269,7 +471,7 @@ func (x *AckItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckItem.ProtoReflect.Descriptor instead.
 func (*AckItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{2}
+	return file_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AckItem) GetRule() string {
@@ -334,7 +536,7 @@ type DecideItem struct {
 
 func (x *DecideItem) Reset() {
 	*x = DecideItem{}
-	mi := &file_peer_proto_msgTypes[3]
+	mi := &file_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +548,7 @@ func (x *DecideItem) String() string {
 func (*DecideItem) ProtoMessage() {}
 
 func (x *DecideItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[3]
+	mi := &file_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +561,7 @@ func (x *DecideItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideItem.ProtoReflect.Descriptor instead.
 func (*DecideItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{3}
+	return file_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DecideItem) GetTicket() uint64 {
@@ -407,7 +609,7 @@ type ResultItem struct {
 
 func (x *ResultItem) Reset() {
 	*x = ResultItem{}
-	mi := &file_peer_proto_msgTypes[4]
+	mi := &file_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +621,7 @@ func (x *ResultItem) String() string {
 func (*ResultItem) ProtoMessage() {}
 
 func (x *ResultItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[4]
+	mi := &file_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +634,7 @@ func (x *ResultItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultItem.ProtoReflect.Descriptor instead.
 func (*ResultItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{4}
+	return file_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ResultItem) GetTicket() uint64 {
@@ -489,7 +691,7 @@ type HandoffItem struct {
 
 func (x *HandoffItem) Reset() {
 	*x = HandoffItem{}
-	mi := &file_peer_proto_msgTypes[5]
+	mi := &file_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +703,7 @@ func (x *HandoffItem) String() string {
 func (*HandoffItem) ProtoMessage() {}
 
 func (x *HandoffItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[5]
+	mi := &file_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +716,7 @@ func (x *HandoffItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffItem.ProtoReflect.Descriptor instead.
 func (*HandoffItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{5}
+	return file_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HandoffItem) GetRule() string {
@@ -543,7 +745,26 @@ var File_peer_proto protoreflect.FileDescriptor
 const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"peer.proto\x12\fweir.peer.v1\"\xca\x02\n" +
+	"peer.proto\x12\fweir.peer.v1\"T\n" +
+	"\x0eInspectRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x12\n" +
+	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x1a\n" +
+	"\bidentity\x18\x03 \x01(\fR\bidentity\"\xc1\x02\n" +
+	"\fInspectReply\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05known\x18\x03 \x01(\bR\x05known\x12\x12\n" +
+	"\x04held\x18\x04 \x01(\bR\x04held\x12\x14\n" +
+	"\x05burst\x18\x05 \x01(\x03R\x05burst\x12\x1c\n" +
+	"\tremaining\x18\x06 \x01(\x03R\tremaining\x12\x1f\n" +
+	"\vreset_after\x18\a \x01(\x03R\n" +
+	"resetAfter\x12\x12\n" +
+	"\x04debt\x18\b \x01(\x03R\x04debt\x12\x18\n" +
+	"\awarming\x18\t \x01(\bR\awarming\x12\x1c\n" +
+	"\treporters\x18\n" +
+	" \x01(\rR\treporters\x12 \n" +
+	"\vunconfirmed\x18\v \x01(\x03R\vunconfirmed\x12\x1a\n" +
+	"\binterval\x18\f \x01(\x03R\binterval\"\xca\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12,\n" +
@@ -590,10 +811,11 @@ const file_peer_proto_rawDesc = "" +
 	"\vHandoffItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04debt\x18\x03 \x01(\x12R\x04debt2t\n" +
+	"\x04debt\x18\x03 \x01(\x12R\x04debt2\xb9\x01\n" +
 	"\x04Peer\x124\n" +
 	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch\x126\n" +
-	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01B)Z'github.com/weir-dev/weir/cluster/peerpbb\x06proto3"
+	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01\x12C\n" +
+	"\aInspect\x12\x1c.weir.peer.v1.InspectRequest\x1a\x1a.weir.peer.v1.InspectReplyB)Z'github.com/weir-dev/weir/cluster/peerpbb\x06proto3"
 
 var (
 	file_peer_proto_rawDescOnce sync.Once
@@ -607,27 +829,31 @@ func file_peer_proto_rawDescGZIP() []byte {
 	return file_peer_proto_rawDescData
 }
 
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_peer_proto_goTypes = []any{
-	(*Batch)(nil),       // 0: weir.peer.v1.Batch
-	(*SyncItem)(nil),    // 1: weir.peer.v1.SyncItem
-	(*AckItem)(nil),     // 2: weir.peer.v1.AckItem
-	(*DecideItem)(nil),  // 3: weir.peer.v1.DecideItem
-	(*ResultItem)(nil),  // 4: weir.peer.v1.ResultItem
-	(*HandoffItem)(nil), // 5: weir.peer.v1.HandoffItem
+	(*InspectRequest)(nil), // 0: weir.peer.v1.InspectRequest
+	(*InspectReply)(nil),   // 1: weir.peer.v1.InspectReply
+	(*Batch)(nil),          // 2: weir.peer.v1.Batch
+	(*SyncItem)(nil),       // 3: weir.peer.v1.SyncItem
+	(*AckItem)(nil),        // 4: weir.peer.v1.AckItem
+	(*DecideItem)(nil),     // 5: weir.peer.v1.DecideItem
+	(*ResultItem)(nil),     // 6: weir.peer.v1.ResultItem
+	(*HandoffItem)(nil),    // 7: weir.peer.v1.HandoffItem
 }
 var file_peer_proto_depIdxs = []int32{
-	1, // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
-	3, // 1: weir.peer.v1.Batch.decides:type_name -> weir.peer.v1.DecideItem
-	2, // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
-	4, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
-	5, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
-	0, // 5: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
-	0, // 6: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
-	0, // 7: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
-	0, // 8: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
+	3, // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
+	5, // 1: weir.peer.v1.Batch.decides:type_name -> weir.peer.v1.DecideItem
+	4, // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
+	6, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
+	7, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
+	2, // 5: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
+	2, // 6: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
+	0, // 7: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
+	2, // 8: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
+	2, // 9: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
+	1, // 10: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
+	8, // [8:11] is the sub-list for method output_type
+	5, // [5:8] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name
 	5, // [5:5] is the sub-list for extension extendee
 	0, // [0:5] is the sub-list for field type_name
@@ -644,7 +870,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

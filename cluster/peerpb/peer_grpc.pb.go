@@ -29,6 +29,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Peer_Exchange_FullMethodName = "/weir.peer.v1.Peer/Exchange"
 	Peer_Stream_FullMethodName   = "/weir.peer.v1.Peer/Stream"
+	Peer_Inspect_FullMethodName  = "/weir.peer.v1.Peer/Inspect"
 )
 
 // PeerClient is the client API for Peer service.
@@ -44,6 +45,10 @@ type PeerClient interface {
 	// a handler goroutine). A malformed batch ends the stream with
 	// InvalidArgument.
 	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Batch, Batch], error)
+	// Inspect reports the receiver's bucket of one identity under one rule,
+	// for an operator's lookup (weir's GET /v1/identities/{id}). It reads and
+	// changes nothing else: no charge, no report.
+	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectReply, error)
 }
 
 type peerClient struct {
@@ -77,6 +82,16 @@ func (c *peerClient) Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_StreamClient = grpc.BidiStreamingClient[Batch, Batch]
 
+func (c *peerClient) Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InspectReply)
+	err := c.cc.Invoke(ctx, Peer_Inspect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -90,6 +105,10 @@ type PeerServer interface {
 	// a handler goroutine). A malformed batch ends the stream with
 	// InvalidArgument.
 	Stream(grpc.BidiStreamingServer[Batch, Batch]) error
+	// Inspect reports the receiver's bucket of one identity under one rule,
+	// for an operator's lookup (weir's GET /v1/identities/{id}). It reads and
+	// changes nothing else: no charge, no report.
+	Inspect(context.Context, *InspectRequest) (*InspectReply, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -105,6 +124,9 @@ func (UnimplementedPeerServer) Exchange(context.Context, *Batch) (*Batch, error)
 }
 func (UnimplementedPeerServer) Stream(grpc.BidiStreamingServer[Batch, Batch]) error {
 	return status.Error(codes.Unimplemented, "method Stream not implemented")
+}
+func (UnimplementedPeerServer) Inspect(context.Context, *InspectRequest) (*InspectReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Inspect not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -152,6 +174,24 @@ func _Peer_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_StreamServer = grpc.BidiStreamingServer[Batch, Batch]
 
+func _Peer_Inspect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InspectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Inspect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Inspect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Inspect(ctx, req.(*InspectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -162,6 +202,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Exchange",
 			Handler:    _Peer_Exchange_Handler,
+		},
+		{
+			MethodName: "Inspect",
+			Handler:    _Peer_Inspect_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

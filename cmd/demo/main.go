@@ -109,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "weir demo: one node, rules %s, running %v\n", fleet.gw[0].node.Status().RulesDigest[:12], *duration)
 	}
 	for _, g := range fleet.live() {
-		fmt.Fprintf(stdout, "  %s: gateway %s  admin report %s/admin/report\n", g.name, g.base, g.base)
+		fmt.Fprintf(stdout, "  %s: gateway %s  status page %s/ops/  admin report %s/admin/report\n", g.name, g.base, g.base, g.base)
 	}
 	fmt.Fprintln(stdout)
 
@@ -169,7 +169,9 @@ type fleet struct {
 }
 
 func (f *fleet) start(i int) error {
-	cfg := weir.Config{Rules: f.rules}
+	// The canary probes weir-canary (rules.yaml) 4 times a second and
+	// exports whether it still sees rejections (weir_canary_ok).
+	cfg := weir.Config{Rules: f.rules, Canary: &weir.CanaryConfig{Rule: "weir-canary"}}
 	name := fmt.Sprintf("gw-%d", i)
 	if f.clustered {
 		cc := &weir.ClusterConfig{Name: name, Region: "demo", LocalTiming: true, Label: "weir-demo",
@@ -196,6 +198,8 @@ func (f *fleet) start(i int) error {
 	mux := http.NewServeMux()
 	mux.Handle("/api/", node.Middleware(counting))
 	mux.Handle("/admin/report", node.AdminHandler())
+	// The status page, its JSON and the identity lookup, for operators.
+	mux.Handle("/ops/", http.StripPrefix("/ops", node.UIHandler()))
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, "0"))
 	if err != nil {
 		node.Close()
@@ -530,6 +534,14 @@ func summarize(w io.Writer, clients []*client, upstream int64, f *fleet, perNode
 	}
 	if top := f.all()[0].node.TopThrottled(); len(top) > 0 {
 		fmt.Fprintf(w, "top throttled on %s: %s under %s (~%.0f recent rejections)\n", f.all()[0].name, top[0].Identity, top[0].Rule, top[0].Count)
+	}
+	for _, g := range f.live() {
+		c := g.node.Canary()
+		state := "ok (sees rejections)"
+		if !c.OK {
+			state = "NOT OK: no rejection seen within its window"
+		}
+		fmt.Fprintf(w, "canary on %s: %s, %d of %d probes rejected\n", g.name, state, c.Rejected, c.Allowed+c.Rejected+c.Errors)
 	}
 	if !ok {
 		for _, c := range clients {

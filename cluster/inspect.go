@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/weir-dev/weir/cluster/peerpb"
+)
+
+// BucketState is one identity's bucket under one rule as one node knows it:
+// on the identity's owner, the bucket that decides; on another node, what
+// that node admitted on its own and has not had acknowledged. It answers
+// an operator's "why is this identity throttled?" and changes nothing.
+type BucketState struct {
+	// Node is the member that reported the state; Owner is whom its ring
+	// names as the identity's owner ("" with no ring).
+	Node, Owner string
+	// Known is false when the node decides no rule of that id (it is not
+	// a shared or exact rule, or the node's rule set differs).
+	Known bool
+	// Held is true when Node is the owner and holds a bucket for the
+	// identity; false on the owner means the bucket is full (the same as
+	// no entry).
+	Held bool
+	// Burst is the bucket's capacity in tokens and Interval the time one
+	// token takes to come back (the rule's window ÷ limit).
+	Burst    int64
+	Interval time.Duration
+	// Remaining is what a request could spend now; ResetAfter is how long
+	// until the bucket is full again (the TAT counted from now).
+	Remaining  int64
+	ResetAfter time.Duration
+	// Debt is what the bucket owes beyond empty, in tokens, rounded up:
+	// spend other nodes admitted within their slack and reported after the
+	// bucket ran dry. It is paid back by refill, never capped.
+	Debt int64
+	// Warming is true while the owner, new after a ring change, waits for
+	// the previous owner's handoff and admits only within slack.
+	Warming bool
+	// Reporters is how many nodes' spend reports the owner keeps for it.
+	Reporters int
+	// Unconfirmed is, on a node that is not the owner, what it admitted
+	// within its slack and the owner has not acknowledged yet.
+	Unconfirmed int64
+}
+
+// Inspect reports k's bucket under ruleID at now as this coordinator knows
+// it (see BucketState). It changes nothing: no entry is created, nothing is
+// charged, synced or expired. An unknown rule is an error.
+func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, error) {
+	st := BucketState{Node: c.cfg.Self}
+	if c.table != nil {
+		st.Owner = c.table.OwnerName(identity)
+	}
+	r, ok := c.rules[ruleID]
+	if !ok {
+		return st, fmt.Errorf("%w %q", ErrUnknownRule, ruleID)
+	}
+	st.Known = true
+	t := r.gcra.Interval().Nanoseconds()
+	st.Burst, st.Interval = r.Burst, time.Duration(t)
+	tau := t * r.Burst
+	k := entryKey{ruleID, identity}
+	tat := now // a full bucket
+	if oe := c.owned[k]; oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
+		st.Held = !oe.tat.Idle(now)
+		st.Reporters = len(oe.reports)
+		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
+		tat = max(int64(oe.tat), now)
+	}
+	if e := c.entries[k]; e != nil {
+		st.Unconfirmed = e.spent - e.acked
+		if st.Owner != c.cfg.Self {
+			// This node's view of the owner's bucket plus its own
+			// unconfirmed spend: what it decides on without asking.
+			tat = max(e.view, now) + st.Unconfirmed*t
+		}
+	}
+	used := tat - now
+	st.ResetAfter = time.Duration(used)
+	if free := tau - used; free > 0 {
+		st.Remaining = free / t
+	}
+	if over := used - tau; over > 0 {
+		st.Debt = (over + t - 1) / t
+	}
+	return st, nil
+}
+
+// Inspect reports this node's BucketState of identity under ruleID now
+// (see Coordinator.Inspect).
+func (s *Shell) Inspect(ruleID, identity string) (BucketState, error) {
+	now := s.now()
+	sh := &s.shards[s.shardOf(identity)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.coord.Inspect(now, ruleID, identity)
+}
+
+// Inspector answers a peer's Inspect call: the receiving node's
+// BucketState (Shell.Inspect). A nil Inspector answers Unimplemented.
+type Inspector func(ctx context.Context, from, rule, identity string) (BucketState, error)
+
+// ErrUnknownRule wraps an Inspect answer for a rule the peer does not
+// decide.
+var ErrUnknownRule = errors.New("cluster: unknown rule")
+
+// encodeInspect is the reply of a BucketState.
+func encodeInspect(st BucketState) *peerpb.InspectReply {
+	return &peerpb.InspectReply{Node: st.Node, Owner: st.Owner, Known: st.Known, Held: st.Held, Burst: st.Burst,
+		Remaining: st.Remaining, ResetAfter: int64(st.ResetAfter), Debt: st.Debt, Warming: st.Warming,
+		Reporters: uint32(min(st.Reporters, 1<<31)), Unconfirmed: st.Unconfirmed, Interval: int64(st.Interval)}
+}
+
+// decodeInspect validates a peer's reply.
+func decodeInspect(r *peerpb.InspectReply) (BucketState, error) {
+	if e := checkName("node", r.GetNode(), MaxNodeNameBytes); e != "" {
+		return BucketState{}, errors.New("inspect reply: " + e)
+	}
+	if o := r.GetOwner(); o != "" { // "" when the peer has no ring yet
+		if e := checkName("owner", o, MaxNodeNameBytes); e != "" {
+			return BucketState{}, errors.New("inspect reply: " + e)
+		}
+	}
+	if r.GetBurst() < 0 || r.GetRemaining() < 0 || r.GetResetAfter() < 0 || r.GetDebt() < 0 || r.GetInterval() < 0 {
+		return BucketState{}, errors.New("inspect reply: a negative count or duration")
+	}
+	return BucketState{Node: r.GetNode(), Owner: r.GetOwner(), Known: r.GetKnown(), Held: r.GetHeld(), Burst: r.GetBurst(),
+		Interval: time.Duration(r.GetInterval()), Remaining: r.GetRemaining(), ResetAfter: time.Duration(r.GetResetAfter()),
+		Debt: r.GetDebt(), Warming: r.GetWarming(), Reporters: int(r.GetReporters()), Unconfirmed: r.GetUnconfirmed()}, nil
+}

@@ -1,0 +1,117 @@
+package weir
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+)
+
+// TestRecentCountsNeverUndercount: the count-min estimate of every key is at
+// least its true count within the current and previous period, and exact
+// when few keys share the sketch.
+func TestRecentCountsNeverUndercount(t *testing.T) {
+	var rc recentCounts
+	rnd := rand.New(rand.NewPCG(1, 2))
+	now := int64(100 * recentPeriod)
+	type tally struct{ a, r uint64 }
+	truth := map[uint64]*tally{}
+	keys := make([]uint64, 5000)
+	for i := range keys {
+		keys[i] = rnd.Uint64()
+		truth[keys[i]] = &tally{}
+	}
+	for range 200_000 {
+		k := keys[rnd.IntN(len(keys))]
+		rej := rnd.IntN(3) == 0
+		rc.add(k, now, rej)
+		if rej {
+			truth[k].r++
+		} else {
+			truth[k].a++
+		}
+	}
+	exact := 0
+	for k, tr := range truth {
+		a, r, _ := rc.estimate(k, now)
+		if a < tr.a || r < tr.r {
+			t.Fatalf("key %x: estimate %d/%d below the truth %d/%d", k, a, r, tr.a, tr.r)
+		}
+		if a == tr.a && r == tr.r {
+			exact++
+		}
+	}
+	// 5000 keys in 16384 cells per row: most keys share no cell in one of
+	// the two rows.
+	if exact < len(keys)*9/10 {
+		t.Fatalf("only %d of %d estimates exact", exact, len(keys))
+	}
+}
+
+// TestRecentCountsPeriods: counts survive into the next period, are gone two
+// periods later, and a clock that steps back does not clear a newer period.
+func TestRecentCountsPeriods(t *testing.T) {
+	var rc recentCounts
+	p := int64(recentPeriod)
+	t0 := 10 * p
+	for range 7 {
+		rc.add(42, t0, true)
+	}
+	rc.add(42, t0, false)
+	if a, r, since := rc.estimate(42, t0); a != 1 || r != 7 || since != recentPeriod {
+		t.Fatalf("same period: %d/%d since %v, want 1/7 since %v", a, r, since, recentPeriod)
+	}
+	if a, r, _ := rc.estimate(42, t0+p); a != 1 || r != 7 {
+		t.Fatalf("next period: %d/%d, want 1/7", a, r)
+	}
+	rc.add(42, t0+p+1, true)
+	if a, r, since := rc.estimate(42, t0+p+1); a != 1 || r != 8 || since != recentPeriod+1 {
+		t.Fatalf("two periods summed: %d/%d since %v, want 1/8", a, r, since)
+	}
+	rc.add(42, t0+2*p, true) // reuses and clears the slot of t0
+	if a, r, _ := rc.estimate(42, t0+2*p); a != 0 || r != 2 {
+		t.Fatalf("two periods later: %d/%d, want 0/2", a, r)
+	}
+	rc.add(42, t0, true) // the clock stepped back: ignored
+	if a, r, _ := rc.estimate(42, t0+2*p); a != 0 || r != 2 {
+		t.Fatalf("after a step back: %d/%d, want 0/2", a, r)
+	}
+	if a, r, _ := rc.estimate(42, t0+5*p); a != 0 || r != 0 {
+		t.Fatalf("long after: %d/%d, want 0/0", a, r)
+	}
+}
+
+// BenchmarkRecentCounts is the decision path's cost of the per-identity
+// recent counts (two atomic adds in a count-min sketch) beside the
+// reference, one GCRA decision in the keyed store, measured in the same
+// run: read the ratio.
+func BenchmarkRecentCounts(b *testing.B) {
+	keys := make([]uint64, 1000)
+	rnd := rand.New(rand.NewPCG(3, 4))
+	for i := range keys {
+		keys[i] = rnd.Uint64()
+	}
+	now := int64(time.Hour)
+	b.Run("add", func(b *testing.B) {
+		var rc recentCounts
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			rc.add(keys[i%len(keys)], now+int64(i), i&7 == 0)
+		}
+	})
+	b.Run("reference=gcra-store", func(b *testing.B) {
+		g, err := bucket.NewGCRA(100, time.Second, 1_000_000_000)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, err := bucket.NewGCRAStore(bucket.StoreConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			st.Apply(keys[i%len(keys)], now+int64(i), &g, 1)
+		}
+	})
+}

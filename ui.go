@@ -1,0 +1,285 @@
+package weir
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir/quota"
+)
+
+// uiAssets are the status page's files: plain HTML, JavaScript and CSS,
+// nothing fetched from elsewhere.
+//
+//go:embed ui
+var uiAssets embed.FS
+
+// opsPart is what the operator's view keeps on a node: recent fail-open
+// events, per-identity recent counts, the canary and the lease-share
+// source.
+type opsPart struct {
+	events eventLog
+	recent *recentCounts
+	canary *canary // nil without Config.Canary
+	leases atomic.Pointer[leaseSource]
+}
+
+type leaseSource struct{ s LeaseShareSource }
+
+// LeaseShare is one region's share of a global rule (scope: global), as the
+// lease enforcement knows it.
+type LeaseShare struct {
+	Rule   string `json:"rule"`
+	Region string `json:"region"`
+	// Rate is the share of the limit in tokens per second, Burst its
+	// proportional burst.
+	Rate  float64 `json:"rate_per_second"`
+	Burst int64   `json:"burst"`
+	// Expires is when the lease ends unless renewed (zero: unknown).
+	Expires time.Time `json:"expires,omitzero"`
+	// Fallback is true while the region enforces its fallback share
+	// because its lease could not be renewed.
+	Fallback bool `json:"fallback"`
+}
+
+// LeaseShareSource reports the lease shares a node knows of. The lease
+// enforcement work implements it and hands it to Node.SetLeaseShareSource;
+// until then the page shows the global rules with no lease data.
+type LeaseShareSource interface {
+	// LeaseShares returns the shares known now, any order. It must be
+	// safe for concurrent use and quick (it is called on each poll).
+	LeaseShares() []LeaseShare
+}
+
+// SetLeaseShareSource sets where the page and Node.LeaseShares read lease
+// shares; nil removes it.
+func (n *Node) SetLeaseShareSource(s LeaseShareSource) {
+	if s == nil {
+		n.ops.leases.Store(nil)
+		return
+	}
+	n.ops.leases.Store(&leaseSource{s})
+}
+
+// GlobalRuleLeases is one global rule with the shares known for it.
+type GlobalRuleLeases struct {
+	Rule   string       `json:"rule"`
+	Limit  int64        `json:"limit"`
+	Window string       `json:"window"`
+	Shares []LeaseShare `json:"shares"`
+	// Note says why Shares is empty, when it is.
+	Note string `json:"note,omitempty"`
+}
+
+// LeaseShares returns every global rule of the rule set in force with the
+// shares the LeaseShareSource reports for it, ordered by rule and region.
+func (n *Node) LeaseShares() []GlobalRuleLeases {
+	e := n.eng.load()
+	var shares []LeaseShare
+	src := n.ops.leases.Load()
+	if src != nil {
+		shares = src.s.LeaseShares()
+	}
+	out := []GlobalRuleLeases{}
+	for i := range e.rules {
+		r := e.rules[i].r
+		if r.Scope != quota.ScopeGlobal {
+			continue
+		}
+		g := GlobalRuleLeases{Rule: r.ID, Limit: r.Limit, Window: r.Window.String(), Shares: []LeaseShare{}}
+		for _, s := range shares {
+			if s.Rule == r.ID {
+				g.Shares = append(g.Shares, s)
+			}
+		}
+		sort.Slice(g.Shares, func(a, b int) bool { return g.Shares[a].Region < g.Shares[b].Region })
+		if len(g.Shares) == 0 {
+			g.Note = "no lease data"
+			if src == nil {
+				g.Note = "no lease data: this node has no lease-share source"
+			}
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// MemberView is one member of the cluster as the page shows it.
+type MemberView struct {
+	Name         string `json:"name"`
+	Region       string `json:"region"`
+	RulesVersion uint64 `json:"rules_version"`
+	// Health is "self", "alive" (gossip reports it live), or "behind"
+	// (alive but running an older rule version than this node).
+	Health string `json:"health"`
+	// InRing is true for the members of this node's region, which share
+	// its buckets; RingShare is the fraction of a sample of the hash space
+	// each owns.
+	InRing    bool    `json:"in_ring"`
+	RingShare float64 `json:"ring_share"`
+}
+
+// RuleView is one rule of the set in force, as the page lists it.
+type RuleView struct {
+	ID        string   `json:"id"`
+	Limit     int64    `json:"limit"`
+	Window    string   `json:"window"`
+	Burst     int64    `json:"burst"`
+	Cost      int64    `json:"cost"`
+	Key       []string `json:"key"`
+	Match     string   `json:"match"`
+	Algorithm string   `json:"algorithm"`
+	Mode      string   `json:"mode"`
+	Scope     string   `json:"scope"`
+	OnFailure string   `json:"on_failure"`
+	Shadow    bool     `json:"shadow"`
+	Durable   bool     `json:"durable"`
+}
+
+// Overview is the JSON the status page polls (GET v1/status of UIHandler).
+type Overview struct {
+	Node    string       `json:"node"`
+	Region  string       `json:"region"`
+	At      time.Time    `json:"at"`
+	Status  Status       `json:"status"`
+	Behind  uint64       `json:"rules_versions_behind"`
+	Members []MemberView `json:"members"`
+	// RingSample is how many sample identities RingShare was measured on.
+	RingSample   int                `json:"ring_sample"`
+	RingEpoch    uint64             `json:"ring_epoch"`
+	Rules        []RuleView         `json:"rules"`
+	Counts       []RuleCounts       `json:"counts"`
+	TopThrottled []Hitter           `json:"top_throttled"`
+	TopShadow    []Hitter           `json:"top_shadow_rejected"`
+	Events       []Event            `json:"events"`
+	Dropped      uint64             `json:"events_dropped"`
+	Leases       []GlobalRuleLeases `json:"leases"`
+	Canary       CanaryStatus       `json:"canary"`
+	Stores       []StoreStats       `json:"stores"`
+	// RulesAPI is true when this node serves the authenticated rules API
+	// (a lease group with admin tokens), so the page can edit rules.
+	RulesAPI bool `json:"rules_api"`
+}
+
+// ringSampleSize is how many identities the ring share is measured on: the
+// share's standard error is about √(p(1−p)/4096), under 1 %.
+const ringSampleSize = 4096
+
+var ringSample = sync.OnceValue(func() []string {
+	ids := make([]string, ringSampleSize)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("weir-ring-sample-%d", i)
+	}
+	return ids
+})
+
+// Overview reports what the status page shows (see Overview).
+func (n *Node) Overview() Overview {
+	e := n.eng.load()
+	ov := Overview{Node: n.nodeName(), At: time.Unix(0, n.now()).UTC(), Status: n.Status(), Behind: n.rulesBehind(),
+		Members: []MemberView{}, Rules: []RuleView{}, Counts: n.Counts(), TopThrottled: n.TopThrottled(),
+		TopShadow: n.TopShadowRejected(), Events: n.Events(), Dropped: n.EventsDropped(), Leases: n.LeaseShares(),
+		Canary: n.Canary(), Stores: n.stores.stats(), RulesAPI: n.lease != nil && n.lease.admin != nil}
+	for i := range e.rules {
+		r := e.rules[i].r
+		rv := RuleView{ID: r.ID, Limit: r.Limit, Window: r.Window.String(), Burst: r.Burst, Cost: r.CostFor(""),
+			Match: matchString(r.Match), Algorithm: string(r.Algorithm), Mode: string(r.Mode), Scope: string(r.Scope),
+			OnFailure: string(r.OnFailure), Shadow: r.Shadow, Durable: r.Durable, Key: []string{}}
+		for _, k := range r.Key {
+			rv.Key = append(rv.Key, k.String())
+		}
+		ov.Rules = append(ov.Rules, rv)
+	}
+	if n.cluster == nil {
+		ov.Members = append(ov.Members, MemberView{Name: ov.Node, Health: "self", RulesVersion: ov.Status.RulesVersion, InRing: true, RingShare: 1})
+		return ov
+	}
+	ov.Region = n.cluster.region
+	ring := n.cluster.shell.Ring()
+	share := map[string]float64{}
+	if ring != nil && ring.Len() > 0 {
+		ov.RingEpoch = ring.Epoch()
+		ov.RingSample = ringSampleSize
+		for _, id := range ringSample() {
+			share[ring.OwnerName(id)]++
+		}
+	}
+	inRing := map[string]bool{}
+	if ring != nil {
+		for _, name := range ring.Names() {
+			inRing[name] = true
+		}
+	}
+	for _, p := range n.Peers() {
+		mv := MemberView{Name: p.Name, Region: p.Region, RulesVersion: p.RulesVersion, Health: "alive",
+			InRing: inRing[p.Name], RingShare: share[p.Name] / ringSampleSize}
+		switch {
+		case p.Name == ov.Node:
+			mv.Health, mv.RulesVersion = "self", ov.Status.RulesVersion
+		case p.RulesVersion < ov.Status.RulesVersion:
+			mv.Health = "behind"
+		}
+		ov.Members = append(ov.Members, mv)
+	}
+	sort.Slice(ov.Members, func(a, b int) bool { return ov.Members[a].Name < ov.Members[b].Name })
+	return ov
+}
+
+// nodeName is the node's cluster name, or "node" without a cluster.
+func (n *Node) nodeName() string {
+	if n.cfg.Cluster != nil {
+		return n.cfg.Cluster.Name
+	}
+	return "node"
+}
+
+// UIHandler serves the node's status page and the JSON it polls:
+//
+//	GET  /                       the page (embedded HTML, JavaScript, CSS)
+//	GET  /ui/...                 its assets
+//	GET  /v1/status              Overview as JSON
+//	GET  /v1/identities/{id}     the identity lookup (IdentityHandler)
+//	     /v1/rules, /v1/rules/…  the authenticated rules API (RulesAdminHandler)
+//
+// The page and its JSON use relative addresses, so the handler may be
+// mounted under a prefix with http.StripPrefix. Like AdminHandler, the
+// status and identity JSON name identities and are not authenticated:
+// mount the handler where only operators reach it. Rule changes go
+// through the rules API, which authenticates every request: the page asks
+// the operator for a bearer token and sends it with each change, keeping
+// it in the page's memory only (nothing is stored on the server or in the
+// browser's storage).
+func (n *Node) UIHandler() http.Handler {
+	mux := http.NewServeMux()
+	assets, err := fs.Sub(uiAssets, "ui")
+	if err != nil {
+		panic("weir: embedded ui assets: " + err.Error()) // the embed directive guarantees the folder
+	}
+	files := http.FileServerFS(assets)
+	mux.Handle("GET /ui/", noStore(http.StripPrefix("/ui/", files)))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Cache-Control", "no-store")
+		http.ServeFileFS(w, r, assets, "index.html")
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, n.Overview()) })
+	mux.HandleFunc("GET /v1/identities/{id...}", n.serveIdentity)
+	rules := n.RulesAdminHandler()
+	mux.Handle("/v1/rules", rules)
+	mux.Handle("/v1/rules/", rules)
+	return mux
+}
+
+func noStore(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		h.ServeHTTP(w, r)
+	})
+}
