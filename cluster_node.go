@@ -329,6 +329,13 @@ func (n *Node) crash() {
 		cp.shell.Close()
 		cp.tr.Close()
 	}
+	// What is not the cluster stops too, so that a crashed node leaves no
+	// goroutine behind (its lease connection closes like a dead process's).
+	if n.ops.canary != nil {
+		n.ops.canary.close()
+	}
+	n.stopGlobal()
+	n.stopLease()
 	if n.watcher != nil {
 		n.watcher.Close()
 	}
