@@ -354,6 +354,9 @@ func (n *Node) clusterRules(e *engine) {
 		r := *c.r
 		r.Limit, r.Burst, r.Sketch = limit, burst, sketch
 		r.ID = c.r.ID + suffix
+		if gp := n.global; gp != nil && suffix == "" && gp.Leases(c.r.ID) {
+			r.Accuracy = gp.slackAccuracy(c.r.Accuracy)
+		}
 		p, err := cluster.NewRuleParams(&r, e.set.Version())
 		if err != nil {
 			n.log.Error("rule cannot be decided by the cluster; enforcing it per node", "rule", c.r.ID, "err", err)

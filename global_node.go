@@ -32,6 +32,7 @@ type globalPart struct {
 
 	rep     lease.Reporter
 	self    string
+	regions int // the lease machine's regions: a node's slack is a ÷ regions of the limit's (slackAccuracy)
 	every   time.Duration
 	timeout time.Duration
 	ring    func() *cluster.Ring // nil until the cluster runs
@@ -81,7 +82,7 @@ func (n *Node) startGlobal() {
 		n.log.Error("global rules are not leased", "err", err)
 		return
 	}
-	gp := &globalPart{reg: reg, self: cc.Name, every: every, timeout: every, now: n.now,
+	gp := &globalPart{reg: reg, self: cc.Name, regions: len(mc.Regions), every: every, timeout: every, now: n.now,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), ctx: lp.ctx}
 	if lp.group != nil {
 		gp.rep = lp.group
@@ -161,6 +162,19 @@ func (n *Node) globalRules(e *engine) {
 	if err != nil {
 		n.log.Error("global rules not leased; the previous ones stay", "err", err)
 	}
+}
+
+// slackAccuracy is the accuracy the coordinator's slack of a leased global
+// rule is computed with: the rule's a ÷ regions, so that a node of a region
+// of N holds ⌊a·L ÷ (R·N)⌋ and all regions' nodes together Σᵣ Nᵣ·sᵣ ≤ a·L:
+// the in-region slack comes out of the global limit once, not once per
+// region (docs/global.md, the envelope). The owner decides at the region's
+// share either way.
+func (gp *globalPart) slackAccuracy(a float64) float64 {
+	if a == 0 {
+		a = quota.DefaultAccuracy
+	}
+	return a / float64(max(gp.regions, 1))
 }
 
 // Leases implements cluster.Shares.

@@ -16,7 +16,8 @@ import (
 )
 
 // The global rule of these tests: L = 200 tokens per second, B = 40,
-// accuracy 0.05 (slack ⌊0.05·200 ÷ N⌋ per node of a region of N).
+// accuracy 0.05 over 2 regions (slack ⌊0.05·200 ÷ (2·N)⌋ per node of a
+// region of N).
 const globalRuleYAML = `
 rules:
   - id: world
@@ -32,8 +33,8 @@ const (
 	globalL = 200
 	globalB = 40
 	// globalExcess is Σ over regions of nodes × slack: region a (2 nodes)
-	// 2 × 5, region b (1 node) 1 × 10.
-	globalExcess = 20
+	// 2 × 2, region b (1 node) 1 × 5; at most a·L = 10.
+	globalExcess = 9
 )
 
 // globalRegions is two regions of one cluster's gossip, a (gw-a1, the one
