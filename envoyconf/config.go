@@ -1,0 +1,306 @@
+package envoyconf
+
+import (
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strings"
+
+	"github.com/weir-dev/weir/quota"
+)
+
+// Options say how imported limits become weir rules. The zero Options is the
+// default: GCRA rules in shared mode with burst = requests_per_unit, the
+// default on_failure (local) and accuracy.
+type Options struct {
+	// Mode is every imported GCRA rule's mode: "" or shared (the default:
+	// two-tier, within the accuracy contract) or exact (the identity's
+	// owner decides every request: one network hop per request off the
+	// owner).
+	Mode quota.Mode
+	// FixedWindow keeps envoyproxy/ratelimit's fixed windows for strict
+	// fidelity: every limit becomes a fixed_window rule in exact mode, and
+	// Mode is ignored. Note: weir's cluster decides only GCRA rules, so
+	// today a fixed_window rule is counted per node even in exact mode
+	// (docs/envoy.md); on a single node it is exact.
+	FixedWindow bool
+	// OnFailure is every imported rule's on_failure; "" means local.
+	OnFailure quota.OnFailure
+	// Accuracy is every imported shared rule's accuracy; zero means
+	// quota.DefaultAccuracy.
+	Accuracy float64
+	// RulePrefix starts every rule id; "" means "envoy.". Rule ids are
+	// RulePrefix + domain + "." + the descriptor path, with characters
+	// outside [A-Za-z0-9_.:-] replaced and a hash added when needed.
+	RulePrefix string
+}
+
+// Limit is one compiled descriptor limit.
+type Limit struct {
+	// RuleID is the weir rule that counts this limit; empty when Unlimited
+	// or Blocked (no rule counts them).
+	RuleID string
+	// Name is the rate_limit's name ("" when none); Replaces the names it
+	// replaces.
+	Name     string
+	Replaces []string
+	// Unit and RequestsPerUnit are the limit as written.
+	Unit            Unit
+	RequestsPerUnit uint32
+	// Unlimited: answer OK, count nothing.
+	Unlimited bool
+	// Blocked: requests_per_unit is 0, every request is over the limit
+	// (counted by no rule).
+	Blocked bool
+	// Shadow: counted, never rejects.
+	Shadow bool
+}
+
+// Entry is one entry of a descriptor Envoy sends.
+type Entry struct{ Key, Value string }
+
+// Match is the limit that applies to one descriptor and the identity of
+// its bucket.
+type Match struct {
+	Limit *Limit
+	// Identity is the descriptor's value path, "key=value/key=value" with
+	// '%', '=' and '/' percent-escaped, so that distinct paths never share
+	// a bucket. With share_threshold, a wildcard's pattern stands in for
+	// the value.
+	Identity string
+}
+
+// Config is a compiled set of domains. It is immutable and safe for
+// concurrent use.
+type Config struct {
+	domains map[string]*node
+	rules   []quota.Rule
+}
+
+type node struct {
+	children map[string]*node
+	wild     []wildChild // children whose composite key ends in "*", in file order
+	limit    *Limit
+	share    bool   // share_threshold
+	pattern  string // the value as written (for share_threshold)
+}
+
+type wildChild struct {
+	prefix string
+	n      *node
+}
+
+// Compile turns parsed domains into weir rules and a matcher. Two files of
+// one domain are an error (as in envoyproxy/ratelimit without merging). The
+// rules are validated with quota.NewSet; errors name the file, line and
+// field.
+func Compile(opts Options, domains ...*Domain) (*Config, error) {
+	if opts.RulePrefix == "" {
+		opts.RulePrefix = "envoy."
+	}
+	c := &Config{domains: map[string]*node{}}
+	var errs []error
+	ids := map[string]string{} // rule id -> where it came from
+	files := map[string]string{}
+	for _, d := range domains {
+		if d == nil {
+			continue
+		}
+		if prev, dup := files[d.Name]; dup {
+			errs = append(errs, &quota.Error{File: d.File, Field: "domain", Msg: fmt.Sprintf("duplicate domain %q (also in %s)", d.Name, prev), Err: quota.ErrInvalidRule})
+			continue
+		}
+		files[d.Name] = d.File
+		root := &node{}
+		c.domains[d.Name] = root
+		var walk func(parent *node, ds []*Descriptor, path string)
+		walk = func(parent *node, ds []*Descriptor, path string) {
+			for _, ds := range ds {
+				ck := compositeKey(ds.Key, ds.Value)
+				full := path + "." + ck
+				n := &node{share: ds.ShareThreshold, pattern: ds.Value}
+				if parent.children == nil {
+					parent.children = map[string]*node{}
+				}
+				parent.children[ck] = n
+				if strings.HasSuffix(ck, "*") {
+					parent.wild = append(parent.wild, wildChild{prefix: strings.TrimSuffix(ck, "*"), n: n})
+				}
+				if rl := ds.RateLimit; rl != nil {
+					lim := &Limit{Name: rl.Name, Replaces: rl.Replaces, Unit: rl.Unit, RequestsPerUnit: rl.RequestsPerUnit,
+						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode}
+					if !lim.Unlimited && !lim.Blocked {
+						lim.RuleID = ruleID(opts.RulePrefix, d.Name, full)
+						where := fmt.Sprintf("%s:%d", d.File, ds.Line)
+						if prev, dup := ids[lim.RuleID]; dup {
+							errs = append(errs, &quota.Error{File: d.File, Line: ds.Line, Field: ds.Field,
+								Msg: fmt.Sprintf("rule id %q is also made for %s; rename a descriptor", lim.RuleID, prev), Err: quota.ErrInvalidRule})
+						} else {
+							ids[lim.RuleID] = where
+							r, err := rule(opts, lim, fmt.Sprintf("envoy domain %s descriptor %s (%s)", d.Name, full[1:], where))
+							if err != nil {
+								errs = append(errs, &quota.Error{File: d.File, Line: ds.Line, Field: ds.Field + ".rate_limit", Msg: err.Error(), Err: quota.ErrInvalidRule})
+							} else {
+								c.rules = append(c.rules, r)
+							}
+						}
+					}
+					n.limit = lim
+				}
+				walk(n, ds.Descriptors, full)
+			}
+		}
+		walk(root, d.Descriptors, "")
+	}
+	if len(errs) > 0 {
+		return nil, joinErrors(errs)
+	}
+	sort.Slice(c.rules, func(i, j int) bool { return c.rules[i].ID < c.rules[j].ID })
+	return c, nil
+}
+
+// rule builds and validates the weir rule of one limit.
+func rule(opts Options, lim *Limit, desc string) (quota.Rule, error) {
+	r := quota.Rule{
+		ID:          lim.RuleID,
+		Description: desc,
+		Limit:       int64(lim.RequestsPerUnit),
+		Window:      lim.Unit.Duration(),
+		Burst:       int64(lim.RequestsPerUnit),
+		Algorithm:   quota.AlgorithmGCRA,
+		Mode:        opts.Mode,
+		OnFailure:   opts.OnFailure,
+		Accuracy:    opts.Accuracy,
+		Shadow:      lim.Shadow,
+	}
+	if r.Mode == "" {
+		r.Mode = quota.ModeShared
+	}
+	if opts.FixedWindow {
+		r.Algorithm, r.Mode, r.Accuracy = quota.AlgorithmFixedWindow, quota.ModeExact, 0
+	}
+	if _, err := quota.NewSet([]quota.Rule{r}, 1); err != nil {
+		return quota.Rule{}, err
+	}
+	return r, nil
+}
+
+// ruleID makes a valid, stable weir rule id for a descriptor path.
+func ruleID(prefix, domain, path string) string {
+	raw := prefix + domain + path
+	var b strings.Builder
+	clean := true
+	for _, ch := range raw {
+		switch {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '_', ch == '.', ch == ':', ch == '-':
+			b.WriteRune(ch)
+		default:
+			b.WriteByte('_')
+			clean = false
+		}
+	}
+	id := b.String()
+	if clean && len(id) <= 128 {
+		return id
+	}
+	h := fnv.New64a()
+	h.Write([]byte(raw))
+	sum := fmt.Sprintf("-%016x", h.Sum64())
+	if len(id) > 128-len(sum) {
+		id = id[:128-len(sum)]
+	}
+	return id + sum
+}
+
+// Rules returns the weir rules of every limit, sorted by id. The slice is a
+// copy.
+func (c *Config) Rules() []quota.Rule { return append([]quota.Rule(nil), c.rules...) }
+
+// HasDomain reports whether the config has the domain.
+func (c *Config) HasDomain(domain string) bool { _, ok := c.domains[domain]; return ok }
+
+// Match finds the limit for one descriptor of a request in domain, the way
+// envoyproxy/ratelimit does: at each level the entry's key_value is looked
+// up, then the wildcard values of that level (in file order), then the key
+// alone; a limit applies only when the descriptor ends at its node (a
+// longer or shorter descriptor does not take it). ok is false when no limit
+// applies (unknown domain, no match). Match does not apply replaces: that
+// needs every descriptor of the request (see Replaced).
+func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
+	level := c.domains[domain]
+	if level == nil || len(entries) == 0 {
+		return Match{}, false
+	}
+	var id strings.Builder
+	for i, e := range entries {
+		ck := e.Key + "_" + e.Value
+		next := level.children[ck]
+		value := e.Value
+		if next == nil {
+			for _, w := range level.wild {
+				if strings.HasPrefix(ck, w.prefix) {
+					next = w.n
+					if next.share {
+						value = next.pattern
+					}
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = level.children[e.Key]
+		}
+		if i > 0 {
+			id.WriteByte('/')
+		}
+		escape(&id, e.Key)
+		id.WriteByte('=')
+		escape(&id, value)
+		if next == nil {
+			return Match{}, false
+		}
+		if next.limit != nil && i == len(entries)-1 {
+			return Match{Limit: next.limit, Identity: id.String()}, true
+		}
+		if len(next.children) == 0 {
+			return Match{}, false
+		}
+		level = next
+	}
+	return Match{}, false
+}
+
+// Replaced reports, for the limits matched by one request's descriptors
+// (nil where none matched), which are replaced by another matched limit:
+// replaced[i] is true when some matched limit lists limits[i].Name in its
+// replaces. A replaced limit is neither counted nor reported.
+func Replaced(limits []*Limit) []bool {
+	out := make([]bool, len(limits))
+	names := map[string]bool{}
+	for _, l := range limits {
+		if l != nil {
+			for _, r := range l.Replaces {
+				names[r] = true
+			}
+		}
+	}
+	if len(names) == 0 {
+		return out
+	}
+	for i, l := range limits {
+		out[i] = l != nil && l.Name != "" && names[l.Name]
+	}
+	return out
+}
+
+// escape writes s with '%', '=' and '/' percent-escaped.
+func escape(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', '=', '/':
+			fmt.Fprintf(b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+}
