@@ -367,6 +367,12 @@ func (n *Node) clusterRules(e *engine) {
 	}
 	for i := range e.rules {
 		c := &e.rules[i]
+		if c.r.Algorithm != quota.AlgorithmGCRA && c.r.Mode == quota.ModeExact {
+			// Validation allows it (exact on one node); the coordinator
+			// decides gcra rules only, so in a cluster it is per node.
+			n.log.Warn("rule is decided per node: the cluster decides only gcra rules in mode exact or shared; with more than one node it admits up to nodes × its limit",
+				"rule", c.r.ID, "algorithm", c.r.Algorithm)
+		}
 		if c.r.Algorithm != quota.AlgorithmGCRA || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {
 			continue // durable rules are decided by the lease group
 		}

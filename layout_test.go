@@ -8,7 +8,8 @@ import (
 
 // TestLayout enforces DESIGN.md's one structural rule at the import level:
 // bucket/ imports only the standard library, and neither bucket/ nor quota/
-// reaches the cluster, the lease group, memberlist, raft or gRPC.
+// nor envoyconf/ (rules as data, from Envoy's format) reaches the cluster,
+// the lease group, memberlist, raft or gRPC.
 func TestLayout(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("the go command is not on PATH")
@@ -20,7 +21,7 @@ func TestLayout(t *testing.T) {
 		"github.com/hashicorp/raft",
 		"google.golang.org/grpc",
 	}
-	for _, pkg := range []string{"./bucket", "./quota"} {
+	for _, pkg := range []string{"./bucket", "./quota", "./envoyconf"} {
 		deps := goList(t, pkg)
 		for _, d := range deps {
 			for _, f := range forbidden {

@@ -227,9 +227,7 @@ func writeRejection(w http.ResponseWriter, d *Decision) {
 		p.Violated = append(p.Violated, v)
 		names = append(names, r.Rule)
 	}
-	ra := d.RetryAfter()
-	if ra != bucket.Never {
-		s := max(ceilSeconds(ra), 1)
+	if s, ok := retryAfterSeconds(d); ok {
 		w.Header().Set("Retry-After", strconv.FormatInt(s, 10))
 		p.Retry = &s
 		p.Detail = "rate limit exceeded: " + strings.Join(names, ", ")
