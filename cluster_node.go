@@ -78,6 +78,13 @@ type ClusterConfig struct {
 	// Label isolates clusters that share a network (and tests in one
 	// process): nodes with different labels ignore each other.
 	Label string
+	// MaxKeys caps the entries the coordinator keeps per rule on this node
+	// (owner buckets and node entries together); zero or less means
+	// cluster.DefaultMaxKeys. At the cap, entries equal to no entry go
+	// first, then the one whose eviction forgives the least (counted in
+	// the coordinator's stats; the key cap row of docs/overshoot.md's
+	// fault terms).
+	MaxKeys int
 }
 
 // clusterPart is a node's cluster machinery.
@@ -124,8 +131,9 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	cp.tr = tr
 	sh, err := cluster.NewShell(cluster.ShellConfig{
-		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout, Shares: n.shares()},
-		Transport:   tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Shards: cc.Shards, Clock: n.now, Logger: n.log,
+		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout,
+			Shares: n.shares(), MaxKeys: cc.MaxKeys},
+		Transport: tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Shards: cc.Shards, Clock: n.now, Logger: n.log,
 	})
 	if err != nil {
 		tr.Close()

@@ -99,6 +99,28 @@ type CoordinatorConfig struct {
 	// region holds a share of the limit). Nil: every rule decides at its
 	// own limit.
 	Shares Shares
+	// MaxKeys caps the entries this node keeps per rule, owner buckets
+	// and node entries together; 0 (or less) means DefaultMaxKeys. At the
+	// cap a new entry first evicts one that equals no entry, else one
+	// whose eviction forgives the least (keycap.go, docs/overshoot.md).
+	MaxKeys int
+	// OnEvict, when set, is called for every entry the key cap evicts,
+	// from within the call that made room (it must not call back into
+	// the coordinator). The simulator charges each eviction's term to its
+	// identity with it.
+	OnEvict func(Eviction)
+}
+
+// Eviction is one entry evicted at the key cap (CoordinatorConfig.OnEvict).
+type Eviction struct {
+	Rule, Identity string
+	// Owner is true for an owner bucket, false for a node entry.
+	Owner bool
+	// Idle is true when the entry equalled no entry: nothing is forgiven.
+	Idle bool
+	// Forgiven is the debt an evicted owner bucket held, in tokens rounded
+	// up (0 for an idle one and for node entries).
+	Forgiven int64
 }
 
 // Shares lets an owner decide some rules' identities at another rate and
@@ -201,7 +223,9 @@ func (p *RuleParams) Slack(n int) int64 {
 }
 
 // OwnerTable tells who owns an identity. *Ring implements it through
-// RingTable; the simulator may supply its own.
+// RingTable; the simulator may supply its own. A table does not change once
+// installed with SetTable (the coordinator reads its Epoch then): a new view
+// is a new table.
 type OwnerTable interface {
 	// Epoch identifies the membership view; it changes with every change.
 	Epoch() uint64
@@ -415,6 +439,10 @@ type entryKey struct{ rule, identity string }
 // ownerEntry is an identity's bucket on its owner, with the last report of
 // every node's current generation.
 type ownerEntry struct {
+	key       entryKey
+	rk        *ruleKeys // its rule's keys (keycap.go)
+	heapAt    int64     // the earliest time it is queued at in rk.owners (never: not queued)
+	dead      bool      // dropped: items left in the heap are stale
 	tat       bucket.TAT
 	reports   []report
 	handed    bool   // handed to a new owner: kept only for lagging peers
@@ -432,18 +460,23 @@ type report struct {
 
 // nodeEntry is what a non-owner knows of an identity it admits for.
 type nodeEntry struct {
-	owner    string
+	// What Decide reads first comes first.
 	epoch    uint64
-	version  uint64
-	gen      uint64
+	owner    string
 	spent    int64 // cumulative admitted locally in this generation
-	sent     int64 // highest total reported
 	acked    int64 // highest total acknowledged
 	view     int64 // the owner's TAT as this node sees it (its clock), 0 = full
+	pending  int   // forwarded requests awaiting a result
+	heapAt   int64 // the earliest time it is queued at in rk.nodes (never: not queued)
 	lastSync int64
-	pending  int // forwarded requests awaiting a result
 	fallback bucket.TAT
 	grant    nodeGrant // demand-following slack only
+	sent     int64     // highest total reported
+	version  uint64
+	gen      uint64
+	rk       *ruleKeys // its rule's keys (keycap.go)
+	key      entryKey
+	dead     bool // dropped: items left in the heap are stale
 }
 
 // idle reports whether e equals no entry at now and may be dropped: its
@@ -458,6 +491,7 @@ func (e *nodeEntry) idle(now int64) bool {
 type pendingReq struct {
 	ticket   uint64
 	key      entryKey
+	e        *nodeEntry // k's entry when it was forwarded (see entryOf)
 	owner    string
 	cost     int64
 	deadline int64
@@ -477,6 +511,9 @@ const smallOutboxes = 8
 // maxReuse bounds the item arrays kept for reuse (Recycle).
 const maxReuse = 64
 
+// maxSpareEntries bounds the node entries kept for reuse.
+const maxSpareEntries = 256
+
 // maxSpareReports bounds the report lists of dropped buckets kept for
 // reuse: each holds up to one report per member of the ring.
 const maxSpareReports = 16
@@ -491,34 +528,39 @@ type Stats struct {
 	// an entry; SketchBytes is the memory the sketches hold.
 	SketchAdmits, SketchPromotions uint64
 	SketchBytes                    int
+	// The key cap (CoordinatorConfig.MaxKeys, keycap.go): EvictedIdle
+	// counts entries dropped to make room that equalled no entry (a full
+	// bucket nobody holds a grant of; a node entry acknowledged, repaid
+	// and not waiting); EvictedViews node entries dropped with their view
+	// of a spent owner bucket (spend acknowledged, nothing pending: the
+	// node may then admit its slack once more before it learns the
+	// bucket again); EvictedForgiven owner buckets dropped in debt, and
+	// ForgivenTokens the debt they held, rounded up. OverCap counts
+	// entries made over the cap because none could be evicted.
+	EvictedIdle, EvictedViews, EvictedForgiven, OverCap uint64
+	ForgivenTokens                                      int64
 }
 
 // Coordinator is one node's two-tier decision core. It is not safe for
 // concurrent use: the adapter serialises calls (one goroutine or a mutex).
 type Coordinator struct {
+	// The fields a decision touches come first, close together.
 	cfg      CoordinatorConfig
 	interval int64
 	timeout  int64
 	table    OwnerTable
+	epoch    uint64 // table.Epoch(): a table does not change once installed
 	rules    map[string]*RuleParams
+	lastRule *RuleParams // the rule Decide or Step looked up last (rule)
 	owned    map[entryKey]*ownerEntry
 	entries  map[entryKey]*nodeEntry
 	down     map[string]bool
-	done     []Completion
 	ticket   uint64
 	gen      uint64
-	grantSeq uint64 // the last demand grant epoch issued (slack.go)
-	stats    Stats
-	// warmUntil ends the warm-up that follows a ring change (see Decide)
-	// at the latest; handedOver[p] is the digest of the last ring for
-	// which peer p said it had handed over all it owned.
-	warmUntil  int64
-	handoff    int64
-	handedOver map[string]uint64
 	// pend holds the forwarded requests from pendHead on, in ticket order
 	// (tickets are consecutive, so ticket t sits at pendHead + t − the
 	// first's ticket), which is also their deadline order. nextScan is
-	// when Tick next walks every entry.
+	// when Tick next looks at the entries whose wake time has come.
 	pend     []pendingReq
 	pendHead int
 	nextScan int64
@@ -527,15 +569,39 @@ type Coordinator struct {
 	// and lastOut is the one used last (-1 none): a round mostly adds to
 	// one destination several times.
 	outs    []outbox
-	outIdx  map[string]int
-	indexed bool // outIdx indexes outs (it is kept, cleared, between rounds)
 	lastOut int
+	indexed bool // outIdx indexes outs (it is kept, cleared, between rounds)
+	outIdx  map[string]int
 	spare   []*Message // outbox structs to reuse
 	reuse   []Message  // item arrays handed back by Recycle
-	// due is Tick's list of entries to sync, and spareReports the report
-	// lists of dropped buckets (at most maxSpareReports): kept for reuse.
-	due          []entryKey
+	done    []Completion
+	// keys holds each rule's entry count and wake heaps (keycap.go),
+	// keyList the same in the order they were made, lastKeys the one used
+	// last.
+	keys     map[string]*ruleKeys
+	keyList  []*ruleKeys
+	lastKeys *ruleKeys
+	stats    Stats
+	grantSeq uint64 // the last demand grant epoch issued (slack.go)
+	// warmUntil ends the warm-up that follows a ring change (see Decide)
+	// at the latest; handedOver[p] is the digest of the last ring for
+	// which peer p said it had handed over all it owned.
+	warmUntil  int64
+	handoff    int64
+	handedOver map[string]uint64
+	// due is Tick's list of entries to sync, back and backOwned its lists
+	// of entries to queue again, spareReports the report lists of dropped
+	// buckets (at most maxSpareReports) and spareNodes and spareOwned
+	// dropped entries (at most maxSpareEntries each): kept for reuse.
+	due          []*nodeEntry
+	back         []*nodeEntry
+	backOwned    []*ownerEntry
 	spareReports [][]report
+	spareNodes   []*nodeEntry
+	spareOwned   []*ownerEntry
+	// aside and asideOwned are makeRoom's scratch lists (keycap.go).
+	aside      []*nodeEntry
+	asideOwned []*ownerEntry
 }
 
 // NewCoordinator returns a coordinator with no rules and no ring.
@@ -549,6 +615,9 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 	if cfg.HandoffTimeout <= 0 {
 		cfg.HandoffTimeout = DefaultHandoffTimeout
 	}
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
 	return &Coordinator{
 		handoff:    int64(cfg.HandoffTimeout),
 		handedOver: map[string]uint64{},
@@ -559,6 +628,7 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 		owned:      map[entryKey]*ownerEntry{},
 		entries:    map[entryKey]*nodeEntry{},
 		down:       map[string]bool{},
+		keys:       map[string]*ruleKeys{},
 		lastOut:    -1,
 		gen:        cfg.Incarnation,
 		grantSeq:   cfg.Incarnation,
@@ -577,10 +647,12 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	for k, e := range c.entries {
 		if r, ok := next[k.rule]; ok && r.Version != e.version {
 			e.view, e.version = 0, r.Version
+			c.watch(e)
 		}
 	}
 	c.setSketches(c.rules, next)
 	c.rules = next
+	c.lastRule = nil
 }
 
 // Stats returns the coordinator's counters.
@@ -613,10 +685,7 @@ func (c *Coordinator) outbox(to string) *Message {
 			}
 		}
 	}
-	var epoch uint64
-	if c.table != nil {
-		epoch = c.table.Epoch()
-	}
+	epoch := c.epoch
 	var m *Message
 	if n := len(c.spare); n > 0 {
 		m, c.spare = c.spare[n-1], c.spare[:n-1]
@@ -674,7 +743,7 @@ func (c *Coordinator) n() int {
 // whose Completion comes out of Ready once the owner answers (or the decide
 // timeout passes and on_failure decides).
 func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Outcome, error) {
-	r, ok := c.rules[ruleID]
+	r, ok := c.rule(ruleID)
 	if !ok {
 		return Outcome{}, fmt.Errorf("cluster: unknown rule %q", ruleID)
 	}
@@ -683,7 +752,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// An entry made in this ring epoch knows its owner (SetTable moves
 	// every entry to the new epoch): no need to score the ring again.
 	e := c.entries[k]
-	if e != nil && c.table != nil && e.epoch == c.table.Epoch() {
+	if e != nil && c.table != nil && e.epoch == c.epoch {
 		owner = e.owner
 	} else if c.table != nil {
 		if o := c.table.OwnerName(identity); o != "" {
@@ -706,10 +775,12 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 				return o, nil
 			}
 		}
-		e = c.entry(k, r, owner)
+		e = c.entry(now, k, r, owner)
 	}
 	if down {
-		return c.failure(now, r, e, cost), nil
+		o := c.failure(now, r, e, cost)
+		c.watch(e)
+		return o, nil
 	}
 	t := r.gcra.Interval().Nanoseconds()
 	tau := t * r.Burst
@@ -718,6 +789,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// unconfirmed spend, which the owner has not charged yet.
 	v := max(e.view, now) + (unconf+cost)*t
 	if cost > r.Burst {
+		c.watch(e)
 		return Outcome{Decision: bucket.Decision{Limit: r.Burst, RetryAfter: bucket.Never}, Source: SourceView}, nil
 	}
 	// Exact rules skip the view: the owner decides every request, so that
@@ -726,6 +798,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// reject a request the owner could still admit).
 	if v-now > tau && r.Mode != quota.ModeExact {
 		c.stats.ViewRejects++
+		c.watch(e)
 		return Outcome{Source: SourceView, Decision: bucket.Decision{
 			Limit:      r.Burst,
 			Remaining:  max((tau-(v-cost*t-now))/t, 0),
@@ -743,6 +816,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		if e.spent-e.sent >= max((s+1)/2, 1) {
 			c.sync(now, k, e)
 		}
+		c.watch(e)
 		return Outcome{Source: SourceSlack, Decision: bucket.Decision{
 			Allowed:   true,
 			Limit:     r.Burst,
@@ -760,8 +834,9 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		c.sync(now, k, e)
 	}
 	c.ticket++
-	c.pend = append(c.pend, pendingReq{ticket: c.ticket, key: k, owner: owner, cost: cost, deadline: now + c.timeout, live: true})
+	c.pend = append(c.pend, pendingReq{ticket: c.ticket, key: k, e: e, owner: owner, cost: cost, deadline: now + c.timeout, live: true})
 	e.pending++
+	c.watch(e)
 	m := c.outbox(owner)
 	m.Decides = append(m.Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
 	c.stats.Forwarded++
@@ -796,6 +871,7 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 	if oe.warming && d.Allowed {
 		oe.warmSpent += cost
 	}
+	c.watchOwned(oe)
 	return d, oe
 }
 
@@ -822,7 +898,7 @@ func (c *Coordinator) shareStep(now int64, r *RuleParams, k entryKey, oe *ownerE
 func (c *Coordinator) ownedEntry(now int64, k entryKey) *ownerEntry {
 	oe := c.owned[k]
 	if oe == nil {
-		oe = &ownerEntry{}
+		oe = c.newOwnerEntry(now, k)
 		if now < c.warmUntil && c.table != nil {
 			if from := c.table.OwnerNameExcept(k.identity, c.cfg.Self); from != "" && c.handedOver[from] != c.table.Digest() {
 				oe.warming, oe.from = true, from
@@ -841,19 +917,26 @@ func (c *Coordinator) warming(now int64, oe *ownerEntry) bool {
 	return oe.warming
 }
 
-// entry returns the node entry of k, creating it or moving it to owner.
-func (c *Coordinator) entry(k entryKey, r *RuleParams, owner string) *nodeEntry {
-	var epoch uint64
-	if c.table != nil {
-		epoch = c.table.Epoch()
-	}
-	e := c.entries[k]
-	if e == nil {
-		c.gen++
-		e = &nodeEntry{owner: owner, epoch: epoch, version: r.Version, gen: c.gen}
-		c.entries[k] = e
-	}
+// entry returns a new node entry of k (which has none) for owner.
+func (c *Coordinator) entry(now int64, k entryKey, r *RuleParams, owner string) *nodeEntry {
+	c.gen++
+	e := c.newNodeEntry(now, k)
+	e.owner, e.epoch, e.version, e.gen = owner, c.epoch, r.Version, c.gen
+	c.entries[k] = e
 	return e
+}
+
+// rule returns the rule id, as c.rules[id] does; the rule used last is
+// kept at hand.
+func (c *Coordinator) rule(id string) (*RuleParams, bool) {
+	if r := c.lastRule; r != nil && r.ID == id {
+		return r, true
+	}
+	r, ok := c.rules[id]
+	if ok {
+		c.lastRule = r
+	}
+	return r, ok
 }
 
 // sync queues a cumulative report of k's spend to its owner.
@@ -900,7 +983,10 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 		if oe == nil || oe.handed {
 			// What we kept after handing it over is in the state
 			// coming back.
-			oe = &ownerEntry{}
+			if oe != nil {
+				c.dropOwned(oe)
+			}
+			oe = c.newOwnerEntry(now, k)
 			c.owned[k] = oe
 		}
 		// What this node charged since the ring change and what the old
@@ -910,6 +996,7 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 		// per ring change, never an excess.)
 		oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
 		oe.warming = false
+		c.watchOwned(oe)
 	}
 	if m.HandedOver != 0 {
 		c.handedOver[from] = m.HandedOver
@@ -928,10 +1015,23 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 	}
 }
 
+// chargeOwned charges spent tokens a node reported to this node's bucket of
+// k: at the rule's rate, or at the region's share for a leased rule
+// (CoordinatorConfig.Shares), which also observes it as demand.
+func (c *Coordinator) chargeOwned(now int64, r *RuleParams, k entryKey, oe *ownerEntry, spent int64) {
+	if r.leased {
+		g, _ := c.cfg.Shares.Share(now, k.rule, k.identity, &oe.tat)
+		g.Charge(&oe.tat, now, spent)
+		c.cfg.Shares.Observe(now, k.rule, k.identity, spent, true, oe.tat)
+		return
+	}
+	r.gcra.Charge(&oe.tat, now, spent)
+}
+
 // charge is the owner's side of a sync: charge what is new, acknowledge.
 func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 	k := entryKey{s.Rule, s.Identity}
-	r, ok := c.rules[s.Rule]
+	r, ok := c.rule(s.Rule)
 	if !ok {
 		return
 	}
@@ -953,18 +1053,26 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 		// demand grant given back), so the old grant goes too.
 		p.gen, p.total = s.Gen, 0
 		p.grant = grantState{demand: p.grant.demand, demandAt: p.grant.demandAt, decided: p.grant.decided}
-		fallthrough
-	case s.Gen == p.gen && s.Total > p.total:
-		spent = s.Total - p.total
-		if r.leased {
-			g, _ := c.cfg.Shares.Share(now, k.rule, k.identity, &oe.tat)
-			g.Charge(&oe.tat, now, spent)
-			c.cfg.Shares.Observe(now, k.rule, k.identity, spent, true, oe.tat)
-		} else {
-			r.gcra.Charge(&oe.tat, now, spent)
+		spent = s.Total
+		// Before its first acknowledgement a generation's total is
+		// unconfirmed spend, at most the node's slack, within the pool.
+		// More means this bucket lost the generation's earlier reports
+		// (evicted at the key cap, or dropped full while the node's
+		// entry lived on): what they carried was charged to the bucket
+		// that is gone, so only the pool's worth is charged again.
+		if pool := r.Pool(); r.Mode == quota.ModeShared && spent > pool {
+			spent = pool
 		}
+		c.chargeOwned(now, r, k, oe, spent)
 		p.total = s.Total
 		c.stats.ReportsCharged++
+		c.watchOwned(oe)
+	case s.Gen == p.gen && s.Total > p.total:
+		spent = s.Total - p.total
+		c.chargeOwned(now, r, k, oe, spent)
+		p.total = s.Total
+		c.stats.ReportsCharged++
+		c.watchOwned(oe)
 	}
 	total := p.total
 	if s.Gen < p.gen {
@@ -991,7 +1099,7 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 // decideFor is the owner deciding a forwarded request.
 func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 	res := ResultItem{Ticket: d.Ticket}
-	if r, ok := c.rules[d.Rule]; ok {
+	if r, ok := c.rule(d.Rule); ok {
 		k := entryKey{d.Rule, d.Identity}
 		bd, oe := c.ownerStep(now, r, k, d.Cost)
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
@@ -1017,6 +1125,7 @@ func (c *Coordinator) ack(now int64, a AckItem) {
 	e.acked = min(a.Total, e.spent)
 	e.view = max(e.view, now+a.Debt)
 	e.grant.onAck(now, GrantLifetime(c.interval), a)
+	c.watch(e)
 }
 
 // result is a node receiving the owner's decision of a forwarded request.
@@ -1027,12 +1136,13 @@ func (c *Coordinator) result(now int64, r ResultItem) {
 	}
 	p := *pp
 	c.settle(pp) // may move the queue: only the copy is read below
-	if e := c.entries[p.key]; e != nil {
+	if e := c.entryOf(&p); e != nil {
 		e.pending--
 		e.view = max(e.view, now+r.Debt)
+		c.watch(e)
 	}
 	c.stats.RemoteResults++
-	rp := c.rules[p.key.rule]
+	rp, _ := c.rule(p.key.rule)
 	var limit int64
 	if rp != nil {
 		limit = rp.Burst
@@ -1061,32 +1171,29 @@ func (c *Coordinator) Tick(now int64) {
 		}
 		c.popPending()
 	}
-	// The scans below walk every entry: at most four times per sync
-	// interval, so that a tick with nothing due costs nothing. A sync due
-	// by the interval goes out up to a quarter interval late.
+	// The scans below look at the entries whose wake time has come
+	// (keycap.go): at most four times per sync interval, so that a tick
+	// with nothing due costs nothing. A sync due by the interval goes out
+	// up to a quarter interval late.
 	if now < c.nextScan {
 		c.rollSketches(now)
 		return
 	}
 	c.nextScan = now + max(c.interval/4, 1)
-	// One walk: an entry that is due is synced first and may be dropped
-	// after; any other is dropped or kept at once (a sync changes only
-	// its own entry, so the order of the two does not matter).
+	// An entry that is due is synced first and may be dropped after; any
+	// other is dropped or kept at once (a sync changes only its own entry,
+	// so the order of the two does not matter).
 	due := c.due[:0]
-	for k, e := range c.entries {
-		e.grant.lapse(now)
-		if (e.spent > e.acked || e.grant.unreported()) && now-e.lastSync >= c.interval {
-			due = append(due, k)
-		} else if e.idle(now) {
-			delete(c.entries, k)
-		}
+	for _, rk := range c.keyList {
+		due = c.scanNodes(now, rk, due)
 	}
-	slices.SortFunc(due, cmpKey)
-	for _, k := range due {
-		e := c.entries[k]
-		c.sync(now, k, e)
+	slices.SortFunc(due, func(a, b *nodeEntry) int { return cmpKey(a.key, b.key) })
+	for _, e := range due {
+		c.sync(now, e.key, e)
 		if e.idle(now) {
-			delete(c.entries, k)
+			c.dropEntry(e)
+		} else {
+			c.watch(e)
 		}
 	}
 	clear(due)
@@ -1095,14 +1202,8 @@ func (c *Coordinator) Tick(now int64) {
 	} else {
 		c.due = nil // a rare long list's array goes
 	}
-	for k, oe := range c.owned {
-		if int64(oe.tat) <= now && !oe.reserving() {
-			delete(c.owned, k)
-			if oe.reports != nil && len(c.spareReports) < maxSpareReports {
-				clear(oe.reports)
-				c.spareReports = append(c.spareReports, oe.reports[:0])
-			}
-		}
+	for _, rk := range c.keyList {
+		c.scanOwned(now, rk)
 	}
 	c.rollSketches(now)
 }
@@ -1166,7 +1267,7 @@ func (c *Coordinator) popPending() {
 func (c *Coordinator) expire(now int64, p *pendingReq) {
 	t := p.ticket
 	p.live = false
-	e := c.entries[p.key]
+	e := c.entryOf(p)
 	r := c.rules[p.key.rule]
 	if e == nil || r == nil {
 		c.done = append(c.done, Completion{Ticket: t, Outcome: Outcome{Source: SourceFailure, Degraded: true, Decision: bucket.Decision{Allowed: true}}})
@@ -1174,6 +1275,17 @@ func (c *Coordinator) expire(now int64, p *pendingReq) {
 	}
 	e.pending--
 	c.done = append(c.done, Completion{Ticket: t, Outcome: c.failure(now, r, e, p.cost)})
+	c.watch(e)
+}
+
+// entryOf returns the entry of p's key, as c.entries[p.key] does: the
+// entry p was forwarded from while it is still that key's (a dropped entry
+// is dead until it is reused, and a reused one has its new key).
+func (c *Coordinator) entryOf(p *pendingReq) *nodeEntry {
+	if e := p.e; e != nil && !e.dead && e.key == p.key {
+		return e
+	}
+	return c.entries[p.key]
 }
 
 func cmpKey(a, b entryKey) int {
@@ -1200,10 +1312,12 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 	case SourceOwner:
 		if oe := c.owned[k]; oe != nil {
 			oe.tat -= bucket.TAT(cost * r.gcra.Interval().Nanoseconds())
+			c.watchOwned(oe)
 		}
 	case SourceSlack:
 		if e := c.entries[k]; e != nil && e.spent-cost >= e.sent {
 			e.spent -= cost
+			c.watch(e)
 		}
 	}
 }
@@ -1287,6 +1401,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 	}
 	c.table = t
 	epoch := t.Epoch()
+	c.epoch = epoch
 	var moved []entryKey
 	for k, e := range c.entries {
 		if e.epoch != epoch {
@@ -1296,6 +1411,9 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 	slices.SortFunc(moved, cmpKey)
 	for _, k := range moved {
 		e := c.entries[k]
+		if e == nil {
+			continue // evicted at the key cap by an owner entry made above
+		}
 		owner := t.OwnerName(k.identity)
 		unconf := e.spent - e.acked
 		e.epoch = epoch
@@ -1303,23 +1421,25 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 			continue
 		}
 		if owner == c.cfg.Self || owner == "" {
+			c.dropEntry(e)
 			if r := c.rules[k.rule]; r != nil && unconf > 0 {
 				oe := c.owned[k]
 				if oe == nil {
-					oe = &ownerEntry{}
+					oe = c.newOwnerEntry(now, k)
 					c.owned[k] = oe
 				}
 				r.gcra.Charge(&oe.tat, now, unconf)
+				c.watchOwned(oe)
 			}
-			delete(c.entries, k)
 			continue
 		}
 		c.gen++
-		*e = nodeEntry{owner: owner, epoch: epoch, version: e.version, gen: c.gen, spent: unconf,
+		*e = nodeEntry{key: e.key, rk: e.rk, heapAt: e.heapAt, owner: owner, epoch: epoch, version: e.version, gen: c.gen, spent: unconf,
 			view: e.view, fallback: e.fallback, pending: e.pending}
 		if unconf > 0 {
 			c.sync(now, k, e)
 		}
+		c.watch(e)
 	}
 	var handed []entryKey
 	for k, oe := range c.owned {
@@ -1330,7 +1450,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		case (o == "" || o == c.cfg.Self) && oe.handed:
 			// Ours again: what we kept after handing it over is stale,
 			// and the owner in between hands the bucket back.
-			delete(c.owned, k)
+			c.dropOwned(oe)
 		}
 	}
 	slices.SortFunc(handed, cmpKey)

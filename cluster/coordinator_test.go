@@ -526,7 +526,7 @@ func TestRestartedNodeIsCharged(t *testing.T) {
 	}
 	c := NewCoordinator(CoordinatorConfig{Self: "gw", Incarnation: 2000})
 	c.SetRules([]RuleParams{p})
-	e := c.entry(entryKey{"r", "x"}, &p, "owner")
+	e := c.entry(now, entryKey{"r", "x"}, &p, "owner")
 	if e.gen <= 2000 {
 		t.Fatalf("generation %d does not start above the incarnation", e.gen)
 	}

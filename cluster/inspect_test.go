@@ -15,7 +15,9 @@ import (
 
 func inspectRule(t *testing.T) RuleParams {
 	t.Helper()
-	p, err := NewRuleParams(&quota.Rule{ID: "r", Limit: 10, Window: time.Second, Burst: 4, Mode: quota.ModeShared}, 1)
+	// Accuracy 0.5: a slack pool of 5 tokens, so a node's first report of
+	// 5 is within what an owner charges (Coordinator.charge).
+	p, err := NewRuleParams(&quota.Rule{ID: "r", Limit: 10, Window: time.Second, Burst: 4, Mode: quota.ModeShared, Accuracy: 0.5}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

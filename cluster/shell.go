@@ -150,6 +150,12 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		wall := base.UnixNano()
 		cfg.Clock = func() int64 { return wall + int64(time.Since(base)) }
 	}
+	// The key cap is the node's, per rule: each shard holds its share of
+	// it (its identities are about 1/Shards of the node's).
+	if cfg.Coordinator.MaxKeys <= 0 {
+		cfg.Coordinator.MaxKeys = DefaultMaxKeys
+	}
+	cfg.Coordinator.MaxKeys = (cfg.Coordinator.MaxKeys + cfg.Shards - 1) / cfg.Shards
 	if cfg.Coordinator.Incarnation == 0 {
 		cfg.Coordinator.Incarnation = uint64(cfg.Clock())
 	}
@@ -754,6 +760,11 @@ func (st *Stats) add(o *Stats) {
 	st.SketchAdmits += o.SketchAdmits
 	st.SketchPromotions += o.SketchPromotions
 	st.SketchBytes += o.SketchBytes
+	st.EvictedIdle += o.EvictedIdle
+	st.EvictedViews += o.EvictedViews
+	st.EvictedForgiven += o.EvictedForgiven
+	st.OverCap += o.OverCap
+	st.ForgivenTokens += o.ForgivenTokens
 }
 
 // Close stops the shell's goroutines and waits for exchanges in flight

@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -54,6 +55,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "sim: %v\n", err)
 		return 2
+	}
+	if opts.cpuprofile != "" {
+		f, err := os.Create(opts.cpuprofile)
+		if err != nil {
+			fmt.Fprintf(stderr, "sim: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "sim: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
 	if !opts.quiet {
@@ -122,8 +136,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 type options struct {
-	sweep, out string
-	quiet, log bool
+	sweep, out, cpuprofile string
+	quiet, log             bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (region.Config, options, error) {
@@ -162,6 +176,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.IntVar(&c.IDs, "ids", 0, "identities (0: 1, or 1000 for zipf)")
 	fs.Float64Var(&c.Rate, "rate", 0, "zipf: decisions per simulated second in all (0: load × rate × ids ÷ 10)")
 	fs.Float64Var(&c.ZipfS, "zipf", 1.1, "zipf: exponent (> 1)")
+	fs.IntVar(&c.KeyCap, "keycap", 0, "the coordinators' key cap: entries per rule per node (0: the default, 1 000 000)")
 	fs.Int64Var(&c.Sketch, "sketch", 0, "sketch gating threshold θ of the rule (0: off; shared mode; docs/overshoot.md \"Sketch gating\")")
 	fs.DurationVar(&c.SketchPeriod, "sketch-period", 0, "sketch gating period P (0: the window)")
 	fs.StringVar(&faults, "faults", "none", "faults to inject (see below)")
@@ -170,6 +185,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.StringVar(&o.out, "out", "", "directory for SVG plots (none if empty)")
 	fs.StringVar(&o.sweep, "sweep", "", `run a grid instead of one run ("default" or a spec, see below)`)
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	fs.BoolVar(&o.log, "log", false, "log faults and ring changes on stderr")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: go run ./sim [flags]\n\nSimulates one region of weir gateways running the real cluster coordinator, and checks\nthe accuracy envelope of docs/overshoot.md. Exit status 1 when a bound is broken.\n\nFlags:\n")

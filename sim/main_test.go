@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"-sweep", "nodes=x"}, "-sweep: sweep spec"},
 		{[]string{"-faults", "restart:n1@1s"}, "is running then"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"-keycap", "-1"}, "keycap -1"},
 	} {
 		var out, errs bytes.Buffer
 		code := run(append([]string{"-quiet"}, tc.args...), &out, &errs)
@@ -56,5 +58,23 @@ func TestSweepCommand(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "8 runs, 0 violations") {
 		t.Fatalf("sweep output:\n%s", out.String())
+	}
+}
+
+// TestKeyCapAndProfileFlags: -keycap reaches the run and its summary,
+// and -cpuprofile writes a profile.
+func TestKeyCapAndProfileFlags(t *testing.T) {
+	prof := t.TempDir() + "/cpu.prof"
+	var out, errs bytes.Buffer
+	code := run([]string{"-quiet", "-nodes", "3", "-traffic", "zipf", "-ids", "500", "-rate", "5000", "-keycap", "50",
+		"-duration", "2s", "-cpuprofile", prof}, &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s%s", code, out.String(), errs.String())
+	}
+	if !strings.Contains(out.String(), "key cap 50 per rule per node") {
+		t.Fatalf("summary lacks the key cap:\n%s", out.String())
+	}
+	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
+		t.Fatalf("no profile written: %v", err)
 	}
 }

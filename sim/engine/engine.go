@@ -128,11 +128,16 @@ func (q *queue) pop() item {
 // run. The zero Sim is not usable; call New. A Sim is not safe for
 // concurrent use: everything runs on the goroutine that calls Run.
 type Sim struct {
-	now   int64
-	seq   uint64
-	q     queue
-	rng   *rand.Rand
-	fired uint64
+	now int64
+	seq uint64
+	q   queue
+	// front, when hasFront, is the earliest scheduled event, held out of
+	// the heap: an event scheduled before all others (the next arrival
+	// of a traffic source, mostly) then costs no heap push and pop.
+	front    item
+	hasFront bool
+	rng      *rand.Rand
+	fired    uint64
 }
 
 // New returns a Sim whose clock reads start (virtual nanoseconds) and whose
@@ -156,14 +161,30 @@ func (s *Sim) At(at int64, ev Event) {
 		at = s.now
 	}
 	s.seq++
-	s.q.push(item{at: at, seq: s.seq, ev: ev})
+	it := item{at: at, seq: s.seq, ev: ev}
+	switch {
+	case s.hasFront && it.before(&s.front):
+		s.q.push(s.front)
+		s.front = it
+	case s.hasFront:
+		s.q.push(it)
+	case len(s.q) == 0 || it.before(&s.q[0]):
+		s.front, s.hasFront = it, true
+	default:
+		s.q.push(it)
+	}
 }
 
 // After schedules ev d nanoseconds from now.
 func (s *Sim) After(d int64, ev Event) { s.At(s.now+d, ev) }
 
 // Pending returns the number of scheduled events.
-func (s *Sim) Pending() int { return len(s.q) }
+func (s *Sim) Pending() int {
+	if s.hasFront {
+		return len(s.q) + 1
+	}
+	return len(s.q)
+}
 
 // Fired returns the number of events fired so far.
 func (s *Sim) Fired() uint64 { return s.fired }
@@ -171,10 +192,18 @@ func (s *Sim) Fired() uint64 { return s.fired }
 // Step fires the next event if it is due at or before until, and reports
 // whether it did.
 func (s *Sim) Step(until int64) bool {
-	if len(s.q) == 0 || s.q[0].at > until {
+	var it item
+	switch {
+	case s.hasFront:
+		if s.front.at > until {
+			return false
+		}
+		it, s.front, s.hasFront = s.front, item{}, false
+	case len(s.q) == 0 || s.q[0].at > until:
 		return false
+	default:
+		it = s.q.pop()
 	}
-	it := s.q.pop()
 	s.now = it.at
 	s.fired++
 	it.ev.Fire(s)

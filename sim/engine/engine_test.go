@@ -137,3 +137,42 @@ func TestProduct(t *testing.T) {
 		t.Fatalf("Product of no dimensions visited %d times, want 1", n)
 	}
 }
+
+// spawner fires and schedules more events at random offsets (zero
+// included), some before every event already scheduled: the path through
+// the Sim's front slot.
+type spawner struct {
+	log *[][2]int64
+	id  int64
+	n   *int64
+}
+
+func (e spawner) Fire(s *Sim) {
+	*e.log = append(*e.log, [2]int64{s.Now(), e.id})
+	for range s.Rand().IntN(3) {
+		*e.n++
+		s.After(s.Rand().Int64N(40), spawner{e.log, *e.n, e.n})
+	}
+}
+
+// TestSimOrder: through Sim.At and Step (with the front slot), events fire
+// in (time, scheduling order), every one of them, and Pending counts them.
+func TestSimOrder(t *testing.T) {
+	s := New(0, 3)
+	var log [][2]int64
+	var n int64
+	for range 50 {
+		n++
+		s.At(s.Rand().Int64N(100), spawner{&log, n, &n})
+	}
+	s.Run(5000)
+	for i := 1; i < len(log); i++ {
+		a, b := log[i-1], log[i]
+		if b[0] < a[0] || (b[0] == a[0] && b[1] < a[1]) {
+			t.Fatalf("fired (%d, #%d) after (%d, #%d)", b[0], b[1], a[0], a[1])
+		}
+	}
+	if int64(len(log))+int64(s.Pending()) != n {
+		t.Fatalf("%d fired + %d pending, %d scheduled", len(log), s.Pending(), n)
+	}
+}

@@ -134,6 +134,21 @@ type checker struct {
 	gP                          int64
 	gAcc, gAll, gClean, gSketch float64
 	gAccID, gSketchID           int
+
+	// Key cap runs: capTerm[i] is the key cap term identity i has
+	// gathered (Region.evicted): each identity's excess is scored beyond
+	// its own term. worstAccRaw is the worst accounted excess without it.
+	capTerm       []float64
+	worstAccRaw   float64
+	worstAccRawID int
+}
+
+// term returns identity i's key cap term so far (0 without a key cap).
+func (c *checker) term(i int) float64 {
+	if c.capTerm == nil {
+		return 0
+	}
+	return c.capTerm[i]
 }
 
 // gPoint is one admission of a gated run.
@@ -172,7 +187,7 @@ func cmpAdmission(a, b admission) int {
 
 func newChecker(ids int, rate float64, segs []segment, lowEnd int64, saturated bool) *checker {
 	c := &checker{rate: rate, segs: segs, lowEnd: lowEnd, saturated: saturated, ids: make([]idCheck, ids),
-		worstAcc: math.Inf(-1), worstAll: math.Inf(-1), worstClean: math.Inf(-1), worstLow: math.Inf(-1)}
+		worstAcc: math.Inf(-1), worstAll: math.Inf(-1), worstClean: math.Inf(-1), worstLow: math.Inf(-1), worstAccRaw: math.Inf(-1)}
 	for i := range c.ids {
 		c.ids[i] = idCheck{acc: newUp(), all: newUp(), clean: newUp(), low: newLow(), seg: -1}
 	}
@@ -314,7 +329,7 @@ func (c *checker) scoreGap(i int, s segment) {
 }
 
 func (c *checker) scoreClean(i int) {
-	if v := c.ids[i].clean.best; v > c.worstClean {
+	if v := c.ids[i].clean.best - c.term(i); v > c.worstClean {
 		c.worstClean, c.worstCleanID = v, i
 	}
 }
@@ -342,10 +357,13 @@ func (c *checker) finish() {
 				c.scoreGap(i, c.segs[j])
 			}
 		}
-		if v := ic.acc.best; v > c.worstAcc {
+		if v := ic.acc.best - c.term(i); v > c.worstAcc {
 			c.worstAcc, c.worstAccID = v, i
 		}
-		if v := ic.all.best; v > c.worstAll {
+		if ic.acc.best > c.worstAccRaw {
+			c.worstAccRaw, c.worstAccRawID = ic.acc.best, i
+		}
+		if v := ic.all.best - c.term(i); v > c.worstAll {
 			c.worstAll = v
 		}
 		if c.gated {
@@ -438,10 +456,10 @@ func worstWithTerm(best []float64, term float64) float64 {
 // (⌈Δ/P⌉ + 1) = K at most.
 func (c *checker) gatedPass(i int) {
 	pts := c.ids[i].pts
-	if v := worstWithTerm(bestByK(pts, func(p *gPoint) bool { return !p.degraded }, c.rate, c.gP), c.gK); v > c.gAcc {
+	if v := worstWithTerm(bestByK(pts, func(p *gPoint) bool { return !p.degraded }, c.rate, c.gP), c.gK) - c.term(i); v > c.gAcc {
 		c.gAcc, c.gAccID = v, i
 	}
-	c.gAll = max(c.gAll, worstWithTerm(bestByK(pts, func(*gPoint) bool { return true }, c.rate, c.gP), c.gK))
+	c.gAll = max(c.gAll, worstWithTerm(bestByK(pts, func(*gPoint) bool { return true }, c.rate, c.gP), c.gK)-c.term(i))
 	for k, b := range bestByK(pts, func(p *gPoint) bool { return p.gated }, 0, c.gP) {
 		if v := b / float64(k+1); v > c.gSketch {
 			c.gSketch, c.gSketchID = v, i
@@ -453,7 +471,7 @@ func (c *checker) gatedPass(i int) {
 		if lo == hi {
 			continue
 		}
-		c.gClean = max(c.gClean, worstWithTerm(bestByK(pts[lo:hi], func(*gPoint) bool { return true }, c.rate, c.gP), c.gK))
+		c.gClean = max(c.gClean, worstWithTerm(bestByK(pts[lo:hi], func(*gPoint) bool { return true }, c.rate, c.gP), c.gK)-c.term(i))
 	}
 	c.ids[i].pts = nil
 }

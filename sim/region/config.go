@@ -73,6 +73,9 @@ type Config struct {
 	// node's sketch hashes with a seed drawn from the run's random source.
 	Sketch       int64
 	SketchPeriod time.Duration
+	// KeyCap is every coordinator's key cap (cluster.CoordinatorConfig
+	// MaxKeys: entries per rule per node; 0: the coordinator's default).
+	KeyCap int
 	// Scheme is the rule's slack scheme, "fixed" or "demand" (""
 	// : cluster.DefaultSlackScheme).
 	Scheme string
@@ -253,6 +256,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("zipf exponent %g: want > 1", c.ZipfS)
 	case c.Duration <= 0:
 		return fmt.Errorf("duration %v: want > 0", c.Duration)
+	case c.KeyCap < 0:
+		return fmt.Errorf("keycap %d: want 0 (the default) or more", c.KeyCap)
 	case c.Sketch < 0 || c.Sketch > quota.MaxSketchThreshold:
 		return fmt.Errorf("sketch %d: want 0 (off) or 1..%d", c.Sketch, quota.MaxSketchThreshold)
 	case c.Sketch > 0 && c.Mode != quota.ModeShared:
@@ -353,6 +358,9 @@ func (c Config) Flags() string {
 	}
 	if c.Sketch > 0 {
 		fmt.Fprintf(&b, " -sketch %d -sketch-period %v", c.Sketch, c.SketchPeriod)
+	}
+	if c.KeyCap > 0 {
+		fmt.Fprintf(&b, " -keycap %d", c.KeyCap)
 	}
 	fmt.Fprintf(&b, " -faults '%s' -duration %v -seed %d", FormatFaults(c.Faults), c.Duration, c.Seed)
 	return b.String()

@@ -128,9 +128,25 @@ func (o *ownerCache) OwnerName(identity string) string {
 
 var _ cluster.OwnerTable = (*ownerCache)(nil)
 
-// tableOf is node n's OwnerTable for its view.
+// tableOf is node n's OwnerTable for its view. Nodes whose views hold the
+// same members share one cache of owners: the same members give the same
+// owners.
 func (rg *Region) tableOf(n *node, epoch uint64) cluster.OwnerTable {
-	return &ownerCache{Ring: rg.ringOf(n, epoch), ids: rg.idNames, owner: make([]string, len(rg.idNames))}
+	key := make([]byte, len(n.member))
+	for j, in := range n.member {
+		if in || j == n.id {
+			key[j] = 1
+		}
+	}
+	owners := rg.owners[string(key)]
+	if owners == nil {
+		if rg.owners == nil {
+			rg.owners = map[string][]string{}
+		}
+		owners = make([]string, len(rg.idNames))
+		rg.owners[string(key)] = owners
+	}
+	return &ownerCache{Ring: rg.ringOf(n, epoch), ids: rg.idNames, owner: owners}
 }
 
 // ringOf builds node n's ring from its view.

@@ -135,6 +135,8 @@ func (n *node) start(view []bool) {
 		DecideTimeout: n.rg.cfg.DecideTimeout,
 		Incarnation:   inc,
 		SketchSeed:    seed,
+		MaxKeys:       n.rg.cfg.KeyCap,
+		OnEvict:       n.rg.evicted,
 	})
 	n.coord.SetRules([]cluster.RuleParams{n.rg.params})
 	n.waits = waitQueue{}
@@ -173,6 +175,16 @@ func (n *node) addPast() {
 	p.ReportsCharged += s.ReportsCharged
 	p.SketchAdmits += s.SketchAdmits
 	p.SketchPromotions += s.SketchPromotions
+	addEvictions(p, s)
+}
+
+// addEvictions adds s's key cap counters to p.
+func addEvictions(p *cluster.Stats, s cluster.Stats) {
+	p.EvictedIdle += s.EvictedIdle
+	p.EvictedViews += s.EvictedViews
+	p.EvictedForgiven += s.EvictedForgiven
+	p.ForgivenTokens += s.ForgivenTokens
+	p.OverCap += s.OverCap
 }
 
 // request is a client request for identity ident arriving at this node.

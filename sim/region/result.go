@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -66,6 +67,22 @@ type Result struct {
 	ExcessPlain     float64
 	SketchPerPeriod float64
 	SketchID        string
+	// Key cap runs (Config.KeyCap > 0) charge each identity the term of
+	// its evictions (docs/overshoot.md, the key cap row of "Fault terms"): the
+	// debt its evicted owner buckets held plus s for each of its node
+	// entries evicted with a view; every upper check then scores an
+	// identity's excess beyond its own term. KeyCapTerm is the largest
+	// term of an identity; ExcessRaw is the worst accounted excess over
+	// B + r·Δ without the term, RawID its identity and RawTerm its term.
+	// KeyCapDerived is the derived bound on all forgiven debt, (B + S)
+	// per forgiven eviction plus s per view evicted: Coord.ForgivenTokens
+	// must stay within it (checked in fault-free runs).
+	KeyCapTerm, ExcessRaw, RawTerm, KeyCapDerived float64
+	RawID                                         string
+	// MaxForgiven is the largest debt one eviction forgave; CapBreaks
+	// counts forgiven evictions whose debt was above B + S_f plus s per
+	// view of the identity evicted before (a violation without faults).
+	MaxForgiven, CapBreaks int64
 	// WorstID names the identity with the worst accounted excess.
 	WorstID string
 	// Exchanges and Replies are the messages sent; FailedExchanges timed
@@ -150,6 +167,17 @@ func (rg *Region) result() *Result {
 		p.ReportsCharged += s.ReportsCharged
 		p.SketchAdmits += s.SketchAdmits
 		p.SketchPromotions += s.SketchPromotions
+		addEvictions(p, s)
+	}
+	if c.KeyCap > 0 {
+		st := &res.Coord
+		res.KeyCapDerived = float64(c.Burst+rg.sFault)*float64(st.EvictedForgiven) + float64(rg.sView)*float64(st.EvictedViews)
+		res.KeyCapTerm = slices.Max(ch.capTerm)
+		res.ExcessRaw = ch.worstAccRaw - float64(c.Burst)
+		res.MaxForgiven, res.CapBreaks = rg.maxForgiven, rg.capBreaks
+		if i := ch.worstAccRawID; !math.IsInf(ch.worstAccRaw, -1) && i < len(ch.capTerm) {
+			res.RawID, res.RawTerm = rg.idNames[i], ch.capTerm[i]
+		}
 	}
 	res.check()
 	return res
@@ -168,6 +196,10 @@ func (r *Result) check() {
 	}
 	if !math.IsInf(r.ExcessClean, -1) && r.ExcessClean > float64(r.S)+eps {
 		r.Violations = append(r.Violations, fmt.Sprintf("upper envelope: excess %.3f in a fault-free interval above S = %d", r.ExcessClean, r.S))
+	}
+	if c.KeyCap > 0 && len(c.Faults) == 0 && (float64(r.Coord.ForgivenTokens) > r.KeyCapDerived+eps || r.CapBreaks > 0) {
+		r.Violations = append(r.Violations, fmt.Sprintf("key cap: %d tokens of debt forgiven by %d evictions (above the derived (B + S)·evictions + s·views = %.0f?), %d evictions above B + S + s·views",
+			r.Coord.ForgivenTokens, r.Coord.EvictedForgiven, r.KeyCapDerived, r.CapBreaks))
 	}
 	if !math.IsNaN(r.Shortfall) && !math.IsInf(r.Shortfall, -1) && r.Shortfall > r.BoundShortfall+eps {
 		r.Violations = append(r.Violations, fmt.Sprintf("lower bound: shortfall %.3f under r·Δ in the fault-free interval (%v, %v) above S + c + ⌈r·ℓ⌉ = %.0f (ℓ = %v)",
@@ -252,6 +284,9 @@ func (r *Result) Summary(w io.Writer) {
 	if r.SketchN > 0 {
 		over = "B + r·Δ + sketch term"
 	}
+	if c.KeyCap > 0 {
+		over += " + its key cap term"
+	}
 	fmt.Fprintf(tw, "worst excess over %s, accounted, any interval (%s)\t%s\t%s\t%s\t\n", over, r.WorstID, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), ok(r.ExcessAccounted, r.BoundAccounted))
 	fmt.Fprintf(tw, "worst excess over %s, all admissions, any interval\t%s\t%s\t%s\t\n", over, fmtTok(r.ExcessAll), fmtTok(r.BoundAccounted+float64(r.DegradedAdmitted)), ok(r.ExcessAll, r.BoundAccounted+float64(r.DegradedAdmitted)))
 	fmt.Fprintf(tw, "worst excess over %s, fault-free intervals\t%s\t%d\t%s\t\n", over, fmtTok(r.ExcessClean), r.S, ok(r.ExcessClean, float64(r.S)))
@@ -283,6 +318,15 @@ func (r *Result) Summary(w io.Writer) {
 	fmt.Fprintln(w)
 	if r.SketchN > 0 {
 		fmt.Fprintf(w, "sketch: %d admissions through the sketch, %d promotions\n", r.Coord.SketchAdmits, r.Coord.SketchPromotions)
+	}
+	if c.KeyCap > 0 {
+		st := &r.Coord
+		fmt.Fprintf(w, "key cap %d per rule per node: evicted %d idle, %d views, %d forgiven (%d tokens of debt; derived bound (B + S)·%d + s·%d = %.0f); %d made over the cap\n",
+			c.KeyCap, st.EvictedIdle, st.EvictedViews, st.EvictedForgiven, st.ForgivenTokens, st.EvictedForgiven, st.EvictedViews, r.KeyCapDerived, st.OverCap)
+		fmt.Fprintf(w, "  most debt one eviction forgave %d (bound B + S = %d, plus s per view of the identity evicted before; %d above it)\n",
+			r.MaxForgiven, c.Burst+r.SFault, r.CapBreaks)
+		fmt.Fprintf(w, "  worst excess over B + r·Δ without the key cap term %s (%s, whose term, forgiven debt + s per view evicted, is %.0f); largest term %.0f\n",
+			fmtTok(r.ExcessRaw), r.RawID, r.RawTerm, r.KeyCapTerm)
 	}
 	fmt.Fprintf(w, "messages: %d exchanges + %d replies = %.1f/s; %d failed, %d lost, %d cut; %d syncs, %d forwarded, %d view rejects; %d breaker opens, %d ring changes\n",
 		r.Exchanges, r.Replies, r.MessagesPerSecond(), r.FailedExchanges, r.Lost, r.Cut, r.Coord.SyncsSent, r.Coord.Forwarded, r.Coord.ViewRejects, r.BreakerOpens, r.RingChanges)

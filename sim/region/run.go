@@ -41,7 +41,8 @@ type Region struct {
 	chk         *checker
 	horizon     int64
 	baseLoss    float64
-	freeX       *exchange // exchanges to reuse
+	freeX       *exchange           // exchanges to reuse
+	owners      map[string][]string // owner caches by member set (tableOf)
 
 	requests, unserved, refAdmitted, admitted int64
 	degraded, degradedAdmitted                int64
@@ -53,6 +54,12 @@ type Region struct {
 	windows                                   []segment
 	terms                                     []Term
 	sClean, sFault, slack                     int64
+	sView                                     int64 // the most slack one node may hold (key cap term)
+	// Key cap runs: views[i] counts identity i's node entries evicted
+	// with a view so far; maxForgiven is the largest debt one eviction
+	// forgave, capBreaks the forgiven evictions above B + S_f + s·views.
+	views                  []int64
+	maxForgiven, capBreaks int64
 	// The sketch term N·θ_eff·(⌈Δ/P⌉ + 1): sketchN the sketches that may
 	// admit for an identity (node incarnations), sketchTheta θ_eff.
 	sketchN                   int
@@ -123,6 +130,10 @@ func newRegion(c Config) *Region {
 	rg.chk = newChecker(c.IDs, c.rate()/1e9, cleanSegments(rg.windows, rg.end-T0), int64(c.Duration), c.saturating())
 	if c.Sketch > 0 {
 		rg.chk.gate(float64(int64(rg.sketchN)*rg.sketchTheta), int64(c.SketchPeriod))
+	}
+	if c.KeyCap > 0 {
+		rg.chk.capTerm = make([]float64, c.IDs)
+		rg.views = make([]int64, c.IDs)
 	}
 	return rg
 }
@@ -371,6 +382,32 @@ func (rg *Region) outcome(n *node, ident int, at int64, o cluster.Outcome, cost 
 	rg.chk.record(at-rg.t0, ident, cost, o.Degraded, o.Source == cluster.SourceSketch)
 }
 
+// evicted charges a key cap eviction's term to its identity: the debt an
+// owner bucket forgave, or s for a node entry evicted with its view
+// (docs/overshoot.md, the key cap row of "Fault terms").
+func (rg *Region) evicted(ev cluster.Eviction) {
+	if ev.Idle || rg.chk.capTerm == nil {
+		return
+	}
+	i, ok := parseIndex(ev.Identity, "id-")
+	if !ok || i >= len(rg.idNames) {
+		return
+	}
+	t := float64(ev.Forgiven)
+	if ev.Owner {
+		// The derived bound on one bucket's debt: B + S_f, plus s for
+		// each view of the identity evicted before.
+		rg.maxForgiven = max(rg.maxForgiven, ev.Forgiven)
+		if ev.Forgiven > rg.cfg.Burst+rg.sFault+rg.sView*rg.views[i] {
+			rg.capBreaks++
+		}
+	} else {
+		t = float64(rg.sView)
+		rg.views[i]++
+	}
+	rg.chk.capTerm[i] += t
+}
+
 // deriveTerms computes S, the fault windows and the fault terms of the
 // envelope (docs/overshoot.md derives each).
 func (rg *Region) deriveTerms() {
@@ -410,6 +447,7 @@ func (rg *Region) deriveTerms() {
 	rg.sFault = max(int64(nMax-1)*p.MaxSlack(nView), rg.sClean)
 	S := float64(rg.sFault)
 	s := float64(p.MaxSlack(nView))
+	rg.sView = p.MaxSlack(nView)
 	G := c.Gossip.Seconds()
 	tail := c.Detect + 2*c.Gossip + c.BreakerCooldown + c.CallTimeout + c.DecideTimeout + c.Sync + 2*c.Tick +
 		time.Duration((B+S)*T*1e9)

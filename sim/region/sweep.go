@@ -29,12 +29,15 @@ type Grid struct {
 	// Sketch is the sketch gating threshold θ (0: off); it applies to
 	// shared rules only, exact runs stay ungated.
 	Sketch []int64
+	// KeyCap is the coordinators' key cap (0: the default).
+	KeyCap []int
 }
 
 // GridSyntax documents the sweep spec; -help prints it.
 const GridSyntax = `A sweep spec is dimensions separated by ";", each NAME=VALUE,VALUE...
   nodes=3,5,10  accuracy=0.05,0.1  sync=20ms,100ms  traffic=uneven,saturate
   mode=shared,exact  load=2,3  scheme=fixed,demand  sketch=0,4 (θ; 0: off; shared rules only)
+  keycap=0,50 (entries per rule per node; 0: the default)
   faults=[none][crash:n1@2s,restart:n1@4s]   (each fault spec in brackets)
 "default" is the built-in grid (DefaultGrid).`
 
@@ -129,8 +132,14 @@ func ParseGrid(spec string) (Grid, error) {
 					return g, bad(fmt.Errorf("want an integer in [0, %d]", quota.MaxSketchThreshold))
 				}
 				g.Sketch = append(g.Sketch, th)
+			case "keycap":
+				k, err := strconv.Atoi(v)
+				if err != nil || k < 0 {
+					return g, bad(errors.New("want an integer >= 0"))
+				}
+				g.KeyCap = append(g.KeyCap, k)
 			default:
-				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, faults)", ErrGridSpec, name)
+				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, keycap, faults)", ErrGridSpec, name)
 			}
 		}
 	}
@@ -140,7 +149,7 @@ func ParseGrid(spec string) (Grid, error) {
 // Configs expands the grid over base. Run i gets seed base.Seed + i.
 func (g Grid) Configs(base Config) []Config {
 	var out []Config
-	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch)}
+	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch), len(g.KeyCap)}
 	engine.Product(sizes, func(i []int) {
 		cfg := base
 		if len(g.Scheme) > 0 {
@@ -169,6 +178,9 @@ func (g Grid) Configs(base Config) []Config {
 		}
 		if len(g.Sketch) > 0 {
 			cfg.Sketch = g.Sketch[i[8]]
+		}
+		if len(g.KeyCap) > 0 {
+			cfg.KeyCap = g.KeyCap[i[9]]
 		}
 		if cfg.Mode == quota.ModeExact {
 			cfg.Sketch = 0
@@ -199,6 +211,12 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 	if gated {
 		sk = "sketch\tterm\tN·θ\t"
 	}
+	// Key cap sweeps get a column of evictions (idle/views/forgiven) and
+	// the key cap term.
+	capped := slices.ContainsFunc(cfgs, func(c Config) bool { return c.KeyCap > 0 })
+	if capped {
+		sk += "keycap\tevicted i/v/f\tmax term\t"
+	}
 	fmt.Fprintf(tw, "run\tnodes\tmode\tacc\tslack\tsync\ttraffic\tfaults\t%sS\texcess\tbound\tclean\tshortfall\tbound\ton_failure\tmsgs/s\tfwd\tok\t\n", sk)
 	var out []*Result
 	for i, c := range cfgs {
@@ -217,6 +235,10 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 			if r.SketchN == 0 {
 				sk = "0\t-\t-\t"
 			}
+		}
+		if capped {
+			st := &r.Coord
+			sk += fmt.Sprintf("%d\t%d/%d/%d\t%s\t", r.Config.KeyCap, st.EvictedIdle, st.EvictedViews, st.EvictedForgiven, fmtTok(r.KeyCapTerm))
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%s\t%v\t%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%s\t\n",
 			i, r.Config.Nodes, r.Config.Mode, r.Config.Accuracy, r.Config.Scheme, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
