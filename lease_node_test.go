@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,4 +171,32 @@ func TestRulesFromLeaseGroup(t *testing.T) {
 			t.Errorf("gw-%d admitted %d of 8 under the new rule (limit 5, per node)", i, admitted)
 		}
 	}
+
+	// Propagation over repeated changes (docs/performance.md, "Lease
+	// group"): the time from a PUT's answer to every node running it.
+	var took []time.Duration
+	for k := range 8 {
+		body := fmt.Sprintf(`{"limit": %d, "window": "1m", "burst": 5, "key": ["header:X-Api-Key"], "mode": "local"}`, 10+k)
+		start := time.Now()
+		waitFor(t, func() bool {
+			code = put(t, srv.URL+"/v1/rules/per-key", adminToken, body)
+			return code != http.StatusServiceUnavailable
+		})
+		if code != http.StatusOK {
+			t.Fatalf("PUT %d: %d", k, code)
+		}
+		waitFor(t, func() bool {
+			for _, node := range nodes {
+				set := node.Rules()
+				i, ok := set.Lookup("per-key")
+				if !ok || set.Rule(i).Limit != int64(10+k) {
+					return false
+				}
+			}
+			return true
+		})
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	t.Logf("propagation to all 4 nodes over %d changes: median %v, max %v", len(took), took[len(took)/2], took[len(took)-1])
 }
