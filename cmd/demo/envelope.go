@@ -1,0 +1,187 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+// This file computes what the clients' records are checked against: the
+// reference (one exact GCRA bucket per identity, fed every request in send
+// order, DESIGN.md's "The reference") and the envelope (over any interval Δ
+// at most B + r·Δ + S admitted; docs/global.md's for a global rule).
+
+// limits is one version of a rule, as far as the envelope needs it.
+type limits struct {
+	limit    int64
+	window   time.Duration
+	burst    int64
+	accuracy float64
+}
+
+func limitsOf(r quota.Rule) limits {
+	a := r.Accuracy
+	if a == 0 {
+		a = quota.DefaultAccuracy
+	}
+	return limits{limit: r.Limit, window: r.Window, burst: r.Burst, accuracy: a}
+}
+
+func (l limits) String() string {
+	return fmt.Sprintf("%d/%v burst %d", l.limit, shortDuration(l.window), l.burst)
+}
+
+// rate is tokens per nanosecond.
+func (l limits) rate() float64 { return float64(l.limit) / float64(l.window) }
+
+// slackOne is one node's slack in a region of k nodes: ⌊a·L ÷ k⌋.
+func (l limits) slackOne(k int) int64 {
+	return int64(math.Floor(l.accuracy * float64(l.limit) / float64(k)))
+}
+
+// regionSlack is S for a region rule: the slack of the non-owner nodes,
+// the largest over the region's sizes during the run (1 to n live nodes,
+// as nodes stop and restart).
+func (l limits) regionSlack(n int) int64 {
+	var s int64
+	for k := 1; k <= n; k++ {
+		s = max(s, int64(k-1)*l.slackOne(k))
+	}
+	return s
+}
+
+// globalSlack is Σᵣ Nᵣ·sᵣ of docs/global.md for regions of n nodes, the
+// largest over the sizes a region takes during the run.
+func (l limits) globalSlack(regions, n int) int64 {
+	var s int64
+	for k := 1; k <= n; k++ {
+		s = max(s, int64(k)*l.slackOne(k))
+	}
+	return int64(regions) * s
+}
+
+// timing is the allowance for the gap between a client's send time and
+// the gateway's decision (the records carry send times): the tokens that
+// refill in 100ms, plus one.
+func (l limits) timing() int64 {
+	return int64(math.Ceil(l.rate()*float64(100*time.Millisecond))) + 1
+}
+
+// phase is a rule's version in force over [from, to) (unix ns of send
+// times), and the slack S that goes with it.
+type phase struct {
+	from, to int64
+	lim      limits
+	slack    int64
+	// fault is the fault term: the tokens the decisions made by
+	// on_failure (owner unreachable or slow: degraded, counted as
+	// fail-open) may have admitted, each at most the rule's largest cost.
+	// Zero in a run with no such decision.
+	fault int64
+}
+
+// reference counts what one exact GCRA bucket admits of recs (sorted by
+// send time), the rule switching versions at each phase's start (keeping
+// its state, as the owner's bucket does on a rule change).
+func reference(recs []record, phases []phase) int64 {
+	var tat bucket.TAT
+	var n int64
+	p := 0
+	g := mustGCRA(phases[0].lim)
+	for _, r := range recs {
+		for p+1 < len(phases) && r.at >= phases[p+1].from {
+			p++
+			g = mustGCRA(phases[p].lim)
+		}
+		if g.Step(&tat, r.at, r.cost).Allowed {
+			n++
+		}
+	}
+	return n
+}
+
+func mustGCRA(l limits) bucket.GCRA {
+	g, err := bucket.NewGCRA(l.limit, l.window, l.burst)
+	if err != nil {
+		panic(err) // the rules validated
+	}
+	return g
+}
+
+// worstExcess is the largest amount by which the tokens admitted over any
+// interval [t_i, t_j] of recs (sorted; only admitted records count) with
+// send times in [from, to) exceed rate·(t_j − t_i): the envelope bounds it
+// by B + S. It runs in one pass: excess(i, j) = (P_j − r·t_j) − (P_{i−1} −
+// r·t_i), P the prefix sums of the costs.
+func worstExcess(recs []record, rate float64, from, to int64) (worst float64, lo, hi int64) {
+	minStart := math.Inf(1)
+	var p float64 // P_{j}, relative to the first record in range
+	var t0, minAt int64
+	first := true
+	for _, r := range recs {
+		if !r.ok || r.at < from || r.at >= to {
+			continue
+		}
+		if first {
+			t0, first = r.at, false
+		}
+		x := rate * float64(r.at-t0)
+		if p-x < minStart { // P_{i−1} − r·t_i with i = this record
+			minStart, minAt = p-x, r.at
+		}
+		p += float64(r.cost)
+		if v := p - x - minStart; v > worst {
+			worst, lo, hi = v, minAt, r.at
+		}
+	}
+	return worst, lo, hi
+}
+
+// check is one envelope check: over every interval of a phase, the excess
+// over r·Δ against B + S + timing.
+type check struct {
+	phase  phase
+	excess float64
+	from   int64 // the worst interval's first and last send times
+	to     int64
+	bound  int64
+}
+
+func (c check) held() bool { return c.excess <= float64(c.bound) }
+
+// checkPhases checks recs against every phase.
+func checkPhases(recs []record, phases []phase) []check {
+	var out []check
+	for _, p := range phases {
+		ex, lo, hi := worstExcess(recs, p.lim.rate(), p.from, p.to)
+		out = append(out, check{phase: p, excess: ex, from: lo, to: hi, bound: p.lim.burst + p.slack + p.lim.timing() + p.fault})
+	}
+	return out
+}
+
+func sortRecords(rs []record) {
+	slices.SortStableFunc(rs, func(a, b record) int {
+		switch {
+		case a.at < b.at:
+			return -1
+		case a.at > b.at:
+			return 1
+		}
+		return 0
+	})
+}
+
+// shortDuration prints 1m0s as 1m and 1s as 1s.
+func shortDuration(d time.Duration) string {
+	switch {
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	}
+	return d.String()
+}
