@@ -27,13 +27,18 @@ func NewHolder(r Rule, regions int, skew int64) Holder {
 	return Holder{safe: safe, safeBurst: burst(r, safe), skew: skew}
 }
 
-// SetRule rebuilds the holder's safe share from rule r among regions
-// regions after the rule's limit or burst changed, keeping the lease held:
-// the leader counts the region at that share until it acknowledges a new
-// one or the lease expires, so enforcing it meanwhile is within the
-// invariant.
+// SetRule follows a change of rule r's limit or burst (among regions
+// regions), keeping the lease held: the leader counts the region at that
+// share until it acknowledges a new one or the lease expires, so enforcing
+// it meanwhile is within the invariant. The safe share only ever goes down
+// here: after a raised limit the leader may already have clamped an
+// expired lease's hold to the old safe share, and a fallback above that
+// would be counted nowhere (a holder made after the change starts from the
+// new safe share).
 func (h *Holder) SetRule(r Rule, regions int) {
-	h.safe = r.Limit / int64(max(regions, 1))
+	if safe := r.Limit / int64(max(regions, 1)); safe < h.safe {
+		h.safe = safe
+	}
 	h.safeBurst = burst(r, h.safe)
 }
 
