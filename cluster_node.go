@@ -165,7 +165,41 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	cp.wg.Add(2)
 	go n.watchMembers(cc.Region)
 	go n.publishVersions()
+	if len(cc.Join) > 0 {
+		n.awaitRing(cc.Region, joinRingWait)
+	}
 	return nil
+}
+
+// joinRingWait bounds how long New waits for the ring to hold the members
+// its join learned of.
+const joinRingWait = 2 * time.Second
+
+// awaitRing waits, at most limit, until the ring holds every member of the
+// region that memberlist knows: the join merged their list, and the ring is
+// rebuilt from its events on another goroutine. Until then this node's ring
+// is itself alone, so it would own every identity, with full buckets: a
+// node that joins must not decide before (the demo measured such a node
+// admitting a hot key's burst again).
+func (n *Node) awaitRing(region string, limit time.Duration) {
+	cp := n.cluster
+	deadline := time.Now().Add(limit)
+	for {
+		want := 0
+		for _, mi := range cp.mem.Members() {
+			if mi.Meta.Region == region && mi.Meta.RPCAddr != "" {
+				want++
+			}
+		}
+		if r := cp.shell.Ring(); r != nil && r.Len() >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.log.Warn("the ring does not hold every member the join found yet; deciding anyway", "members", want)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // publishVersions gossips the rule-set version in force in this node's

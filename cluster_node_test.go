@@ -199,3 +199,30 @@ rules:
 		})
 	}
 }
+
+// TestJoinWaitsForRing: New of a node that joins returns once its ring holds
+// the members the join found, so its first decisions are not made as the
+// owner of every identity with fresh buckets.
+func TestJoinWaitsForRing(t *testing.T) {
+	rules := parseRules(t, clusterRules)
+	var nodes []*weir.Node
+	defer func() {
+		for _, n := range nodes {
+			n.Close()
+		}
+	}()
+	for i := range 3 {
+		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "join-waits"}
+		if i > 0 {
+			cc.Join = []string{nodes[0].GossipAddr()}
+		}
+		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+		if got := len(n.Members()); got != i+1 {
+			t.Fatalf("gw-%d: New returned with %d members in its ring, want %d", i, got, i+1)
+		}
+	}
+}
