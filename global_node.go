@@ -302,8 +302,20 @@ func (n *Node) GlobalStatus() GlobalStatus {
 		return GlobalStatus{}
 	}
 	now := n.now()
+	// Only what this node owns now: a node that lost an identity in a
+	// ring change keeps its holder until its next report drops it, and a
+	// region's status summed over its nodes must not count it twice.
+	var owns func(string) bool
+	if gp.ring != nil {
+		if ring := gp.ring(); ring != nil {
+			owns = func(identity string) bool {
+				m, ok := ring.Owner(identity)
+				return !ok || m.Name == gp.self
+			}
+		}
+	}
 	gp.mu.Lock()
-	rules := gp.reg.Status(now)
+	rules := gp.reg.Status(now, owns)
 	gp.mu.Unlock()
 	return GlobalStatus{Leasing: true, Rules: rules, Reports: gp.reports.Load(), ReportFailures: gp.failures.Load()}
 }

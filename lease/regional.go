@@ -400,8 +400,9 @@ type RuleStatus struct {
 	Share int64 `json:"share"`
 }
 
-// Status returns every installed rule's state at now, ordered by rule.
-func (r *Regional) Status(now int64) []RuleStatus {
+// Status returns every installed rule's state at now, ordered by rule,
+// counting the identities owns accepts (every one when owns is nil).
+func (r *Regional) Status(now int64, owns func(identity string) bool) []RuleStatus {
 	ids := make([]string, 0, len(r.rules))
 	for id := range r.rules {
 		ids = append(ids, id)
@@ -414,6 +415,9 @@ func (r *Regional) Status(now int64) []RuleStatus {
 		out[i].Rule = id
 	}
 	for kk, k := range r.keys {
+		if owns != nil && !owns(kk.identity) {
+			continue
+		}
 		s := &out[idx[kk.rule]]
 		share, _, fb := k.holder.At(now)
 		if fb {

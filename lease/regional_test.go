@@ -110,7 +110,7 @@ func TestRegionalFallbacks(t *testing.T) {
 				t.Fatalf("expired: mode %d, want %d", m, c.want)
 			}
 		}
-		st := r.Status(10 * sec)
+		st := r.Status(10*sec, nil)
 		if len(st) != 1 || st[0].Fallback != 1 || st[0].Leased != 0 {
 			t.Fatalf("status %+v", st)
 		}
@@ -212,7 +212,7 @@ func TestRegionalWithMachine(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := eu.Status(now)
+	st := eu.Status(now, nil)
 	if st[0].Leased != 1 || st[0].Share < 700 {
 		t.Fatalf("eu, alone in demand (800 per window), holds %+v", st[0])
 	}
