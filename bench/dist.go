@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The distributed section: every system behind one small interface, driven
+// by one load generator that spreads calls over the three nodes.
+
+// nodes is the size of every cluster.
+const nodes = 3
+
+// system is a distributed limiter as a gateway node sees it: may this
+// identity pass now, asked on node node (0..nodes-1)?
+type system interface {
+	// Allow charges one token to key on the given node.
+	Allow(ctx context.Context, node int, key string) (bool, error)
+}
+
+// distSystem is a named system with what the report says about it.
+type distSystem struct {
+	name string
+	note string
+	// envelope is the excess over the reference bucket the system promises
+	// for a hot identity (weir shared: S); -1 when it states none.
+	envelope float64
+	// start brings up a fresh instance (every phase gets its own, so that
+	// what one phase leaves behind does not weigh on the next).
+	start func() (*instance, error)
+}
+
+// instance is one running system.
+type instance struct {
+	sys system
+	// degraded reports decisions made without the owner (fail-open); nil
+	// when the system does not count them.
+	degraded func() uint64
+	stop     func()
+}
+
+// distFigures are one system's distributed results.
+type distFigures struct {
+	Name string `json:"name"`
+	Note string `json:"note"`
+
+	// Saturation: closed loop, many random identities.
+	PerSec     float64 `json:"decisions_per_sec"`
+	SatErrors  int64   `json:"saturation_errors"`
+	SatWorkers int     `json:"saturation_workers"`
+
+	// Fixed offered load, open loop.
+	Offered      float64 `json:"offered_per_sec"`
+	Achieved     float64 `json:"achieved_per_sec"`
+	P50          float64 `json:"p50_us"`
+	P99          float64 `json:"p99_us"`
+	P999         float64 `json:"p999_us"`
+	LatErrors    int64   `json:"latency_errors"`
+	LatSamples   int     `json:"latency_samples"`
+	LatDelayed   int64   `json:"latency_dispatch_late"`
+	HotAdmitted  int64   `json:"hot_admitted"`
+	HotCalls     int64   `json:"hot_calls"`
+	HotErrors    int64   `json:"hot_errors"`
+	HotElapsed   float64 `json:"hot_elapsed_s"`
+	HotReference float64 `json:"hot_reference"`
+	HotEnvelope  float64 `json:"hot_envelope_excess"` // -1: none stated
+	Degraded     uint64  `json:"degraded"`
+	HasDegraded  bool    `json:"has_degraded"`
+	Skipped      string  `json:"skipped,omitempty"`
+}
+
+// satResult is a saturation run's outcome.
+type satResult struct {
+	perSec float64
+	errors int64
+}
+
+// saturate runs workers closed-loop callers (worker w on node w%nodes), each
+// drawing identities at random from ids, for d, and returns decisions per
+// second over the run.
+func saturate(s system, ids []string, workers int, d time.Duration) satResult {
+	var stop atomic.Bool
+	var total, errs atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	start := time.Now()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			node := w % nodes
+			var n, e int64
+			for !stop.Load() {
+				if _, err := s.Allow(ctx, node, ids[r.IntN(len(ids))]); err != nil {
+					e++
+				}
+				n++
+			}
+			total.Add(n)
+			errs.Add(e)
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	return satResult{perSec: float64(total.Load()) / el, errors: errs.Load()}
+}
+
+// latResult is a fixed-load run's outcome; latencies in microseconds.
+type latResult struct {
+	achieved       float64
+	p50, p99, p999 float64
+	errors         int64
+	samples        int
+	late           int64
+}
+
+// fixedLoad offers rate calls per second, open loop, for d: a dispatcher
+// releases each call at its scheduled time to a pool of callers (call i on
+// node i%nodes, identity drawn at random from ids), and a call's latency is
+// measured from its scheduled time, so a system that falls behind shows
+// its queueing in the figures instead of slowing the offer down
+// (no coordinated omission). late counts calls that found no free caller.
+func fixedLoad(s system, ids []string, rate float64, d time.Duration, callers int) latResult {
+	type job struct {
+		at  time.Time
+		key string
+		n   int
+	}
+	jobs := make(chan job, callers*4)
+	var mu sync.Mutex
+	lats := make([]float64, 0, int(rate*d.Seconds())+16)
+	var errs, late atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]float64, 0, 1024)
+			for j := range jobs {
+				if _, err := s.Allow(ctx, j.n%nodes, j.key); err != nil {
+					errs.Add(1)
+				}
+				local = append(local, float64(time.Since(j.at).Nanoseconds())/1e3)
+			}
+			mu.Lock()
+			lats = append(lats, local...)
+			mu.Unlock()
+		}()
+	}
+	r := rand.New(rand.NewPCG(11, 13))
+	start := time.Now()
+	interval := time.Duration(float64(time.Second) / rate)
+	total := int(rate * d.Seconds())
+	for i := 0; i < total; {
+		due := int(time.Since(start)/interval) + 1
+		for ; i < total && i < due; i++ {
+			j := job{at: start.Add(time.Duration(i) * interval), key: ids[r.IntN(len(ids))], n: i}
+			select {
+			case jobs <- j:
+			default:
+				late.Add(1)
+				jobs <- j
+			}
+		}
+		if i < total {
+			if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	slices.Sort(lats)
+	return latResult{
+		achieved: float64(len(lats)) / el,
+		p50:      quantile(lats, 0.50),
+		p99:      quantile(lats, 0.99),
+		p999:     quantile(lats, 0.999),
+		errors:   errs.Load(),
+		samples:  len(lats),
+		late:     late.Load(),
+	}
+}
+
+// hotResult is a hot-identity run's outcome.
+type hotResult struct {
+	admitted, calls, errors int64
+	elapsed                 float64
+	reference               float64
+}
+
+// hammer calls one identity from workers closed-loop callers spread over the
+// nodes for d and compares what was admitted with the reference bucket:
+// one exact bucket fed every request, which over Δ admits at most
+// burst + limit·Δ (Δ from the first call's start to the last call's end).
+func hammer(s system, key string, workers int, d time.Duration) hotResult {
+	var stop atomic.Bool
+	var admitted, calls, errs atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	start := time.Now()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := w % nodes
+			var a, c, e int64
+			for !stop.Load() {
+				ok, err := s.Allow(ctx, node, key)
+				switch {
+				case err != nil:
+					e++
+				case ok:
+					a++
+				}
+				c++
+			}
+			admitted.Add(a)
+			calls.Add(c)
+			errs.Add(e)
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	return hotResult{
+		admitted:  admitted.Load(),
+		calls:     calls.Load(),
+		errors:    errs.Load(),
+		elapsed:   el,
+		reference: ruleBurst + ruleLimit*el,
+	}
+}
+
+// distConfig sizes the distributed section.
+type distConfig struct {
+	satDur, latDur, hotDur time.Duration
+	satWorkers             int
+	hotWorkers             int
+	offered                float64
+	callers                int
+	identities             int
+}
+
+// measureDist runs the three phases on one system, each on a fresh
+// instance: the fixed load (after a warm-up at the same load), saturation
+// (after a short warm-up), then the hot identity.
+func measureDist(ds distSystem, cfg distConfig, label string, logf func(string, ...any)) (distFigures, error) {
+	ids := benchIDs(cfg.identities)
+	f := distFigures{Name: ds.name, Note: ds.note, SatWorkers: cfg.satWorkers, Offered: cfg.offered, HotEnvelope: ds.envelope}
+	phase := func(fn func(s system)) error {
+		t := time.Now()
+		in, err := ds.start()
+		logf("  %s: started in %v", ds.name, time.Since(t).Round(time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("%s: %w", ds.name, err)
+		}
+		fn(in.sys)
+		if in.degraded != nil {
+			f.Degraded += in.degraded()
+			f.HasDegraded = true
+		}
+		in.stop()
+		return nil
+	}
+	err := phase(func(s system) {
+		fixedLoad(s, ids, cfg.offered, cfg.latDur/4, cfg.callers) // warm-up: connections, caches
+		lat := fixedLoad(s, ids, cfg.offered, cfg.latDur, cfg.callers)
+		f.Achieved, f.P50, f.P99, f.P999 = lat.achieved, lat.p50, lat.p99, lat.p999
+		f.LatErrors, f.LatSamples, f.LatDelayed = lat.errors, lat.samples, lat.late
+	})
+	if err != nil {
+		return f, err
+	}
+	err = phase(func(s system) {
+		saturate(s, ids, cfg.satWorkers, cfg.satDur/10)
+		sat := saturate(s, ids, cfg.satWorkers, cfg.satDur)
+		f.PerSec, f.SatErrors = sat.perSec, sat.errors
+	})
+	if err != nil {
+		return f, err
+	}
+	err = phase(func(s system) {
+		hot := hammer(s, fmt.Sprintf("hot-%s-%d", label, time.Now().UnixNano()), cfg.hotWorkers, cfg.hotDur)
+		f.HotAdmitted, f.HotCalls, f.HotErrors = hot.admitted, hot.calls, hot.errors
+		f.HotElapsed, f.HotReference = hot.elapsed, hot.reference
+	})
+	return f, err
+}
+
+// quantile of sorted xs (nearest rank); 0 for none.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(xs))+0.5) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+// median of xs; 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
