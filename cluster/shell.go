@@ -41,7 +41,7 @@ type Shell struct {
 	// never taken while one is held.
 	mu     sync.Mutex
 	breaks map[string]*breaker
-	busy   map[string]*Message // peers with an exchange in flight, and what waits for the next
+	busy   map[string]*queued // peers with an exchange in flight, and what waits for the next
 
 	flushC chan struct{}
 	stop   chan struct{}
@@ -166,7 +166,7 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		shards: make([]shard, cfg.Shards),
 		shift:  uint(bits.TrailingZeros(uint(cfg.Shards))),
 		breaks: map[string]*breaker{},
-		busy:   map[string]*Message{},
+		busy:   map[string]*queued{},
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
@@ -601,11 +601,10 @@ func (s *Shell) send(env Envelope) {
 	s.mu.Lock()
 	if q, inflight := s.busy[env.To]; inflight {
 		if q == nil {
-			m := env.Msg
-			s.busy[env.To] = &m
-		} else {
-			q.merge(&env.Msg)
+			q = &queued{}
+			s.busy[env.To] = q
 		}
+		q.add(&env.Msg)
 		s.mu.Unlock()
 		return
 	}
@@ -631,9 +630,49 @@ func (s *Shell) send(env Envelope) {
 			}
 			s.busy[env.To] = nil
 			s.mu.Unlock()
-			msg = *q
+			msg = q.msg
 		}
 	}()
+}
+
+// queued is what waits for a peer while an exchange with it is in flight.
+// Syncs are cumulative, so a newer report of an identity's generation
+// replaces the one queued instead of joining it: under overload the queue
+// grows with the identities that have spend to report, not with the
+// reports (each item keeps its place, so the order of the rest holds).
+type queued struct {
+	msg   Message
+	syncs map[syncKey]int // index in msg.Syncs
+}
+
+type syncKey struct {
+	rule, identity string
+	gen            uint64
+}
+
+// add queues m's items after those already queued.
+func (q *queued) add(m *Message) {
+	syncs := m.Syncs
+	m.Syncs = nil
+	q.msg.merge(m)
+	m.Syncs = syncs
+	if q.syncs == nil {
+		q.syncs = make(map[syncKey]int, len(q.msg.Syncs)+len(syncs))
+		for i, it := range q.msg.Syncs {
+			q.syncs[syncKey{it.Rule, it.Identity, it.Gen}] = i
+		}
+	}
+	for _, it := range syncs {
+		k := syncKey{it.Rule, it.Identity, it.Gen}
+		if i, ok := q.syncs[k]; ok {
+			if old := &q.msg.Syncs[i]; it.Total >= old.Total {
+				*old = it
+			}
+			continue
+		}
+		q.syncs[k] = len(q.msg.Syncs)
+		q.msg.Syncs = append(q.msg.Syncs, it)
+	}
 }
 
 // merge appends n's items to m's, keeping their order; n is the newer.
