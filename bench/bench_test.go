@@ -51,7 +51,7 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("weir store: %+v, want 0 allocations and a heap figure", w)
 	}
 
-	wantDist := []string{"weir shared", "weir exact", "x/time/rate keyed (1 process)",
+	wantDist := []string{"weir shared", "weir exact", "weir shared + sketch", "x/time/rate keyed (1 process)",
 		"gubernator batching", "gubernator no-batching", "gubernator GLOBAL", "redis Lua token bucket"}
 	if len(rep.Dist) != len(wantDist) {
 		t.Fatalf("distributed: %d systems, want %d", len(rep.Dist), len(wantDist))

@@ -173,6 +173,24 @@ func checkTargets(r *report) []target {
 			"≤ B + r·Δ + S", verdict(float64(sh.HotAdmitted) <= upper))
 		add("shared: fail-open (degraded) decisions in a run with no fault", fmt.Sprintf("%d", sh.Degraded), "0", verdict(sh.Degraded == 0))
 	}
+	// The same targets for the configuration meant for many one-shot
+	// identities: shared with sketch gating (docs/overshoot.md).
+	if sk := r.dist("weir shared + sketch"); sk != nil {
+		for _, name := range []string{"redis Lua token bucket", "gubernator batching", "gubernator no-batching", "gubernator GLOBAL"} {
+			if o := r.dist(name); o != nil {
+				v := ratio(sk.PerSec, o.PerSec)
+				add("shared + sketch decisions/s ÷ "+name, fmt.Sprintf("%.0f", v), "≥ 100", verdict(v >= 100))
+			}
+		}
+		if x := r.dist("x/time/rate keyed (1 process)"); x != nil {
+			v := ratio(sk.PerSec, x.PerSec)
+			add("shared + sketch decisions/s ÷ unshared keyed x/time/rate (same load generator)", fmt.Sprintf("%.2f", v), "≥ 1", verdict(v >= 1))
+		}
+		upper := sk.HotReference + sk.HotEnvelope
+		add("shared + sketch hot identity: admitted vs B + r·Δ + S + N·θ·(⌈Δ/P⌉+1)", fmt.Sprintf("%d vs %.0f", sk.HotAdmitted, upper),
+			"≤ the envelope", verdict(float64(sk.HotAdmitted) <= upper))
+		add("shared + sketch: fail-open (degraded) decisions in a run with no fault", fmt.Sprintf("%d", sk.Degraded), "0", verdict(sk.Degraded == 0))
+	}
 	if ex != nil {
 		if redis == nil {
 			add("exact decisions/s ÷ Redis Lua", "Redis not measured", "≥ 1", "n/a")

@@ -34,6 +34,13 @@ rules:
     window: 1s
     burst: 100
     mode: exact
+  - id: sketched
+    key: [ip]
+    limit: 1000
+    window: 1s
+    burst: 100
+    mode: shared
+    sketch: {threshold: 8}
 `
 
 // weirCluster is three weir nodes of one region, joined by memberlist and
@@ -122,6 +129,17 @@ func (w weirRuleSystem) Allow(ctx context.Context, node int, key string) (bool, 
 func sharedSlack() float64 {
 	a := 0.05
 	return float64(nodes-1) * math.Floor(a*ruleLimit/nodes)
+}
+
+// sketchThreshold is the sketched rule's θ (sketch: {threshold: 8}, at most
+// the node's slack ⌊0.05·1000 ÷ 3⌋ = 16).
+const sketchThreshold = 8
+
+// sketchedSlack is what the sketched rule may admit beyond B + r·Δ over one
+// hot-identity run of at most two sketch periods (the rule's window, 1 s):
+// the slack S plus docs/overshoot.md's sketch term N·θ·(⌈Δ/P⌉ + 1).
+func sketchedSlack() float64 {
+	return sharedSlack() + float64(nodes*sketchThreshold*2)
 }
 
 // ---- gubernator: three daemons in process, static peers on loopback
