@@ -110,6 +110,42 @@ func (n *Node) runGlobal() {
 	gp.ring = n.cluster.shell.Ring
 	gp.wg.Add(1)
 	go n.reportLoop()
+	if n.ops.leases.Load() == nil {
+		n.SetLeaseShareSource(nodeShares{n})
+	}
+}
+
+// nodeShares is the status page's LeaseShareSource of a node that leases
+// global rules: its own region's shares of the identities it owns (the
+// owners of other identities, and other regions, report theirs on their
+// own pages).
+type nodeShares struct{ n *Node }
+
+// LeaseShares implements LeaseShareSource: per global rule, the sum of the
+// shares this node holds, as a rate, and whether any of its identities is
+// on the fallback.
+func (s nodeShares) LeaseShares() []LeaseShare {
+	st := s.n.GlobalStatus()
+	if !st.Leasing {
+		return nil
+	}
+	windows := map[string]time.Duration{}
+	e := s.n.eng.load()
+	for i := range e.rules {
+		windows[e.rules[i].r.ID] = e.rules[i].r.Window
+	}
+	out := make([]LeaseShare, 0, len(st.Rules))
+	for _, r := range st.Rules {
+		if r.Leased == 0 && r.Fallback == 0 {
+			continue
+		}
+		ls := LeaseShare{Rule: r.Rule, Region: s.n.region(), Fallback: r.Fallback > 0}
+		if w := windows[r.Rule]; w > 0 {
+			ls.Rate = float64(r.Share) / w.Seconds()
+		}
+		out = append(out, ls)
+	}
+	return out
 }
 
 // stopGlobal stops the report loop (before the lease connection closes).

@@ -251,6 +251,18 @@ func TestGlobalLeaseTwoRegions(t *testing.T) {
 	if v := gatherValue(t, g.regs[g.b1], "weir_global_reports_total", map[string]string{"outcome": "ok"}); v == 0 {
 		t.Fatal("b, a client of the lease group, reported nothing through Client.Report")
 	}
+	// The status page's view of it (Node.LeaseShares): b's share as a rate.
+	var rate float64
+	for _, gl := range g.b1.LeaseShares() {
+		for _, sh := range gl.Shares {
+			if gl.Rule == "world" && sh.Region == "b" {
+				rate = sh.Rate
+			}
+		}
+	}
+	if rate < globalL*9/10 {
+		t.Fatalf("the page shows b's share of world at %v/s, want ≥ 0.9 L", rate)
+	}
 	noFailOpen(t, nodes)
 }
 
