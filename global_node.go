@@ -32,6 +32,7 @@ type globalPart struct {
 
 	rep     lease.Reporter
 	self    string
+	events  *eventLog // the node's, for fallback events on the status page
 	regions int // the lease machine's regions: a node's slack is a ÷ regions of the limit's (slackAccuracy)
 	every   time.Duration
 	timeout time.Duration
@@ -82,7 +83,7 @@ func (n *Node) startGlobal() {
 		n.log.Error("global rules are not leased", "err", err)
 		return
 	}
-	gp := &globalPart{reg: reg, self: cc.Name, regions: len(mc.Regions), every: every, timeout: every, now: n.now,
+	gp := &globalPart{reg: reg, self: cc.Name, regions: len(mc.Regions), events: &n.ops.events, every: every, timeout: every, now: n.now,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), ctx: lp.ctx}
 	if lp.group != nil {
 		gp.rep = lp.group
@@ -225,7 +226,12 @@ func (gp *globalPart) Share(now int64, rule, identity string, tat *bucket.TAT) (
 	gp.mu.Lock()
 	g, mode, ok := gp.reg.Share(now, rule, identity, tat)
 	urgent := gp.reg.Urgent()
+	expired := ok && gp.reg.Expired(now, rule, identity)
 	gp.mu.Unlock()
+	if expired && gp.events != nil {
+		// For the status page; weir_global_fallback counts identities.
+		gp.events.add(now, EventFallback, rule, "lease expired: the region enforces its fallback", identity)
+	}
 	if urgent {
 		select {
 		case gp.kick <- struct{}{}:

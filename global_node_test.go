@@ -318,4 +318,12 @@ func TestGlobalLeaseGroupStopped(t *testing.T) {
 	if adm[2] == 0 {
 		t.Fatal("b admitted nothing on its fallback: min(safe, last share) > 0")
 	}
+	// The status page's event list shows it (the owner of c2 in b is b1).
+	seen := false
+	for _, ev := range g.b1.Events() {
+		seen = seen || (ev.Kind == weir.EventFallback && ev.Rule == "world")
+	}
+	if !seen {
+		t.Errorf("no fallback event on b's owner: %+v", g.b1.Events())
+	}
 }

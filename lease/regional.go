@@ -224,6 +224,18 @@ func (r *Regional) Share(now int64, rule, identity string, tat *bucket.TAT) (g b
 	return p.g, mode, true
 }
 
+// Expired reports whether the key of rule and identity enforces its
+// fallback because a lease it held expired (not merely because no grant
+// arrived yet).
+func (r *Regional) Expired(now int64, rule, identity string) bool {
+	k := r.keys[key{rule, identity}]
+	if k == nil || !k.holder.Granted() {
+		return false
+	}
+	_, _, fb := k.holder.At(now)
+	return fb
+}
+
 // Observe records what the owner was asked for a key (cost tokens, allowed
 // or not) and its bucket's TAT after it.
 func (r *Regional) Observe(now int64, rule, identity string, cost int64, allowed bool, tat bucket.TAT) {
