@@ -33,7 +33,7 @@ type globalPart struct {
 	rep     lease.Reporter
 	self    string
 	events  *eventLog // the node's, for fallback events on the status page
-	regions int // the lease machine's regions: a node's slack is a ÷ regions of the limit's (slackAccuracy)
+	regions int       // the lease machine's regions: a node's slack is a ÷ regions of the limit's (slackAccuracy)
 	every   time.Duration
 	timeout time.Duration
 	ring    func() *cluster.Ring // nil until the cluster runs
