@@ -138,6 +138,63 @@ type Sim struct {
 	hasFront bool
 	rng      *rand.Rand
 	fired    uint64
+	// lanes are FIFO queues of events scheduled a fixed delay ahead (see
+	// Lane): their items arrive in (at, seq) order, so each is kept in
+	// order by appending, without the heap.
+	lanes []*Lane
+}
+
+// Lane is a FIFO queue of events for a Sim, for a kind of event that is
+// mostly scheduled a fixed delay from now (a linger flush, a ticker): such
+// events are scheduled in the order they fire, so appending keeps the
+// lane sorted by (at, seq) and costs no heap push or pop. An event that
+// would fire before the lane's last one goes to the heap instead, so the
+// firing order is exactly the order without lanes: (at, seq) over all
+// events.
+type Lane struct {
+	q    []item
+	head int
+}
+
+// Lane returns a new lane of s.
+func (s *Sim) Lane() *Lane {
+	l := &Lane{}
+	s.lanes = append(s.lanes, l)
+	return l
+}
+
+// AtIn schedules ev at virtual time at, as At does, in lane l when that
+// keeps it in order.
+func (s *Sim) AtIn(l *Lane, at int64, ev Event) {
+	if at < s.now {
+		at = s.now
+	}
+	if n := len(l.q); n > l.head && at < l.q[n-1].at {
+		s.At(at, ev) // out of the lane's order: the heap orders it
+		return
+	}
+	s.seq++
+	l.q = append(l.q, item{at: at, seq: s.seq, ev: ev})
+}
+
+// AfterIn schedules ev d nanoseconds from now, in lane l when that keeps it
+// in order.
+func (s *Sim) AfterIn(l *Lane, d int64, ev Event) { s.AtIn(l, s.now+d, ev) }
+
+// pop removes l's first item.
+func (l *Lane) pop() item {
+	it := l.q[l.head]
+	l.q[l.head] = item{}
+	l.head++
+	switch {
+	case l.head == len(l.q):
+		l.q, l.head = l.q[:0], 0
+	case l.head >= 64 && l.head >= len(l.q)/2:
+		k := copy(l.q, l.q[l.head:])
+		clear(l.q[k:])
+		l.q, l.head = l.q[:k], 0
+	}
+	return it
 }
 
 // New returns a Sim whose clock reads start (virtual nanoseconds) and whose
@@ -180,10 +237,14 @@ func (s *Sim) After(d int64, ev Event) { s.At(s.now+d, ev) }
 
 // Pending returns the number of scheduled events.
 func (s *Sim) Pending() int {
+	n := len(s.q)
 	if s.hasFront {
-		return len(s.q) + 1
+		n++
 	}
-	return len(s.q)
+	for _, l := range s.lanes {
+		n += len(l.q) - l.head
+	}
+	return n
 }
 
 // Fired returns the number of events fired so far.
@@ -192,15 +253,30 @@ func (s *Sim) Fired() uint64 { return s.fired }
 // Step fires the next event if it is due at or before until, and reports
 // whether it did.
 func (s *Sim) Step(until int64) bool {
-	var it item
+	// The earliest event is the front (which precedes the heap), else the
+	// heap's top, unless a lane's first is earlier still.
+	var best *item
 	switch {
 	case s.hasFront:
-		if s.front.at > until {
-			return false
+		best = &s.front
+	case len(s.q) > 0:
+		best = &s.q[0]
+	}
+	var lane *Lane
+	for _, l := range s.lanes {
+		if l.head < len(l.q) && (best == nil || l.q[l.head].before(best)) {
+			best, lane = &l.q[l.head], l
 		}
-		it, s.front, s.hasFront = s.front, item{}, false
-	case len(s.q) == 0 || s.q[0].at > until:
+	}
+	if best == nil || best.at > until {
 		return false
+	}
+	var it item
+	switch {
+	case lane != nil:
+		it = lane.pop()
+	case s.hasFront:
+		it, s.front, s.hasFront = s.front, item{}, false
 	default:
 		it = s.q.pop()
 	}

@@ -149,7 +149,7 @@ func (n *node) start(view []bool) {
 	n.coord.SetTable(n.now(), n.rg.tableOf(n, n.epoch))
 	n.tick = &nodeTick{n: n, inc: inc}
 	n.flushEv = &nodeFlush{n: n, inc: inc}
-	n.rg.sim.After(n.rg.tickPhase(n.id), n.tick)
+	n.rg.sim.AfterIn(n.rg.tickLane, n.rg.tickPhase(n.id), n.tick)
 }
 
 // stop ends the node's run; its state is lost.
@@ -210,7 +210,7 @@ func (n *node) kick() {
 		return
 	}
 	n.queued = true
-	n.rg.sim.After(int64(n.rg.cfg.Linger), n.flushEv)
+	n.rg.sim.AfterIn(n.rg.flushLane, int64(n.rg.cfg.Linger), n.flushEv)
 }
 
 // flush hands out completions and sends every queued batch.
@@ -352,11 +352,13 @@ func (x *exchange) Fire(s *engine.Sim) {
 		x.stepper.Recycle(&x.msg)
 		rd := &recv.rd
 		recv.coord.ReadyInto(rd)
-		var reply cluster.Message
+		// The request's items are recycled: x.msg becomes the reply (the
+		// message the receiver has for the sender, if any) in place.
+		x.msg = cluster.Message{}
 		replied := false
 		for i := range rd.Messages {
 			if rd.Messages[i].To == x.from.name {
-				reply, replied = rd.Messages[i].Msg, true
+				x.msg, replied = rd.Messages[i].Msg, true
 				break
 			}
 		}
@@ -370,7 +372,6 @@ func (x *exchange) Fire(s *engine.Sim) {
 				}
 			}
 		}
-		x.msg = reply
 		x.stepper = recv.coord
 		x.phase = 1
 		x.replyAt = s.Now()
@@ -494,7 +495,7 @@ func (t *nodeTick) Fire(s *engine.Sim) {
 	n.retryBreakers()
 	n.flush()
 	if s.Now() < n.rg.end {
-		s.After(int64(n.rg.cfg.Tick), t)
+		s.AfterIn(n.rg.tickLane, int64(n.rg.cfg.Tick), t)
 	}
 }
 

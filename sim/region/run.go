@@ -43,6 +43,9 @@ type Region struct {
 	baseLoss    float64
 	freeX       *exchange           // exchanges to reuse
 	owners      map[string][]string // owner caches by member set (tableOf)
+	// tickLane and flushLane queue the nodes' ticks and linger flushes:
+	// each is scheduled a fixed delay ahead, so in firing order.
+	tickLane, flushLane *engine.Lane
 
 	requests, unserved, refAdmitted, admitted int64
 	degraded, degradedAdmitted                int64
@@ -97,6 +100,7 @@ func newRegion(c Config) *Region {
 	rg := &Region{cfg: c, t0: T0, byName: map[string]int{}}
 	rg.sim = engine.New(T0, c.Seed)
 	rg.net = engine.NewNetwork(rg.sim, c.Nodes, c.Latency)
+	rg.tickLane, rg.flushLane = rg.sim.Lane(), rg.sim.Lane()
 	rg.trafficEnd = T0 + int64(c.Duration)
 	rg.end = rg.trafficEnd + int64(c.CallTimeout+c.DecideTimeout+c.Linger) + 2*int64(c.Tick)
 	rg.horizon = int64(c.CallTimeout+c.Linger) + int64(time.Millisecond)

@@ -2,7 +2,6 @@ package region
 
 import (
 	"math"
-	"math/rand/v2"
 	"slices"
 
 	"github.com/weir-dev/weir/sim/engine"
@@ -90,7 +89,7 @@ type poisson struct {
 	rg    *Region
 	ident int
 	mean  float64 // ns between requests
-	zipf  *rand.Zipf
+	zipf  *zipf
 }
 
 func (p *poisson) Fire(s *engine.Sim) {
@@ -177,7 +176,7 @@ func (rg *Region) startTraffic() {
 			}
 		}
 	case TrafficZipf:
-		z := rand.NewZipf(s.Rand(), c.ZipfS, 1, uint64(c.IDs-1))
+		z := newZipf(s.Rand(), c.ZipfS, 1, uint64(c.IDs-1))
 		mean := 1e9 / c.Rate
 		s.At(rg.t0, &poisson{rg: rg, ident: -1, mean: mean, zipf: z})
 	}
