@@ -644,11 +644,19 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 		r.leased = c.cfg.Shares != nil && c.cfg.Shares.Leases(r.ID)
 		next[r.ID] = &r
 	}
+	var changed []entryKey
 	for k, e := range c.entries {
 		if r, ok := next[k.rule]; ok && r.Version != e.version {
 			e.view, e.version = 0, r.Version
-			c.watch(e)
+			changed = append(changed, k)
 		}
+	}
+	// Queued on the wake heaps in key order, not map order: which of the
+	// entries due at the same time leaves a heap first depends on the
+	// order they went in, and the key cap picks its victims from there.
+	slices.SortFunc(changed, cmpKey)
+	for _, k := range changed {
+		c.watch(c.entries[k])
 	}
 	c.setSketches(c.rules, next)
 	c.rules = next
