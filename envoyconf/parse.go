@@ -8,13 +8,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/weir-dev/weir/internal/yamlwalk"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -223,16 +222,8 @@ func (p *parser) failed(field string) bool {
 	return false
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 func (p *parser) yamlError(err error) error {
-	msg, line := err.Error(), 0
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-		line, _ = strconv.Atoi(m[1])
-		msg = m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
-	}
+	line, msg := yamlwalk.SyntaxError(err)
 	return p.errf(line, "", "%s", msg)
 }
 
@@ -243,82 +234,32 @@ func joinErrors(es []error) error {
 	return errors.Join(es...)
 }
 
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if n.ShortTag() == "!!null" {
-			return "null"
-		}
-		return strconv.Quote(n.Value)
-	case yaml.AliasNode:
-		return "an alias"
-	}
-	return "an unexpected node"
-}
+func describe(n *yaml.Node) string { return yamlwalk.Describe(n) }
 
 // resolve follows an alias chain, bounded.
 func (p *parser) resolve(n *yaml.Node, field string) *yaml.Node {
-	for i := 0; n != nil && n.Kind == yaml.AliasNode; i++ {
-		if i > 100 {
-			p.add(n, field, "alias chain too long")
-			return nil
-		}
-		n = n.Alias
-	}
+	n, why := yamlwalk.Resolve(n)
 	if n == nil {
-		p.add(nil, field, "alias to nothing")
+		p.add(nil, field, "%s", why)
 	}
 	return n
 }
 
-// mapping walks a mapping, calling field for each known key; unknown,
-// duplicate, merge and non-scalar keys are errors. A null node is an empty
-// mapping.
+// mapping walks a mapping (yamlwalk.Mapping), calling field for each known
+// key; unknown, duplicate, merge and non-scalar keys are errors. A null
+// node is an empty mapping.
 func (p *parser) mapping(n *yaml.Node, path string, known []string, field func(key string, v *yaml.Node, f string)) {
-	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+	if yamlwalk.IsNull(n) {
 		return
 	}
-	if n.Kind != yaml.MappingNode {
-		p.add(n, path, "expected a mapping, got %s", describe(n))
-		return
-	}
-	seen := map[string]int{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			p.add(k, path, "field names must be plain strings, got %s", describe(k))
-			continue
-		}
-		f := k.Value
-		if path != "" {
-			f = path + "." + k.Value
-		}
-		if k.Value == "<<" && k.ShortTag() == "!!merge" {
-			p.add(k, path, "merge keys (<<) are not supported")
-			continue
-		}
-		if first, dup := seen[k.Value]; dup {
-			p.add(k, f, "duplicate field %q (first at line %d)", k.Value, first)
-			continue
-		}
-		seen[k.Value] = k.Line
-		ok := false
-		for _, name := range known {
-			ok = ok || name == k.Value
-		}
-		if !ok {
-			p.add(k, f, "unknown field %q (want one of %s)", k.Value, strings.Join(known, ", "))
-			continue
-		}
+	yamlwalk.Mapping(n, path, known, func(n *yaml.Node, _ int, f, msg string) {
+		p.add(n, f, "%s", msg)
+	}, func(key string, k *yaml.Node, f string, v *yaml.Node) {
 		if v = p.resolve(v, f); v != nil {
 			p.keyLine = k.Line
-			field(k.Value, v, f)
+			field(key, v, f)
 		}
-	}
+	})
 }
 
 func (p *parser) str(n *yaml.Node, f string) string {
@@ -348,7 +289,7 @@ func (p *parser) uint32(n *yaml.Node, f string) uint32 {
 }
 
 func (p *parser) list(n *yaml.Node, f string) []*yaml.Node {
-	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+	if yamlwalk.IsNull(n) {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {

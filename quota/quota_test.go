@@ -511,11 +511,14 @@ func TestDocsExample(t *testing.T) {
 }
 
 // TestImports enforces DESIGN.md: quota reaches only the standard library,
-// yaml and fsnotify (tests also rapid and goleak), nothing of weir's.
+// yaml and fsnotify (tests also rapid and goleak), nothing of weir's but
+// internal/yamlwalk, the strict YAML walk it shares with envoyconf (itself
+// only the standard library and yaml).
 func TestImports(t *testing.T) {
 	allowed := map[string]bool{
 		"go.yaml.in/yaml/v3": true, "github.com/fsnotify/fsnotify": true,
-		"pgregory.net/rapid": true, "go.uber.org/goleak": true,
+		"github.com/weir-dev/weir/internal/yamlwalk": true,
+		"pgregory.net/rapid":                         true, "go.uber.org/goleak": true,
 		"github.com/weir-dev/weir/quota": true, // the external example test
 	}
 	files, _ := filepath.Glob("*.go")

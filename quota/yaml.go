@@ -7,12 +7,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/weir-dev/weir/internal/yamlwalk"
 )
 
 // MaxFileSize is the largest rules file Parse accepts, in bytes.
@@ -101,17 +102,8 @@ func (p *parser) noRules() error {
 	return &Error{File: p.file, Msg: "no rules: the file is empty (write rules: [] for an empty set)", Err: ErrNoRules}
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 func (p *parser) yamlError(err error) error {
-	msg := err.Error()
-	line := 0
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-		line, _ = strconv.Atoi(m[1])
-		msg = m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
-	}
+	line, msg := yamlwalk.SyntaxError(err)
 	return &Error{File: p.file, Line: line, Msg: msg, Err: ErrSyntax}
 }
 
@@ -175,88 +167,39 @@ func (p *parser) lineOf(path string) int {
 // resolve follows aliases; it returns nil (and records why) for an alias
 // chain that does not end.
 func (p *parser) resolve(n *yaml.Node, path string) *yaml.Node {
-	for i := 0; n != nil && n.Kind == yaml.AliasNode; i++ {
-		if i > 100 {
-			p.syntax(n, path, "alias chain too long")
-			return nil
-		}
-		n = n.Alias
-	}
+	n, why := yamlwalk.Resolve(n)
 	if n == nil {
-		p.syntax(nil, path, "alias to nothing")
+		p.syntax(nil, path, "%s", why)
 	}
 	return n
 }
 
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
-}
+func isNull(n *yaml.Node) bool { return yamlwalk.IsNull(n) }
 
 // describe names what a node is, for "expected X, got Y" messages.
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if isNull(n) {
-			return "null"
-		}
-		return strconv.Quote(n.Value)
-	}
-	return "an unexpected node"
-}
+func describe(n *yaml.Node) string { return yamlwalk.Describe(n) }
 
-// mapping walks a mapping node, calling field for each known key with its
-// resolved value. Unknown keys, duplicate keys, merge keys and non-scalar
-// keys are reported. It returns false if n is not a mapping.
+// mapping walks a mapping node (yamlwalk.Mapping), calling field for each
+// known key with its resolved value. Unknown keys, duplicate keys, merge
+// keys and non-scalar keys are reported. It returns false if n is not a
+// mapping.
 func (p *parser) mapping(n *yaml.Node, path string, known []string, field func(key string, v *yaml.Node, fpath string)) bool {
-	if n.Kind != yaml.MappingNode {
-		p.syntax(n, path, "expected a mapping, got %s", describe(n))
-		return false
-	}
-	seen := make(map[string]int, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			p.syntax(k, path, "field names must be plain strings, got %s", describe(k))
-			continue
-		}
-		key := k.Value
-		fpath := key
-		if path != "" {
-			fpath = path + "." + key
-		}
-		if key == "<<" && k.ShortTag() == "!!merge" {
-			p.syntax(k, path, "merge keys (<<) are not supported")
-			continue
-		}
-		if first, dup := seen[key]; dup {
-			p.syntaxLine(k.Line, fpath, "duplicate field %s (first at line %d)", strconv.Quote(key), first)
-			continue
-		}
-		seen[key] = k.Line
-		if !contains(known, key) {
-			p.syntax(k, fpath, "unknown field %s (want one of %s)", strconv.Quote(key), strings.Join(known, ", "))
-			continue
-		}
+	return yamlwalk.Mapping(n, path, known, p.walkProblem, func(key string, k *yaml.Node, fpath string, v *yaml.Node) {
 		p.lines[fpath] = k.Line
-		if v = p.resolve(v, fpath); v == nil {
-			continue
+		if v = p.resolve(v, fpath); v != nil {
+			field(key, v, fpath)
 		}
-		field(key, v, fpath)
-	}
-	return true
+	})
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
+// walkProblem records a problem yamlwalk found: at the line it names, else
+// at the field's own line.
+func (p *parser) walkProblem(n *yaml.Node, line int, field, msg string) {
+	if line != 0 {
+		p.syntaxLine(line, field, "%s", msg)
+		return
 	}
-	return false
+	p.syntax(n, field, "%s", msg)
 }
 
 // top parses the document's root mapping.
