@@ -85,6 +85,22 @@ type ClusterConfig struct {
 	// the coordinator's stats; the key cap row of docs/overshoot.md's
 	// fault terms).
 	MaxKeys int
+
+	// net, when set, is the network the node's gossip, peer RPC and lease
+	// client go through instead of the real one: the chaos test
+	// (chaos_test.go) puts a fault-injecting one here. Nil in production.
+	net *netHooks
+}
+
+// netHooks replace the real network under a node, for tests that inject
+// faults. Every field is required when the struct is set.
+type netHooks struct {
+	// listen binds a TCP listener (the peer RPC server).
+	listen func(network, addr string) (net.Listener, error)
+	// dial opens a connection to addr (peer RPC, the lease client).
+	dial func(ctx context.Context, addr string) (net.Conn, error)
+	// gossip wraps memberlist's transport.
+	gossip func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 }
 
 // clusterPart is a node's cluster machinery.
@@ -114,13 +130,18 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	if rpc == "" {
 		rpc = "127.0.0.1:0"
 	}
-	ln, err := net.Listen("tcp", rpc)
+	listen, dial := net.Listen, (func(context.Context, string) (net.Conn, error))(nil)
+	var wrapGossip func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
+	if h := cc.net; h != nil {
+		listen, dial, wrapGossip = h.listen, h.dial, h.gossip
+	}
+	ln, err := listen("tcp", rpc)
 	if err != nil {
 		return fmt.Errorf("weir: Config.Cluster.RPCAddr: %w", err)
 	}
 	cp := &clusterPart{done: make(chan struct{}), region: cc.Region, version: make(chan uint64, 1)}
 	tr, err := cluster.NewGRPCTransport(cluster.GRPCConfig{
-		Self: cc.Name, Listener: ln, ServerTLS: cc.ServerTLS, ClientTLS: cc.ClientTLS, Logger: n.log,
+		Self: cc.Name, Listener: ln, ServerTLS: cc.ServerTLS, ClientTLS: cc.ClientTLS, Logger: n.log, Dialer: dial,
 		Handler: func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 			return cp.shell.Handle(ctx, from, m)
 		},
@@ -154,6 +175,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	mem, err := cluster.StartMembership(cluster.MembershipConfig{
 		Name: cc.Name, Region: cc.Region, BindAddr: gossip, AdvertiseAddr: cc.AdvertiseAddr, Join: cc.Join,
 		SecretKey: cc.SecretKey, Keyring: cc.Keyring, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
+		WrapTransport: wrapGossip,
 	})
 	if err != nil {
 		sh.Close()

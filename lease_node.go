@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
@@ -116,7 +118,12 @@ func (n *Node) startLease(lc *LeaseConfig) error {
 		}
 		lp.group, lp.svc, lp.durable = g, g, g
 	} else {
-		c, err := lease.NewClient(lease.ClientConfig{Voters: lc.Voters, TLS: lc.ClientTLS})
+		ccfg := lease.ClientConfig{Voters: lc.Voters, TLS: lc.ClientTLS}
+		if cc := n.cfg.Cluster; cc != nil && cc.net != nil {
+			// A test's fault-injecting network (ClusterConfig.net).
+			ccfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(cc.net.dial)}
+		}
+		c, err := lease.NewClient(ccfg)
 		if err != nil {
 			return fmt.Errorf("weir: Config.Lease.Voters: %w", err)
 		}

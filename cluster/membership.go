@@ -73,12 +73,35 @@ type Membership struct {
 	meta      Meta
 	metaBytes []byte
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	queue   []Event
-	stopped bool
-	members map[string]MemberInfo // live members as of the last callback
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []Event
+	stopped  bool
+	members  map[string]MemberInfo // live members as of the last callback
+	departed map[string]departed   // members that left or failed, to reconnect
+
+	// rejoinMu is held by a reconnect attempt; Close and Leave take it
+	// (after setting closed) so that no attempt runs once memberlist shuts
+	// down: they may wait for one attempt in flight, at most memberlist's
+	// TCPTimeout. reconDone is closed when the reconnect goroutine ends.
+	rejoinMu  sync.Mutex
+	reconDone chan struct{}
 }
+
+// departed is a member that left or was declared dead, and when.
+type departed struct {
+	addr         string
+	since, tried time.Time
+}
+
+// Reconnect timing per profile: how often one departed member is tried
+// again, and for how long after it departed.
+const (
+	reconnectEveryLAN   = 30 * time.Second
+	reconnectForLAN     = 24 * time.Hour
+	reconnectEveryLocal = 500 * time.Millisecond
+	reconnectForLocal   = 5 * time.Minute
+)
 
 // ErrClosed is returned by methods called after Close or Leave.
 var ErrClosed = errors.New("cluster: membership is closed")
@@ -185,6 +208,11 @@ type MembershipConfig struct {
 	// Logger receives memberlist's own log lines at their level (DEBUG, INFO,
 	// WARN, ERR mapped to slog levels). Nil discards them.
 	Logger *slog.Logger
+	// WrapTransport, when set, wraps memberlist's UDP and TCP transport
+	// (bound on BindAddr) before memberlist uses it: a test puts a
+	// fault-injecting network here. Nil means memberlist's own transport,
+	// unwrapped.
+	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 }
 
 // EventKind says what happened to a member.
@@ -254,11 +282,27 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	m.cond = sync.NewCond(&m.mu)
 	m.members = make(map[string]MemberInfo)
+	m.departed = make(map[string]departed)
+	m.reconDone = make(chan struct{})
 	mlc.Delegate = metaDelegate{m}
 	mlc.Events = eventDelegate{m}
 
+	if cfg.WrapTransport != nil {
+		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+			BindAddrs: []string{mlc.BindAddr}, BindPort: mlc.BindPort, Logger: mlc.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("cluster: start memberlist for node %q: transport: %w", cfg.Name, err)
+		}
+		if mlc.BindPort == 0 { // what memberlist does with its own transport
+			mlc.BindPort = nt.GetAutoBindPort()
+		}
+		mlc.Transport = cfg.WrapTransport(nt)
+	}
 	ml, err := memberlist.Create(mlc)
 	if err != nil {
+		if mlc.Transport != nil {
+			_ = mlc.Transport.Shutdown()
+		}
 		return nil, fmt.Errorf("cluster: start memberlist for node %q: %w", cfg.Name, err)
 	}
 	m.ml = ml
@@ -271,6 +315,11 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	m.keyring = mlc.Keyring
 	go m.pump()
+	every, forget := reconnectEveryLAN, reconnectForLAN
+	if cfg.Profile == ProfileLocal {
+		every, forget = reconnectEveryLocal, reconnectForLocal
+	}
+	go m.reconnect(every, forget)
 
 	if len(cfg.Join) > 0 {
 		if _, err := ml.Join(cfg.Join); err != nil {
@@ -477,6 +526,8 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	err := ErrClosed
 	m.once.Do(func() {
 		m.closed.Store(true)
+		m.rejoinMu.Lock() // no reconnect attempt in flight from here on
+		m.rejoinMu.Unlock()
 		leaveErr := m.ml.Leave(timeout) // before Shutdown: the reverse panics
 		if leaveErr != nil {
 			leaveErr = fmt.Errorf("cluster: leave: %w", leaveErr)
@@ -495,6 +546,8 @@ func (m *Membership) Close() error {
 	var err error
 	m.once.Do(func() {
 		m.closed.Store(true)
+		m.rejoinMu.Lock() // no reconnect attempt in flight from here on
+		m.rejoinMu.Unlock()
 		err = m.ml.Shutdown()
 		m.stopPump()
 	})
@@ -511,8 +564,12 @@ func (m *Membership) enqueue(kind EventKind, n *memberlist.Node) {
 	m.mu.Lock()
 	if kind == EventLeave {
 		delete(m.members, info.Name)
+		if info.Name != m.name {
+			m.departed[info.Name] = departed{addr: info.Addr, since: time.Now()}
+		}
 	} else {
 		m.members[info.Name] = info
+		delete(m.departed, info.Name)
 	}
 	if !m.stopped {
 		m.queue = append(m.queue, Event{Kind: kind, Member: info})
@@ -558,6 +615,65 @@ func (m *Membership) stopPump() {
 	m.mu.Unlock()
 	close(m.stop)
 	<-m.pumpDone
+	<-m.reconDone
+}
+
+// reconnect tries, every `every`, to join one member that left or was
+// declared dead within `forget` (the one tried longest ago), as Serf does.
+// memberlist alone never does: once two sides of a partition have declared
+// each other dead, neither gossips to the other again (beyond
+// GossipToTheDeadTime), so a healed partition would stay split for good,
+// each side owning every identity of its region with full buckets. A join
+// to a node that really is gone fails and costs one dial; a member that
+// left gracefully is tried too (memberlist's leave callback cannot tell a
+// leave from a failure) until `forget` passes.
+func (m *Membership) reconnect(every, forget time.Duration) {
+	defer close(m.reconDone)
+	tk := time.NewTicker(every)
+	defer tk.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-tk.C:
+		}
+		addr, ok := m.nextDeparted(time.Now(), forget)
+		if !ok {
+			continue
+		}
+		m.rejoinMu.Lock()
+		if !m.closed.Load() {
+			// The departed member's Join event (if it answers) clears
+			// its entry; a failure just waits for the next turn.
+			_, _ = m.ml.Join([]string{addr})
+		}
+		m.rejoinMu.Unlock()
+	}
+}
+
+// nextDeparted returns the address of the departed member tried longest
+// ago (ties by name), marking it tried, and forgets members departed
+// before now − forget.
+func (m *Membership) nextDeparted(now time.Time, forget time.Duration) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	best := ""
+	for name, d := range m.departed {
+		if now.Sub(d.since) > forget {
+			delete(m.departed, name)
+			continue
+		}
+		if b, ok := m.departed[best]; best == "" || !ok || d.tried.Before(b.tried) || d.tried.Equal(b.tried) && name < best {
+			best = name
+		}
+	}
+	if best == "" {
+		return "", false
+	}
+	d := m.departed[best]
+	d.tried = now
+	m.departed[best] = d
+	return d.addr, true
 }
 
 // memberInfo converts a memberlist node; ok is false if its metadata did not

@@ -64,6 +64,10 @@ type GRPCConfig struct {
 	ShutdownGrace time.Duration
 	// Logger receives connection and rejection events; nil discards them.
 	Logger *slog.Logger
+	// Dialer, when set, opens the connections to peers instead of the
+	// system's TCP dialer (a test puts a fault-injecting network here).
+	// Nil means the real network.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // GRPCTransport is the Transport over gRPC: a Peer service answering with
@@ -385,14 +389,18 @@ func (t *GRPCTransport) conn(addr string) (*grpc.ClientConn, error) {
 	if t.cfg.ClientTLS != nil {
 		creds = credentials.NewTLS(t.cfg.ClientTLS)
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr,
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(clientKeepalive),
 		grpc.WithConnectParams(connectParams),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(t.cfg.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(t.cfg.MaxMessageBytes)),
-	)
+	}
+	if t.cfg.Dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(t.cfg.Dialer))
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: peer address %q: %w", addr, err)
 	}

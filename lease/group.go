@@ -111,6 +111,11 @@ type GroupConfig struct {
 	// holding it); 0 means DefaultBoltTimeout.
 	BoltTimeout time.Duration
 
+	// RaftDialer, when set, opens the Raft transport's connections to the
+	// other voters instead of the system's TCP dialer (a test puts a
+	// fault-injecting network here). Nil means the real network.
+	RaftDialer func(addr string, timeout time.Duration) (net.Conn, error)
+
 	// RPCAddr is the address the forwarding service binds, host:port (port
 	// 0 picks a free one). Ignored when RPCListener is set.
 	RPCAddr string
@@ -289,7 +294,7 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 	}
 	g.cfg.RaftListener = nil // owned by the transport now
 	g.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: tcpStream{lis}, MaxPool: 3, Timeout: 10 * time.Second, Logger: cfg.RaftLogger})
+		Stream: tcpStream{Listener: lis, dial: cfg.RaftDialer}, MaxPool: 3, Timeout: 10 * time.Second, Logger: cfg.RaftLogger})
 	undo = append(undo, func() { _ = g.trans.Close(); g.trans.CloseStreams() })
 
 	rc := raft.DefaultConfig()
@@ -752,10 +757,16 @@ func (g *Group) leaderLoop(l *leadership) {
 }
 
 // tcpStream is raft's StreamLayer over a TCP listener the Group owns.
-type tcpStream struct{ net.Listener }
+type tcpStream struct {
+	net.Listener
+	dial func(addr string, timeout time.Duration) (net.Conn, error) // nil: net.DialTimeout
+}
 
 // Dial implements raft.StreamLayer.
 func (s tcpStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	if s.dial != nil {
+		return s.dial(string(addr), timeout)
+	}
 	return net.DialTimeout("tcp", string(addr), timeout)
 }
 
