@@ -27,6 +27,13 @@ type IdentityQuery struct {
 	Key string
 	// Tier selects the tier's limits for rules with tiers.
 	Tier string
+	// Raw takes the identity as the bucket key exactly as Node.CheckKeys
+	// charges it (the rls service's descriptor paths, such as
+	// "api_key=abc"): a rule with no key chain is then not collapsed to
+	// its one global bucket. Rules charged through CheckKeys (imported
+	// Envoy limits) have no key chain, so without Raw every lookup of
+	// theirs reports the "" bucket.
+	Raw bool
 }
 
 // IdentityReport answers "why is this identity throttled?": every rule that
@@ -139,7 +146,7 @@ func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 		if q.Key != "" && !hasKey(c.r.Key, q.Key) {
 			continue
 		}
-		global := isGlobal(c.r.Key)
+		global := isGlobal(c.r.Key) && !q.Raw
 		bid := id
 		if global {
 			bid = "" // one bucket for everyone
@@ -350,7 +357,9 @@ func matchString(m quota.Match) string {
 // is the identity, URL-escaped; empty means the "" identity of global
 // rules) as the JSON of LookupIdentity. Query parameters: method and path
 // (keep only rules matching such a request), key (keep only rules keyed
-// on that source: ip, user, header:NAME), tier. Like AdminHandler it names
+// on that source: ip, user, header:NAME), tier, raw ("true": the
+// identity is the bucket key as CheckKeys charges it, see
+// IdentityQuery.Raw). Like AdminHandler it names
 // identities and is not authenticated: mount it where only operators reach
 // it. UIHandler serves it too.
 func (n *Node) IdentityHandler() http.Handler {
@@ -361,7 +370,7 @@ func (n *Node) IdentityHandler() http.Handler {
 
 func (n *Node) serveIdentity(w http.ResponseWriter, r *http.Request) {
 	q := IdentityQuery{Method: r.URL.Query().Get("method"), Path: r.URL.Query().Get("path"),
-		Key: r.URL.Query().Get("key"), Tier: r.URL.Query().Get("tier")}
+		Key: r.URL.Query().Get("key"), Tier: r.URL.Query().Get("tier"), Raw: r.URL.Query().Get("raw") == "true"}
 	if q.Method != "" && !validMethod(q.Method) {
 		writeProblem(w, http.StatusBadRequest, problem{Title: "Bad Request", Status: http.StatusBadRequest,
 			Detail: "method: not an HTTP method token"})

@@ -1,0 +1,410 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/rls"
+)
+
+// Addrs are the addresses a running daemon bound (ports picked when the
+// config said 0). It is what `weir serve` prints as its ready line.
+type Addrs struct {
+	Name      string `json:"name"`
+	Region    string `json:"region"`
+	HTTP      string `json:"http"`
+	HTTPS     bool   `json:"https,omitempty"`
+	RLS       string `json:"rls,omitempty"`
+	Gossip    string `json:"gossip,omitempty"`
+	LeaseRaft string `json:"lease_raft,omitempty"`
+	LeaseRPC  string `json:"lease_rpc,omitempty"`
+}
+
+// daemon is one running weir node with its listeners.
+type daemon struct {
+	cfg      *Config
+	log      *slog.Logger
+	node     *weir.Node
+	httpSrv  *http.Server
+	rlsSrv   *grpc.Server
+	served   chan error // the HTTP and RLS servers' Serve results
+	servers  int
+	addrs    Addrs
+	draining atomic.Bool
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// newLogger builds the daemon's log on w from the config's log section.
+func newLogger(c LogSection, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// startDaemon binds every listener, starts the node (which joins its
+// cluster and lease group) and serves RLS and HTTP. On error nothing is
+// left running.
+func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
+	d := &daemon{cfg: cfg, log: log, served: make(chan error, 2), addrs: Addrs{Name: cfg.Node.Name, Region: cfg.Node.Region}}
+	var closers []func()
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}
+	}()
+	listen := func(field, addr string) (net.Listener, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, cfg.errf(field, "%v", err)
+		}
+		closers = append(closers, func() { ln.Close() })
+		return ln, nil
+	}
+	httpLn, err := listen("http.listen", cfg.HTTP.Listen)
+	if err != nil {
+		return nil, err
+	}
+	d.addrs.HTTP = httpLn.Addr().String()
+	var rlsLn net.Listener
+	if cfg.Envoy != nil {
+		if rlsLn, err = listen("envoy.listen", cfg.Envoy.Listen); err != nil {
+			return nil, err
+		}
+		d.addrs.RLS = rlsLn.Addr().String()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	wc := weir.Config{Registerer: reg, Logger: log, TrustedProxies: cfg.TrustedProxies, MaxKeys: cfg.MaxKeys,
+		RulesFile: cfg.Rules.File}
+	envoyCfg, err := cfg.envoyConfig()
+	if err != nil {
+		return nil, err
+	}
+	if envoyCfg != nil {
+		wc.Rules = envoyCfg.Rules()
+	}
+	if g := cfg.Gossip; g != nil {
+		cc := &weir.ClusterConfig{Name: cfg.Node.Name, Region: cfg.Node.Region, GossipAddr: g.Bind, AdvertiseAddr: g.Advertise,
+			Join: g.Join, RPCAddr: cfg.Peer.RPC, SyncInterval: cfg.Peer.SyncInterval, DecideTimeout: cfg.Peer.DecideTimeout,
+			CallTimeout: cfg.Peer.CallTimeout, HandoffTimeout: cfg.Peer.HandoffTimeout, LocalTiming: g.LocalTiming, Label: g.Label}
+		if len(g.Keys) > 0 {
+			keys := make([][]byte, 0, len(g.Keys))
+			for _, k := range g.Keys {
+				b, err := k.load()
+				if err != nil {
+					return nil, cfg.errf("gossip.keys", "%v", err)
+				}
+				keys = append(keys, b)
+			}
+			if cc.Keyring, err = memberlist.NewKeyring(keys[1:], keys[0]); err != nil {
+				return nil, cfg.errf("gossip.keys", "%v", err)
+			}
+		}
+		if t := cfg.Peer.TLS; t != nil {
+			if cc.ServerTLS, err = serverTLS(t, true); err != nil {
+				return nil, cfg.errf("peer.tls", "%v", err)
+			}
+			if cc.ClientTLS, err = clientTLS(t); err != nil {
+				return nil, cfg.errf("peer.tls", "%v", err)
+			}
+		}
+		wc.Cluster = cc
+	}
+	tokens, err := cfg.tokens(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	if l := cfg.Lease; l != nil {
+		lc := &weir.LeaseConfig{Rules: cfg.Rules.Lease, CheckInterval: l.CheckInterval, AdminTokens: tokens,
+			Machine: lease.Config{Regions: l.Regions, LeaseDuration: l.LeaseDuration, MaxSkew: l.MaxSkew}}
+		if l.TLS != nil {
+			if lc.ClientTLS, err = clientTLS(l.TLS); err != nil {
+				return nil, cfg.errf("lease.tls", "%v", err)
+			}
+		}
+		if v := l.Voter; v != nil {
+			raftLn, err := listen("lease.voter.raft", v.Raft)
+			if err != nil {
+				return nil, err
+			}
+			rpcLn, err := listen("lease.voter.rpc", v.RPC)
+			if err != nil {
+				return nil, err
+			}
+			d.addrs.LeaseRaft, d.addrs.LeaseRPC = raftLn.Addr().String(), rpcLn.Addr().String()
+			gc := &lease.GroupConfig{Name: cfg.Node.Name, Dir: v.DataDir, RaftListener: raftLn, RPCListener: rpcLn,
+				Machine: lc.Machine, RPCPeers: map[string]string{}, Logger: log}
+			if len(v.Voters) == 0 {
+				gc.Voters = []lease.Voter{{Name: cfg.Node.Name}}
+				gc.RPCPeers[cfg.Node.Name] = d.addrs.LeaseRPC
+			}
+			for _, va := range v.Voters {
+				gc.Voters = append(gc.Voters, lease.Voter{Name: va.Name, Addr: va.Raft})
+				gc.RPCPeers[va.Name] = va.RPC
+			}
+			if l.TLS != nil {
+				if gc.ServerTLS, err = serverTLS(l.TLS, true); err != nil {
+					return nil, cfg.errf("lease.tls", "%v", err)
+				}
+				gc.ClientTLS = lc.ClientTLS
+			}
+			lc.Voter = gc
+		} else {
+			lc.Voters = l.Voters
+		}
+		wc.Lease = lc
+	} else if len(tokens) > 0 {
+		log.Warn("admin tokens are configured but there is no lease section: the rules API answers 503")
+	}
+	if k := cfg.Canary; k != nil {
+		wc.Canary = &weir.CanaryConfig{Rule: k.Rule, Identity: k.Identity, Interval: k.Interval, Window: k.Window}
+	}
+	node, err := weir.New(wc)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { node.Close() })
+	d.node = node
+	d.addrs.Gossip = node.GossipAddr()
+
+	if rlsLn != nil {
+		d.rlsSrv = grpc.NewServer()
+		rls.New(node, envoyCfg).Register(d.rlsSrv)
+		d.servers++
+		go func() { d.served <- d.rlsSrv.Serve(rlsLn) }()
+	}
+	d.httpSrv = &http.Server{Handler: d.mux(reg), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if t := cfg.HTTP.TLS; t != nil {
+		if d.httpSrv.TLSConfig, err = serverTLS(t, false); err != nil {
+			return nil, cfg.errf("http.tls", "%v", err)
+		}
+		d.addrs.HTTPS = true
+	}
+	d.servers++
+	go func() {
+		if d.httpSrv.TLSConfig != nil {
+			d.served <- d.httpSrv.ServeTLS(httpLn, "", "")
+		} else {
+			d.served <- d.httpSrv.Serve(httpLn)
+		}
+	}()
+	return d, nil
+}
+
+// mux is the operators' HTTP routes.
+func (d *daemon) mux(reg *prometheus.Registry) http.Handler {
+	n := d.node
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		if d.draining.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/ops/", http.StripPrefix("/ops", n.UIHandler()))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ops/", http.StatusFound) })
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(n.Overview())
+	})
+	mux.Handle("GET /v1/identities/", n.IdentityHandler())
+	mux.Handle("/v1/rules", n.RulesAdminHandler())
+	mux.Handle("/v1/rules/", n.RulesAdminHandler())
+	mux.Handle("GET /admin/report", n.AdminHandler())
+	return mux
+}
+
+// shutdown stops accepting RLS calls and HTTP requests (those in flight
+// get cfg.Shutdown.Drain to finish), then closes the node: it hands the
+// buckets it owns to their next owners, reports its unconfirmed spend and
+// leaves gossip. It is idempotent.
+func (d *daemon) shutdown() error {
+	d.stopOnce.Do(func() { d.stopErr = d.stop() })
+	return d.stopErr
+}
+
+func (d *daemon) stop() error {
+	d.draining.Store(true)
+	drain := d.cfg.Shutdown.Drain
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		if d.rlsSrv != nil {
+			d.rlsSrv.GracefulStop()
+		}
+		close(stopped)
+	}()
+	httpErr := d.httpSrv.Shutdown(ctx)
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		if d.rlsSrv != nil {
+			d.rlsSrv.Stop()
+		}
+		<-stopped
+	}
+	if httpErr != nil {
+		d.log.Warn("HTTP requests cut off at the drain bound", "drain", drain, "err", httpErr)
+		d.httpSrv.Close()
+	}
+	for range d.servers {
+		if err := <-d.served; err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+			d.log.Warn("server stopped with an error", "err", err)
+		}
+	}
+	return d.node.Close()
+}
+
+// serve runs a daemon until ctx is done, then shuts it down. ready, when
+// set, is called with the bound addresses once everything serves.
+func serve(ctx context.Context, cfg *Config, log *slog.Logger, ready func(Addrs)) error {
+	d, err := startDaemon(cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("weir serving", "name", d.addrs.Name, "region", d.addrs.Region, "http", d.addrs.HTTP, "rls", d.addrs.RLS,
+		"gossip", d.addrs.Gossip, "lease_rpc", d.addrs.LeaseRPC)
+	if ready != nil {
+		ready(d.addrs)
+	}
+	var failed error
+	select {
+	case <-ctx.Done():
+	case failed = <-d.served: // a listener failed: shut the rest down, exit 1
+		d.servers--
+		if failed == nil {
+			failed = errors.New("a server stopped unexpectedly")
+		}
+		log.Error("a server stopped: shutting down", "err", failed)
+	}
+	log.Info("shutting down: draining RLS and HTTP, then handing off and leaving the cluster")
+	start := time.Now()
+	err = d.shutdown()
+	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond), "err", err)
+	return errors.Join(failed, err)
+}
+
+// joinList is a flag that may be repeated and takes comma-separated lists.
+type joinList []string
+
+func (j *joinList) String() string { return strings.Join(*j, ",") }
+
+func (j *joinList) Set(v string) error {
+	for s := range strings.SplitSeq(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*j = append(*j, s)
+		}
+	}
+	return nil
+}
+
+const serveUsage = `Usage: weir serve [--config weir.yaml] [flags]
+
+Runs one weir node: Envoy's rate-limit service (when envoy descriptors are
+configured), the admin API, /metrics, /healthz and the status page (/ops/).
+Flags override the config file's fields. SIGTERM or SIGINT shuts it down
+gracefully (exit 0); a second signal exits at once.
+
+Flags:
+`
+
+// cmdServe is `weir serve`.
+func cmdServe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("weir serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
+	var o Overrides
+	path := fs.String("config", "", "the config file (YAML; see docs/weir.md)")
+	fs.StringVar(&o.Name, "name", "", "node name (node.name)")
+	fs.StringVar(&o.Region, "region", "", "region (node.region)")
+	fs.StringVar(&o.Gossip, "gossip", "", "gossip bind address host:port (gossip.bind); makes the node a cluster member")
+	fs.Var((*joinList)(&o.Join), "join", "gossip address of a member to join (gossip.join); repeat or comma-separate")
+	fs.StringVar(&o.RPC, "rpc", "", "peer RPC address host:port (peer.rpc)")
+	fs.StringVar(&o.HTTP, "http", "", "admin/metrics/status HTTP address host:port (http.listen)")
+	fs.StringVar(&o.RLS, "rls", "", "Envoy rate-limit service gRPC address host:port (envoy.listen)")
+	fs.StringVar(&o.Rules, "rules", "", "rules file, watched for changes (rules.file)")
+	check := fs.Bool("check", false, "validate the config and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "weir serve: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return 2
+	}
+	cfg, err := loadConfig(*path, o)
+	if err != nil {
+		fmt.Fprintf(stderr, "weir serve: invalid configuration:\n%v\n", err)
+		return 1
+	}
+	if *check {
+		fmt.Fprintln(stdout, "configuration ok")
+		return 0
+	}
+	log := newLogger(cfg.Log, stderr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sig)
+	go func() {
+		s := <-sig
+		log.Info("signal: shutting down gracefully (send it again to exit at once)", "signal", s.String())
+		cancel()
+		s = <-sig
+		log.Warn("second signal: exiting at once", "signal", s.String())
+		os.Exit(1)
+	}()
+	ready := func(a Addrs) {
+		b, _ := json.Marshal(struct {
+			Ready bool `json:"ready"`
+			Addrs
+		}{true, a})
+		fmt.Fprintln(stdout, string(b))
+	}
+	if err := serve(ctx, cfg, log, ready); err != nil {
+		fmt.Fprintf(stderr, "weir serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
