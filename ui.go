@@ -235,6 +235,9 @@ func (n *Node) nodeName() string {
 	if n.cfg.Cluster != nil {
 		return n.cfg.Cluster.Name
 	}
+	if n.cfg.Lease != nil && n.cfg.Lease.Voter != nil && n.cfg.Lease.Voter.Name != "" {
+		return n.cfg.Lease.Voter.Name
+	}
 	return "node"
 }
 
