@@ -233,6 +233,20 @@ func (d *daemon) mux(reg *prometheus.Registry) http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	// Readiness: a node that still enforces its default rules (the rule
+	// file could not be read, or the lease group's rules have not arrived
+	// yet) should not get traffic from a load balancer.
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		switch {
+		case d.draining.Load():
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		case n.Status().UsingDefaultRules:
+			http.Error(w, "enforcing the default rules: the configured rule set is not loaded yet", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ready")
+		}
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/ops/", http.StripPrefix("/ops", n.UIHandler()))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ops/", http.StatusFound) })
@@ -338,7 +352,7 @@ func (j *joinList) Set(v string) error {
 const serveUsage = `Usage: weir serve [--config weir.yaml] [flags]
 
 Runs one weir node: Envoy's rate-limit service (when envoy descriptors are
-configured), the admin API, /metrics, /healthz and the status page (/ops/).
+configured), the admin API, /metrics, /healthz, /readyz and the status page (/ops/).
 Flags override the config file's fields. SIGTERM or SIGINT shuts it down
 gracefully (exit 0); a second signal exits at once.
 

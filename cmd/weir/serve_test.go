@@ -190,7 +190,7 @@ admin_tokens: {file: `+filepath.Join(dir, "tokens")+`}
 	}
 
 	// /healthz, /metrics and the status page are served.
-	for path, want := range map[string]string{"/healthz": "ok", "/metrics": "weir_decisions_total", "/ops/": "<html"} {
+	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/metrics": "weir_decisions_total", "/ops/": "<html"} {
 		b, err := httpGet("http://" + d.addrs.HTTP + path)
 		if err != nil || !strings.Contains(b, want) {
 			t.Errorf("GET %s: %v: %.200s", path, err, b)
