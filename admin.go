@@ -45,10 +45,13 @@ type adminReport struct {
 
 // AdminHandler serves, as JSON on GET, the node's rule status, the decision
 // counts per rule, the top throttled identities, the top identities shadow
-// rules would have rejected, and the key stores' sizes. Mount it where only
-// operators reach it: it names identities.
+// rules would have rejected, and the key stores' sizes. It names
+// identities: on a node with Config.Lease.AdminTokens it authenticates
+// every request as RulesAdminHandler does (401 otherwise, logged and
+// counted with the rules API's refusals); elsewhere mount it behind a
+// lease.Guard, or where only operators reach it (docs/security.md).
 func (n *Node) AdminHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return n.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
 			writeProblem(w, http.StatusMethodNotAllowed, problem{Title: "Method Not Allowed", Status: http.StatusMethodNotAllowed,
@@ -67,5 +70,24 @@ func (n *Node) AdminHandler() http.Handler {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
-	})
+	}))
+}
+
+// guard puts h behind the rules API's door (Config.Lease.AdminTokens or a
+// verified client certificate) when the node has one, else returns h.
+func (n *Node) guard(h http.Handler) http.Handler {
+	if n.lease != nil && n.lease.admin != nil {
+		return n.lease.admin.Guard().Wrap(h)
+	}
+	return h
+}
+
+// AdminUnauthorized is the number of requests the node's admin door
+// refused (RulesAdminHandler, AdminHandler and IdentityHandler together):
+// zero on a node without Config.Lease.AdminTokens.
+func (n *Node) AdminUnauthorized() uint64 {
+	if n.lease != nil && n.lease.admin != nil {
+		return n.lease.admin.Unauthorized()
+	}
+	return 0
 }

@@ -153,8 +153,9 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	cp.tr = tr
 	sh, err := cluster.NewShell(cluster.ShellConfig{
 		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout,
-			Shares: n.shares(), MaxKeys: cc.MaxKeys},
+			Shares: n.shares(), MaxKeys: cc.MaxKeys, SketchSeed: n.hasher.Sum("\x00seed: cluster sketch")},
 		Transport: tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Shards: cc.Shards, Clock: n.now, Logger: n.log,
+		Hasher: n.hasher, // per process unless Config.HashSeed: chosen identities cannot crowd one shard
 	})
 	if err != nil {
 		tr.Close()

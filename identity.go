@@ -359,13 +359,14 @@ func matchString(m quota.Match) string {
 // (keep only rules matching such a request), key (keep only rules keyed
 // on that source: ip, user, header:NAME), tier, raw ("true": the
 // identity is the bucket key as CheckKeys charges it, see
-// IdentityQuery.Raw). Like AdminHandler it names
-// identities and is not authenticated: mount it where only operators reach
-// it. UIHandler serves it too.
+// IdentityQuery.Raw). Like AdminHandler it names identities, and like it
+// it authenticates every request on a node with Config.Lease.AdminTokens
+// (elsewhere: a lease.Guard, or a place only operators reach). UIHandler
+// serves the lookup too, unauthenticated.
 func (n *Node) IdentityHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/identities/{id...}", n.serveIdentity)
-	return mux
+	return n.guard(mux)
 }
 
 func (n *Node) serveIdentity(w http.ResponseWriter, r *http.Request) {

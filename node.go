@@ -224,8 +224,10 @@ func New(cfg Config) (*Node, error) {
 		topK = 20
 	}
 	n.ops.recent = new(recentCounts)
-	n.throttled = hitters.New(hitters.Config{K: topK, Seed: 1})
-	n.shadowed = hitters.New(hitters.Config{K: topK, Seed: 2})
+	// The sketches' seeds come from the node's hasher: per process unless
+	// Config.HashSeed, so that no one can choose colliding identities.
+	n.throttled = hitters.New(hitters.Config{K: topK, Seed: n.hasher.Sum("\x00seed: throttled")})
+	n.shadowed = hitters.New(hitters.Config{K: topK, Seed: n.hasher.Sum("\x00seed: shadowed")})
 	n.metrics = newMetrics(n)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(n.metrics); err != nil {

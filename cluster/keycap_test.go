@@ -9,7 +9,7 @@ import (
 )
 
 // capRule is 10 tokens a second (one per 100ms), burst 10.
-func capRule(t *testing.T, mode quota.Mode) RuleParams {
+func capRule(t testing.TB, mode quota.Mode) RuleParams {
 	t.Helper()
 	r := gcraRule("r", mode, 10, time.Second, 10)
 	p, err := NewRuleParams(&r, 1)
@@ -21,7 +21,7 @@ func capRule(t *testing.T, mode quota.Mode) RuleParams {
 
 // ownerOnly returns a coordinator alone in its ring (it owns every
 // identity) with a key cap.
-func ownerOnly(t *testing.T, maxKeys int) *Coordinator {
+func ownerOnly(t testing.TB, maxKeys int) *Coordinator {
 	t.Helper()
 	c := NewCoordinator(CoordinatorConfig{Self: "a", MaxKeys: maxKeys})
 	c.SetRules([]RuleParams{capRule(t, quota.ModeShared)})

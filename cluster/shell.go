@@ -102,6 +102,11 @@ type ShellConfig struct {
 	Clock func() int64
 	// Logger receives breaker changes; nil discards.
 	Logger *slog.Logger
+	// Hasher picks an identity's shard. The zero value is deterministic
+	// (bucket.NewSeededHasher(0)); a node passes its per-process Hasher
+	// so that no one can choose identities that all crowd one shard's
+	// mutex (docs/security.md).
+	Hasher bucket.Hasher
 }
 
 // breaker is one peer's circuit breaker.
@@ -251,13 +256,14 @@ func (s *Shell) withAll(f func(now int64, c *Coordinator)) []Envelope {
 	return out.envs
 }
 
-// shardOf returns the index of the shard deciding identity: high bits of a
-// remix of its hash, independent of the ring's use of the same hash.
+// shardOf returns the index of the shard deciding identity: high bits of
+// its hash under ShellConfig.Hasher (seeded per process on a node, unlike
+// the ring's hash, which every node must agree on).
 func (s *Shell) shardOf(identity string) int {
 	if s.shift == 0 {
 		return 0
 	}
-	return int(bucket.Splitmix64(IdentityHash(identity)) >> (64 - s.shift))
+	return int(s.cfg.Hasher.Sum(identity) >> (64 - s.shift))
 }
 
 // outboxes collects the shards' messages, merged per destination.

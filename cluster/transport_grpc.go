@@ -167,7 +167,8 @@ func NewGRPCTransport(cfg GRPCConfig) (*GRPCTransport, error) {
 	peerpb.RegisterPeerServer(t.srv, peerServer{t: t})
 	go func() {
 		defer close(t.serveDone)
-		if err := t.srv.Serve(cfg.Listener); err != nil {
+		// ErrServerStopped: Close ran before Serve started, which is no failure.
+		if err := t.srv.Serve(cfg.Listener); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			t.serveErr = err
 			t.log.Error("peer server stopped", "err", err)
 		}

@@ -94,13 +94,86 @@ type AdminConfig struct {
 // tls.VerifyClientCertIfGiven (tokens and certificates) or
 // tls.RequireAndVerifyClientCert (certificates only), with ClientCAs.
 type Admin struct {
-	cfg     AdminConfig
+	cfg   AdminConfig
+	log   *slog.Logger
+	guard *Guard
+}
+
+// GuardConfig configures NewGuard. The zero value works: with no Tokens,
+// only verified client certificates authenticate.
+type GuardConfig struct {
+	// Tokens maps each accepted bearer token to the principal it
+	// authenticates. Tokens are compared in constant time (as SHA-256
+	// sums, every one compared); each must be at least MinAdminTokenBytes
+	// long.
+	Tokens map[string]string
+	// Logger receives refused attempts at warn level (method, path and
+	// remote address, never the token; at most a few lines a second, the
+	// next line saying how many went unlogged); nil discards them.
+	Logger *slog.Logger
+	// Realm is the realm of the WWW-Authenticate challenge; "" means
+	// "weir-admin".
+	Realm string
+}
+
+// Guard is the door of the admin APIs: a request must carry a valid bearer
+// token (when it has an Authorization header, that header alone decides)
+// or else a verified client certificate, whose subject common name is
+// then the principal. Anything else is answered 401 with
+// WWW-Authenticate, logged and counted, and never reaches the handler.
+// A Guard is safe for concurrent use.
+type Guard struct {
 	log     *slog.Logger
+	realm   string
 	tokens  []adminToken
 	logLim  *rate.Limiter
 	refused atomic.Uint64
 	muted   atomic.Uint64 // refusals not logged since the last line
 }
+
+// NewGuard returns a Guard. It fails, naming the field, on an empty
+// principal or a short token.
+func NewGuard(cfg GuardConfig) (*Guard, error) {
+	g := &Guard{log: cfg.Logger, realm: cfg.Realm, logLim: rate.NewLimiter(rate.Every(time.Second), 5)}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if g.realm == "" {
+		g.realm = "weir-admin"
+	}
+	for tok, principal := range cfg.Tokens {
+		switch {
+		case principal == "":
+			return nil, errors.New("lease: AdminConfig.Tokens: a token with an empty principal")
+		case len(tok) < MinAdminTokenBytes:
+			return nil, fmt.Errorf("lease: AdminConfig.Tokens: the token of %q is shorter than %d bytes", principal, MinAdminTokenBytes)
+		}
+		if err := checkChange(RuleChange{Principal: principal, Delete: "x"}); err != nil {
+			return nil, fmt.Errorf("lease: AdminConfig.Tokens: principal %q: %w", principal, err)
+		}
+		g.tokens = append(g.tokens, adminToken{sum: sha256.Sum256([]byte(tok)), principal: principal})
+	}
+	// A fixed order, so that the time a comparison takes does not depend
+	// on the map's.
+	slices.SortFunc(g.tokens, func(x, y adminToken) int { return bytes.Compare(x.sum[:], y.sum[:]) })
+	return g, nil
+}
+
+// Wrap returns h behind the guard.
+func (g *Guard) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := g.Authenticate(r); !ok {
+			w.Header().Set("Cache-Control", "no-store")
+			g.unauthorized(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Unauthorized is the number of requests refused for want of valid
+// credentials.
+func (g *Guard) Unauthorized() uint64 { return g.refused.Load() }
 
 type adminToken struct {
 	sum       [sha256.Size]byte
@@ -122,39 +195,33 @@ func AdminHandler(cfg AdminConfig) (*Admin, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultAdminTimeout
 	}
-	a := &Admin{cfg: cfg, log: cfg.Logger, logLim: rate.NewLimiter(rate.Every(time.Second), 5)}
+	a := &Admin{cfg: cfg, log: cfg.Logger}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
 	a.log = a.log.With("component", "rules-admin")
-	for tok, principal := range cfg.Tokens {
-		switch {
-		case principal == "":
-			return nil, errors.New("lease: AdminConfig.Tokens: a token with an empty principal")
-		case len(tok) < MinAdminTokenBytes:
-			return nil, fmt.Errorf("lease: AdminConfig.Tokens: the token of %q is shorter than %d bytes", principal, MinAdminTokenBytes)
-		}
-		if err := checkChange(RuleChange{Principal: principal, Delete: "x"}); err != nil {
-			return nil, fmt.Errorf("lease: AdminConfig.Tokens: principal %q: %w", principal, err)
-		}
-		a.tokens = append(a.tokens, adminToken{sum: sha256.Sum256([]byte(tok)), principal: principal})
+	g, err := NewGuard(GuardConfig{Tokens: cfg.Tokens, Logger: a.log, Realm: "weir-rules"})
+	if err != nil {
+		return nil, err
 	}
-	// A fixed order, so that the time a comparison takes does not depend
-	// on the map's.
-	slices.SortFunc(a.tokens, func(x, y adminToken) int { return bytes.Compare(x.sum[:], y.sum[:]) })
+	a.guard = g
 	return a, nil
 }
 
 // Unauthorized is the number of requests refused for want of valid
 // credentials.
-func (a *Admin) Unauthorized() uint64 { return a.refused.Load() }
+func (a *Admin) Unauthorized() uint64 { return a.guard.Unauthorized() }
+
+// Guard returns the admin API's door, to put other operator handlers
+// behind the same credentials (their refusals are counted together).
+func (a *Admin) Guard() *Guard { return a.guard }
 
 // ServeHTTP implements http.Handler.
 func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
-	principal, ok := a.authenticate(r)
+	principal, ok := a.guard.Authenticate(r)
 	if !ok {
-		a.unauthorized(w, r)
+		a.guard.unauthorized(w, r)
 		return
 	}
 	const prefix = "/v1/rules"
@@ -198,10 +265,10 @@ func allow(w http.ResponseWriter, r *http.Request, method string) bool {
 	return false
 }
 
-// authenticate returns the request's principal: a bearer token's, when
+// Authenticate returns the request's principal: a bearer token's, when
 // the request carries an Authorization header (which must then be a valid
 // token), else a verified client certificate's subject common name.
-func (a *Admin) authenticate(r *http.Request) (string, bool) {
+func (g *Guard) Authenticate(r *http.Request) (string, bool) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, tok, ok := strings.Cut(h, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
@@ -209,16 +276,16 @@ func (a *Admin) authenticate(r *http.Request) (string, bool) {
 		}
 		sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 		found := -1
-		for i := range a.tokens {
+		for i := range g.tokens {
 			// Every token is compared, found or not.
-			if subtle.ConstantTimeCompare(sum[:], a.tokens[i].sum[:]) == 1 {
+			if subtle.ConstantTimeCompare(sum[:], g.tokens[i].sum[:]) == 1 {
 				found = i
 			}
 		}
 		if found < 0 {
 			return "", false
 		}
-		return a.tokens[found].principal, true
+		return g.tokens[found].principal, true
 	}
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
 		cn := r.TLS.VerifiedChains[0][0].Subject.CommonName
@@ -231,15 +298,15 @@ func (a *Admin) authenticate(r *http.Request) (string, bool) {
 
 // unauthorized answers 401 and logs the attempt, at most a few lines a
 // second (the next line says how many went unlogged).
-func (a *Admin) unauthorized(w http.ResponseWriter, r *http.Request) {
-	a.refused.Add(1)
-	if a.logLim.Allow() {
-		a.log.Warn("unauthenticated admin request refused", "method", r.Method, "path", r.URL.Path,
-			"remote", r.RemoteAddr, "had_token", r.Header.Get("Authorization") != "", "not_logged_before", a.muted.Swap(0))
+func (g *Guard) unauthorized(w http.ResponseWriter, r *http.Request) {
+	g.refused.Add(1)
+	if g.logLim.Allow() {
+		g.log.Warn("unauthenticated admin request refused", "method", r.Method, "path", r.URL.Path,
+			"remote", r.RemoteAddr, "had_token", r.Header.Get("Authorization") != "", "not_logged_before", g.muted.Swap(0))
 	} else {
-		a.muted.Add(1)
+		g.muted.Add(1)
 	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="weir-rules"`)
+	w.Header().Set("WWW-Authenticate", `Bearer realm="`+g.realm+`"`)
 	writeProblem(w, http.StatusUnauthorized, problem{Detail: "a valid bearer token or client certificate is required"})
 }
 

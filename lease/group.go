@@ -128,12 +128,20 @@ type GroupConfig struct {
 	LeaderRPC func(name string) (addr string, ok bool)
 	// RPCPeers is a static ServerID → forwarding address map.
 	RPCPeers map[string]string
-	// ServerTLS secures the forwarding service; nil means plaintext. Set
-	// ClientAuth to tls.RequireAndVerifyClientCert (and ClientCAs) for
-	// mutual TLS.
+	// ServerTLS secures the forwarding service and the Raft port; nil
+	// means plaintext. Set ClientAuth to tls.RequireAndVerifyClientCert
+	// (and ClientCAs) for mutual TLS; the Raft port always requires a
+	// verified client certificate naming a voter (VoterNames).
 	ServerTLS *tls.Config
-	// ClientTLS secures forwarded calls; nil means plaintext.
+	// ClientTLS secures forwarded calls and, with ServerTLS, Raft's own
+	// connections; nil means plaintext.
 	ClientTLS *tls.Config
+	// VoterNames, with ServerTLS, are the certificate names (subject
+	// common name or DNS name) of the voters: only such a caller may use
+	// the Raft port, add voters, propose any command and forward a
+	// principal as is (docs/security.md). Empty means the names of
+	// Voters; a Join node, or a group that will grow, must list them.
+	VoterNames []string
 	// ServerOptions are added to the forwarding server's options (e.g. an
 	// interceptor that authenticates callers).
 	ServerOptions []grpc.ServerOption
@@ -228,6 +236,7 @@ type Group struct {
 	notify    chan bool
 	done      chan struct{} // closed by Close
 	malformed atomic.Uint64
+	refused   atomic.Uint64 // callers refused by the doors of rpc.go
 	wg        sync.WaitGroup
 
 	mu      sync.Mutex
@@ -294,7 +303,7 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 	}
 	g.cfg.RaftListener = nil // owned by the transport now
 	g.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: tcpStream{Listener: lis, dial: cfg.RaftDialer}, MaxPool: 3, Timeout: 10 * time.Second, Logger: cfg.RaftLogger})
+		Stream: g.raftStream(lis, cfg.RaftDialer), MaxPool: 3, Timeout: 10 * time.Second, Logger: cfg.RaftLogger})
 	undo = append(undo, func() { _ = g.trans.Close(); g.trans.CloseStreams() })
 
 	rc := raft.DefaultConfig()

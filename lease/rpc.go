@@ -2,15 +2,20 @@ package lease
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/bucket"
@@ -27,13 +32,157 @@ import (
 // NOT_LEADER and the follower retries with whoever leads then. Nothing is
 // forwarded twice by the receiver, so a request cannot loop.
 
+// The doors (docs/security.md). Without ServerTLS the forwarding service
+// and the Raft port are open to whoever reaches them: run them on a
+// trusted network. With ServerTLS:
+//   - a caller without a verified client certificate is refused outright;
+//   - a caller whose certificate names a voter (GroupConfig.VoterNames) may
+//     do everything: it is a replica of the log;
+//   - any other verified caller (a gateway's lease Client) may read rules,
+//     propose reports and durable decisions, and change rules, the
+//     principal it forwards being recorded as "PRINCIPAL via NAME" (NAME
+//     from its certificate) so that it cannot pass for another; it may not
+//     add voters, propose other commands (rules of the lease machine,
+//     takeovers, ticks, rule-store entries with a principal of its
+//     choosing), or reach the Raft port.
+// A refused call is counted (Group.Refused), logged at warn, and answered
+// with codes.PermissionDenied (codes.Unauthenticated without a
+// certificate).
+
 // maxRPCBytes caps a forwarding message in either direction.
 const maxRPCBytes = MaxEntryBytes + 1024
+
+// Refused is the number of callers the forwarding service and the Raft
+// port refused (see GroupConfig.VoterNames).
+func (g *Group) Refused() uint64 { return g.refused.Load() }
+
+// voterNames is the set of certificate names a voter may carry.
+func voterNames(cfg GroupConfig) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range cfg.VoterNames {
+		out[n] = true
+	}
+	if len(cfg.VoterNames) == 0 {
+		for _, v := range cfg.Voters {
+			out[v.Name] = true
+		}
+	}
+	return out
+}
+
+// certNames lists a certificate's subject common name and DNS names.
+func certNames(c *x509.Certificate) []string {
+	var out []string
+	if c.Subject.CommonName != "" {
+		out = append(out, c.Subject.CommonName)
+	}
+	return append(out, c.DNSNames...)
+}
+
+// caller is who called the forwarding service.
+type caller struct {
+	verified bool   // a verified client certificate (or no TLS at all)
+	voter    bool   // it may do everything
+	name     string // its certificate's first name, "" without TLS
+}
+
+// tlsCaller classifies a connection's verified certificate.
+func tlsCaller(st tls.ConnectionState, voters map[string]bool) caller {
+	if len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+		return caller{}
+	}
+	names := certNames(st.VerifiedChains[0][0])
+	c := caller{verified: true}
+	for _, n := range names {
+		if voters[n] {
+			return caller{verified: true, voter: true, name: n}
+		}
+	}
+	if len(names) > 0 {
+		c.name = names[0]
+	}
+	return c
+}
+
+// caller returns who made the call in ctx.
+func (s *rpcServer) caller(ctx context.Context) caller {
+	if s.g.cfg.ServerTLS == nil {
+		return caller{verified: true, voter: true}
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return caller{}
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return caller{}
+	}
+	return tlsCaller(info.State, s.voters)
+}
+
+// door refuses, with ServerTLS, every call (whatever its method, Durable
+// included) from a caller without a verified client certificate: with
+// tls.VerifyClientCertIfGiven the handshake lets such a caller through.
+func (s *rpcServer) door(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if c := s.caller(ctx); !c.verified {
+		return nil, s.refuse(ctx, c, info.FullMethod, "no verified certificate")
+	}
+	return h(ctx, req)
+}
+
+// refuse counts, logs and answers a call the doors keep shut.
+func (s *rpcServer) refuse(ctx context.Context, c caller, method, why string) error {
+	s.g.refused.Add(1)
+	remote := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		remote = p.Addr.String()
+	}
+	s.g.log.Warn("forwarding call refused", "method", method, "remote", remote, "cert", c.name, "why", why)
+	if !c.verified {
+		return status.Errorf(codes.Unauthenticated, "lease: %s: a verified client certificate is required", method)
+	}
+	return status.Errorf(codes.PermissionDenied, "lease: %s: %s", method, why)
+}
+
+// gatewayEntry reports whether a caller that is not a voter may propose e:
+// what a lease Client sends (a region's report, a durable decision).
+func gatewayEntry(e Entry) bool {
+	switch {
+	case e.Durable != nil:
+		return e.Command == nil && e.Rule == nil
+	case e.Command != nil:
+		return e.Rule == nil && e.Command.Report != nil
+	}
+	return false
+}
+
+// viaPrincipal is the principal recorded for a change a gateway forwards:
+// what it says, and the name its certificate proves.
+func viaPrincipal(principal, name string) string {
+	suffix := " via " + name
+	if len(principal)+len(suffix) > MaxPrincipalBytes {
+		// Cut the claimed part, never the proven one.
+		principal = truncateUTF8(principal, max(0, MaxPrincipalBytes-len(suffix)))
+	}
+	return principal + suffix
+}
+
+// truncateUTF8 cuts s to at most n bytes on a rune boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
 
 // rpcServer is the LeaseGroup service of one Group.
 type rpcServer struct {
 	leasepb.UnimplementedLeaseGroupServer
 	g         *Group
+	voters    map[string]bool
 	lis       net.Listener
 	srv       *grpc.Server
 	serveDone chan struct{}
@@ -52,11 +201,12 @@ func startRPCServer(g *Group) (*rpcServer, error) {
 		grpc.MaxSendMsgSize(maxRPCBytes),
 		grpc.WaitForHandlers(true), // stop returns with no handler running
 	}
+	s := &rpcServer{g: g, voters: voterNames(g.cfg), lis: lis, serveDone: make(chan struct{})}
 	if g.cfg.ServerTLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(g.cfg.ServerTLS)))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(g.cfg.ServerTLS)), grpc.ChainUnaryInterceptor(s.door))
 	}
 	opts = append(opts, g.cfg.ServerOptions...)
-	s := &rpcServer{g: g, lis: lis, srv: grpc.NewServer(opts...), serveDone: make(chan struct{})}
+	s.srv = grpc.NewServer(opts...)
 	leasepb.RegisterLeaseGroupServer(s.srv, s)
 	go func() {
 		defer close(s.serveDone)
@@ -90,11 +240,18 @@ func (s *rpcServer) stop(grace time.Duration) {
 
 // Propose implements leasepb.LeaseGroupServer.
 func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*leasepb.ProposeReply, error) {
+	c := s.caller(ctx)
+	if !c.verified {
+		return nil, s.refuse(ctx, c, "Propose", "no verified certificate")
+	}
 	e, err := entryFromPB(req.GetCommand())
 	if err != nil {
 		s.g.malformed.Add(1)
 		s.g.log.Debug("malformed forwarded command refused", "from", req.GetFrom(), "err", err)
 		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", ErrBadCommand, err)}, nil
+	}
+	if !c.voter && !gatewayEntry(e) {
+		return nil, s.refuse(ctx, c, "Propose", "only a voter may propose this command; a gateway proposes reports and durable decisions")
 	}
 	l := s.g.lead()
 	if l == nil {
@@ -129,20 +286,32 @@ func problemsToPB(err error) []*leasepb.Problem {
 // deletes the rule through Group.PutRule or DeleteRule, which forward to
 // the leader when it does not lead.
 func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleRequest) (*leasepb.ProposeReply, error) {
+	c := s.caller(ctx)
+	if !c.verified || (!c.voter && c.name == "") {
+		return nil, s.refuse(ctx, c, "ChangeRule", "a certificate with a name is required")
+	}
+	// A voter's principal is its own admin API's; a gateway's is marked
+	// with the name its certificate proves.
+	principal := func(p string) string {
+		if c.voter {
+			return p
+		}
+		return viaPrincipal(p, c.name)
+	}
 	var (
 		v   uint64
 		err error
 	)
-	switch c := req.GetChange().(type) {
+	switch ch := req.GetChange().(type) {
 	case *leasepb.ChangeRuleRequest_Put:
 		var r quota.Rule
-		if r, err = decodeRuleJSON(c.Put.GetRule()); err != nil {
+		if r, err = decodeRuleJSON(ch.Put.GetRule()); err != nil {
 			s.g.malformed.Add(1)
 			return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", ErrBadCommand, err)}, nil
 		}
-		v, err = s.g.putRule(ctx, c.Put.GetPrincipal(), r, c.Put.GetRequestId())
+		v, err = s.g.putRule(ctx, principal(ch.Put.GetPrincipal()), r, ch.Put.GetRequestId())
 	case *leasepb.ChangeRuleRequest_Delete:
-		v, err = s.g.deleteRule(ctx, c.Delete.GetPrincipal(), c.Delete.GetId(), c.Delete.GetRequestId())
+		v, err = s.g.deleteRule(ctx, principal(ch.Delete.GetPrincipal()), ch.Delete.GetId(), ch.Delete.GetRequestId())
 	default:
 		s.g.malformed.Add(1)
 		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", ErrBadCommand)}, nil
@@ -152,6 +321,9 @@ func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleReque
 
 // ReadRules implements leasepb.LeaseGroupServer.
 func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest) (*leasepb.ReadRulesReply, error) {
+	if c := s.caller(ctx); !c.verified {
+		return nil, s.refuse(ctx, c, "ReadRules", "no verified certificate")
+	}
 	q := readQuery{linearizable: req.GetLinearizable(), rules: req.GetWithRules(), history: req.GetWithHistory(),
 		since: req.GetSince(), limit: int(min(req.GetLimit(), MaxHistoryLimit))}
 	var (
@@ -225,6 +397,9 @@ func viewFromPB(rep *leasepb.ReadRulesReply) (RuleView, error) {
 
 // AddVoter implements leasepb.LeaseGroupServer.
 func (s *rpcServer) AddVoter(ctx context.Context, req *leasepb.AddVoterRequest) (*leasepb.AddVoterReply, error) {
+	if c := s.caller(ctx); !c.voter {
+		return nil, s.refuse(ctx, c, "AddVoter", "only a voter may change the membership")
+	}
 	if req.GetName() == "" || req.GetAddress() == "" {
 		return &leasepb.AddVoterReply{Code: leasepb.Code_BAD_COMMAND, Message: "lease: AddVoter: empty name or address"}, nil
 	}
@@ -411,4 +586,119 @@ func (g *Group) conn(addr string) (*grpc.ClientConn, error) {
 	}
 	g.conns[addr] = cc
 	return cc, nil
+}
+
+// raftStream is the Raft transport's StreamLayer: plain TCP without
+// ServerTLS; with it, mutual TLS (ClientTLS dialling) on which the
+// accepting side serves only a verified certificate that names a voter.
+func (g *Group) raftStream(lis net.Listener, dial func(addr string, timeout time.Duration) (net.Conn, error)) raft.StreamLayer {
+	if g.cfg.ServerTLS == nil {
+		return tcpStream{Listener: lis, dial: dial}
+	}
+	srv := g.cfg.ServerTLS.Clone()
+	srv.ClientAuth = tls.RequireAndVerifyClientCert // Raft peers are voters
+	cli := &tls.Config{MinVersion: tls.VersionTLS12}
+	if g.cfg.ClientTLS != nil {
+		cli = g.cfg.ClientTLS.Clone()
+	}
+	return &tlsStream{Listener: lis, server: srv, client: cli, voters: voterNames(g.cfg), g: g, dial: dial}
+}
+
+// tlsStream is raft's StreamLayer over mutual TLS.
+type tlsStream struct {
+	net.Listener
+	server, client *tls.Config
+	voters         map[string]bool
+	g              *Group
+	dial           func(addr string, timeout time.Duration) (net.Conn, error) // nil: net.Dialer
+}
+
+// raftHandshakeTimeout bounds an accepted connection's TLS handshake.
+const raftHandshakeTimeout = 10 * time.Second
+
+// Accept implements raft.StreamLayer. The handshake and the voter check run
+// on the connection's first read or write, in the transport's goroutine
+// for the connection, so that a slow or hostile peer cannot hold up the
+// accept loop.
+func (s *tlsStream) Accept() (net.Conn, error) {
+	c, err := s.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &voterConn{Conn: tls.Server(c, s.server), s: s}, nil
+}
+
+// Dial implements raft.StreamLayer.
+func (s *tlsStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	cfg := s.client
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(string(addr))
+		if err != nil {
+			return nil, fmt.Errorf("lease: raft address %q: %w", addr, err)
+		}
+		cfg = cfg.Clone()
+		cfg.ServerName = host
+	}
+	if s.dial == nil {
+		return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(addr), cfg)
+	}
+	raw, err := s.dial(string(addr), timeout)
+	if err != nil {
+		return nil, err
+	}
+	c := tls.Client(raw, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// voterConn is an accepted Raft connection checked once, before any byte
+// passes, to carry a voter's certificate.
+type voterConn struct {
+	*tls.Conn
+	s    *tlsStream
+	once sync.Once
+	err  error
+}
+
+func (c *voterConn) check() error {
+	c.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), raftHandshakeTimeout)
+		defer cancel()
+		why := ""
+		cl := caller{}
+		if err := c.HandshakeContext(ctx); err != nil {
+			why = err.Error()
+		} else if cl = tlsCaller(c.ConnectionState(), c.s.voters); !cl.voter {
+			why = "the certificate names no voter"
+		}
+		if why == "" {
+			return
+		}
+		c.s.g.refused.Add(1)
+		c.s.g.log.Warn("raft connection refused", "remote", c.RemoteAddr().String(), "cert", cl.name, "why", why)
+		c.err = fmt.Errorf("lease: raft connection from %s refused: %s", c.RemoteAddr(), why)
+		_ = c.Conn.Close()
+	})
+	return c.err
+}
+
+// Read implements net.Conn.
+func (c *voterConn) Read(b []byte) (int, error) {
+	if err := c.check(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(b)
+}
+
+// Write implements net.Conn.
+func (c *voterConn) Write(b []byte) (int, error) {
+	if err := c.check(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
 }

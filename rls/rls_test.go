@@ -24,7 +24,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func loadConfig(t *testing.T, opts envoyconf.Options) *envoyconf.Config {
+func loadConfig(t testing.TB, opts envoyconf.Options) *envoyconf.Config {
 	t.Helper()
 	d, err := envoyconf.LoadFile("../envoyconf/testdata/ratelimit.yaml")
 	if err != nil {
