@@ -140,7 +140,9 @@ func overview(addr string) (weir.Overview, error) {
 
 // identityOn reads the raw identity id of the envoy rule on a node.
 func identityOn(addr, id string) (weir.BucketReport, error) {
-	b, err := httpGet("http://" + addr + "/v1/identities/" + id + "?raw=true")
+	// The identity API names identities: on a node with admin tokens it
+	// wants one.
+	b, err := httpGetAuth("http://"+addr+"/v1/identities/"+id+"?raw=true", testToken)
 	if err != nil {
 		return weir.BucketReport{}, err
 	}

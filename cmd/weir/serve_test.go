@@ -202,9 +202,19 @@ admin_tokens: {file: `+filepath.Join(dir, "tokens")+`}
 }
 
 // httpGet fetches url and returns its body (any status).
-func httpGet(url string) (string, error) {
+func httpGet(url string) (string, error) { return httpGetAuth(url, "") }
+
+// httpGetAuth is httpGet with a bearer token (none when empty).
+func httpGetAuth(url, token string) (string, error) {
 	c := &http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return "", err
 	}
