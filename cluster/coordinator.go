@@ -551,9 +551,9 @@ type Coordinator struct {
 	table    OwnerTable
 	epoch    uint64 // table.Epoch(): a table does not change once installed
 	rules    map[string]*RuleParams
-	lastRule *RuleParams // the rule Decide or Step looked up last (rule)
-	owned    map[entryKey]*ownerEntry
-	entries  map[entryKey]*nodeEntry
+	lastRule *RuleParams        // the rule Decide or Step looked up last (rule)
+	owned    keyMap[ownerEntry] // keycap.go
+	entries  keyMap[nodeEntry]
 	down     map[string]bool
 	ticket   uint64
 	gen      uint64
@@ -625,8 +625,6 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 		interval:   int64(cfg.SyncInterval),
 		timeout:    int64(cfg.DecideTimeout),
 		rules:      map[string]*RuleParams{},
-		owned:      map[entryKey]*ownerEntry{},
-		entries:    map[entryKey]*nodeEntry{},
 		down:       map[string]bool{},
 		keys:       map[string]*ruleKeys{},
 		lastOut:    -1,
@@ -645,18 +643,18 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 		next[r.ID] = &r
 	}
 	var changed []entryKey
-	for k, e := range c.entries {
+	c.entries.all(func(k entryKey, e *nodeEntry) {
 		if r, ok := next[k.rule]; ok && r.Version != e.version {
 			e.view, e.version = 0, r.Version
 			changed = append(changed, k)
 		}
-	}
+	})
 	// Queued on the wake heaps in key order, not map order: which of the
 	// entries due at the same time leaves a heap first depends on the
 	// order they went in, and the key cap picks its victims from there.
 	slices.SortFunc(changed, cmpKey)
 	for _, k := range changed {
-		c.watch(c.entries[k])
+		c.watch(c.entries.get(k))
 	}
 	c.setSketches(c.rules, next)
 	c.rules = next
@@ -666,7 +664,7 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 // Stats returns the coordinator's counters.
 func (c *Coordinator) Stats() Stats {
 	s := c.stats
-	s.Entries, s.Owned = len(c.entries), len(c.owned)
+	s.Entries, s.Owned = c.entries.len(), c.owned.len()
 	for _, r := range c.rules {
 		if r.sk != nil {
 			s.SketchBytes += r.sk.bytes()
@@ -759,7 +757,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	owner := c.cfg.Self
 	// An entry made in this ring epoch knows its owner (SetTable moves
 	// every entry to the new epoch): no need to score the ring again.
-	e := c.entries[k]
+	e := c.entries.get(k)
 	if e != nil && c.table != nil && e.epoch == c.epoch {
 		owner = e.owner
 	} else if c.table != nil {
@@ -768,7 +766,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		}
 	}
 	if owner == c.cfg.Self {
-		if r.sk != nil && c.owned[k] == nil {
+		if r.sk != nil && c.owned.get(k) == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
@@ -904,7 +902,7 @@ func (c *Coordinator) shareStep(now int64, r *RuleParams, k entryKey, oe *ownerE
 // ownedEntry returns this node's bucket of k, creating it: right after a
 // ring change, as a warming one (see ownerStep).
 func (c *Coordinator) ownedEntry(now int64, k entryKey) *ownerEntry {
-	oe := c.owned[k]
+	oe := c.owned.get(k)
 	if oe == nil {
 		oe = c.newOwnerEntry(now, k)
 		if now < c.warmUntil && c.table != nil {
@@ -912,7 +910,7 @@ func (c *Coordinator) ownedEntry(now int64, k entryKey) *ownerEntry {
 				oe.warming, oe.from = true, from
 			}
 		}
-		c.owned[k] = oe
+		c.owned.set(k, oe)
 	}
 	return oe
 }
@@ -930,7 +928,7 @@ func (c *Coordinator) entry(now int64, k entryKey, r *RuleParams, owner string) 
 	c.gen++
 	e := c.newNodeEntry(now, k)
 	e.owner, e.epoch, e.version, e.gen = owner, c.epoch, r.Version, c.gen
-	c.entries[k] = e
+	c.entries.set(k, e)
 	return e
 }
 
@@ -987,7 +985,7 @@ func (c *Coordinator) failure(now int64, r *RuleParams, e *nodeEntry, cost int64
 func (c *Coordinator) Step(now int64, from string, m *Message) {
 	for _, h := range m.Handoffs {
 		k := entryKey{h.Rule, h.Identity}
-		oe := c.owned[k]
+		oe := c.owned.get(k)
 		if oe == nil || oe.handed {
 			// What we kept after handing it over is in the state
 			// coming back.
@@ -995,7 +993,7 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 				c.dropOwned(oe)
 			}
 			oe = c.newOwnerEntry(now, k)
-			c.owned[k] = oe
+			c.owned.set(k, oe)
 		}
 		// What this node charged since the ring change and what the old
 		// owner charged before it are separate spend: they add. (Spend a
@@ -1126,7 +1124,7 @@ func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 
 // ack is a node receiving an acknowledgement.
 func (c *Coordinator) ack(now int64, a AckItem) {
-	e := c.entries[entryKey{a.Rule, a.Identity}]
+	e := c.entries.get(entryKey{a.Rule, a.Identity})
 	if e == nil || a.Gen != e.gen || a.Total < e.acked {
 		return // stale: another generation, or older than what we know
 	}
@@ -1286,14 +1284,14 @@ func (c *Coordinator) expire(now int64, p *pendingReq) {
 	c.watch(e)
 }
 
-// entryOf returns the entry of p's key, as c.entries[p.key] does: the
+// entryOf returns the entry of p's key, as c.entries.get(p.key) does: the
 // entry p was forwarded from while it is still that key's (a dropped entry
 // is dead until it is reused, and a reused one has its new key).
 func (c *Coordinator) entryOf(p *pendingReq) *nodeEntry {
 	if e := p.e; e != nil && !e.dead && e.key == p.key {
 		return e
 	}
-	return c.entries[p.key]
+	return c.entries.get(p.key)
 }
 
 func cmpKey(a, b entryKey) int {
@@ -1318,12 +1316,12 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 	k := entryKey{ruleID, identity}
 	switch src {
 	case SourceOwner:
-		if oe := c.owned[k]; oe != nil {
+		if oe := c.owned.get(k); oe != nil {
 			oe.tat -= bucket.TAT(cost * r.gcra.Interval().Nanoseconds())
 			c.watchOwned(oe)
 		}
 	case SourceSlack:
-		if e := c.entries[k]; e != nil && e.spent-cost >= e.sent {
+		if e := c.entries.get(k); e != nil && e.spent-cost >= e.sent {
 			e.spent -= cost
 			c.watch(e)
 		}
@@ -1336,12 +1334,10 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 // free window is handed out.
 func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 	var keys []entryKey
-	for k := range c.owned {
-		keys = append(keys, k)
-	}
+	c.owned.all(func(k entryKey, _ *ownerEntry) { keys = append(keys, k) })
 	slices.SortFunc(keys, cmpKey)
 	for _, k := range keys {
-		oe := c.owned[k]
+		oe := c.owned.get(k)
 		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && !oe.handed && int64(oe.tat) > now {
 			m := c.outbox(o)
 			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
@@ -1367,14 +1363,14 @@ func (c *Coordinator) markHandedOver(t OwnerTable) {
 // before it leaves, so that the owners charge it.
 func (c *Coordinator) FlushAll(now int64) {
 	var due []entryKey
-	for k, e := range c.entries {
+	c.entries.all(func(k entryKey, e *nodeEntry) {
 		if e.spent > e.sent {
 			due = append(due, k)
 		}
-	}
+	})
 	slices.SortFunc(due, cmpKey)
 	for _, k := range due {
-		c.sync(now, k, c.entries[k])
+		c.sync(now, k, c.entries.get(k))
 	}
 }
 
@@ -1411,14 +1407,14 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 	epoch := t.Epoch()
 	c.epoch = epoch
 	var moved []entryKey
-	for k, e := range c.entries {
+	c.entries.all(func(k entryKey, e *nodeEntry) {
 		if e.epoch != epoch {
 			moved = append(moved, k)
 		}
-	}
+	})
 	slices.SortFunc(moved, cmpKey)
 	for _, k := range moved {
-		e := c.entries[k]
+		e := c.entries.get(k)
 		if e == nil {
 			continue // evicted at the key cap by an owner entry made above
 		}
@@ -1431,10 +1427,10 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		if owner == c.cfg.Self || owner == "" {
 			c.dropEntry(e)
 			if r := c.rules[k.rule]; r != nil && unconf > 0 {
-				oe := c.owned[k]
+				oe := c.owned.get(k)
 				if oe == nil {
 					oe = c.newOwnerEntry(now, k)
-					c.owned[k] = oe
+					c.owned.set(k, oe)
 				}
 				r.gcra.Charge(&oe.tat, now, unconf)
 				c.watchOwned(oe)
@@ -1450,7 +1446,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		c.watch(e)
 	}
 	var handed []entryKey
-	for k, oe := range c.owned {
+	c.owned.all(func(k entryKey, oe *ownerEntry) {
 		o := t.OwnerName(k.identity)
 		switch {
 		case o != "" && o != c.cfg.Self && !oe.handed:
@@ -1460,10 +1456,10 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 			// and the owner in between hands the bucket back.
 			c.dropOwned(oe)
 		}
-	}
+	})
 	slices.SortFunc(handed, cmpKey)
 	for _, k := range handed {
-		oe := c.owned[k]
+		oe := c.owned.get(k)
 		if int64(oe.tat) > now {
 			m := c.outbox(t.OwnerName(k.identity))
 			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})

@@ -426,7 +426,7 @@ func TestLostMessagesCannotDoubleCount(t *testing.T) {
 	for _, total := range []int64{5, 5, 3, 9, 9, 12} { // repeats and a reordered older report
 		c.Step(now, "n1", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 1, Total: total}}})
 	}
-	oe := c.owned[entryKey{"r", "x"}]
+	oe := c.owned.get(entryKey{"r", "x"})
 	if got, want := int64(oe.tat)-now, 12*p.gcra.Interval().Nanoseconds(); got != want {
 		t.Fatalf("owner charged %d ns of tokens, want %d (12 tokens once each)", got, want)
 	}
@@ -500,7 +500,7 @@ func TestRefund(t *testing.T) {
 	if o.Source != SourceSlack || !o.Allowed {
 		t.Fatalf("the setup needs a slack admission to refund, got source %d", o.Source)
 	}
-	e := nc.entries[entryKey{"r", id}]
+	e := nc.entries.get(entryKey{"r", id})
 	before := e.spent
 	nc.Refund(h.now, "r", id, 1, SourceSlack)
 	// Refundable exactly when the token was not reported yet.
@@ -520,7 +520,7 @@ func TestRestartedNodeIsCharged(t *testing.T) {
 	now := t0
 	owner.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 1000 + 7, Total: 50}}})
 	owner.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 2000 + 1, Total: 5}}}) // the restarted run
-	oe := owner.owned[entryKey{"r", "x"}]
+	oe := owner.owned.get(entryKey{"r", "x"})
 	if got, want := int64(oe.tat)-now, 55*p.gcra.Interval().Nanoseconds(); got != want {
 		t.Fatalf("charged %d ns, want %d (50 + the restarted node's 5)", got, want)
 	}

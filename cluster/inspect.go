@@ -64,13 +64,13 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 	tau := t * r.Burst
 	k := entryKey{ruleID, identity}
 	tat := now // a full bucket
-	if oe := c.owned[k]; oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
+	if oe := c.owned.get(k); oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
 		st.Held = !oe.tat.Idle(now)
 		st.Reporters = len(oe.reports)
 		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
 		tat = max(int64(oe.tat), now)
 	}
-	if e := c.entries[k]; e != nil {
+	if e := c.entries.get(k); e != nil {
 		st.Unconfirmed = e.spent - e.acked
 		if st.Owner != c.cfg.Self {
 			// This node's view of the owner's bucket plus its own

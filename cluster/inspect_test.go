@@ -35,7 +35,7 @@ func TestCoordinatorInspect(t *testing.T) {
 	if err != nil || !st.Known || st.Held || st.Remaining != 4 || st.ResetAfter != 0 || st.Debt != 0 || st.Interval != 100*time.Millisecond {
 		t.Fatalf("a fresh bucket: %+v, %v", st, err)
 	}
-	if len(c.owned) != 0 {
+	if c.owned.len() != 0 {
 		t.Fatal("Inspect created an entry")
 	}
 	for range 3 {

@@ -160,7 +160,7 @@ func (c *Coordinator) newNodeEntry(now int64, k entryKey) *nodeEntry {
 
 // dropEntry deletes the node entry e.
 func (c *Coordinator) dropEntry(e *nodeEntry) {
-	delete(c.entries, e.key)
+	c.entries.del(e.key)
 	e.rk.n--
 	e.dead = true
 	// Stale heap items may still point at e: it is reused only through
@@ -188,9 +188,9 @@ func (c *Coordinator) newOwnerEntry(now int64, k entryKey) *ownerEntry {
 	return oe
 }
 
-// dropOwned deletes the owner entry oe (c.owned[oe.key] must be oe).
+// dropOwned deletes the owner entry oe (c.owned.get(oe.key) must be oe).
 func (c *Coordinator) dropOwned(oe *ownerEntry) {
-	delete(c.owned, oe.key)
+	c.owned.del(oe.key)
 	oe.rk.n--
 	oe.dead = true
 	if oe.reports != nil && len(c.spareReports) < maxSpareReports {
@@ -444,4 +444,73 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 		c.cfg.OnEvict(ev)
 	}
 	c.dropEntry(e)
+}
+
+// keyMap maps entry keys to entries of type V: one map by identity per
+// rule, so that a lookup hashes and compares the identity alone (the rule
+// is found by a comparison with the rule used last, mostly), and a slot
+// holds one string, not two. Its zero value is empty and ready to use.
+type keyMap[V any] struct {
+	byRule map[string]map[string]*V
+	rule   string        // the rule of last, the map used last
+	last   map[string]*V // nil: none yet
+	n      int           // entries over all rules
+}
+
+// of returns rule's map, nil if it has none and add is false.
+func (m *keyMap[V]) of(rule string, add bool) map[string]*V {
+	if m.last != nil && m.rule == rule {
+		return m.last
+	}
+	ids := m.byRule[rule]
+	if ids == nil {
+		if !add {
+			return nil
+		}
+		if m.byRule == nil {
+			m.byRule = map[string]map[string]*V{}
+		}
+		ids = map[string]*V{}
+		m.byRule[rule] = ids
+	}
+	m.rule, m.last = rule, ids
+	return ids
+}
+
+// get returns k's entry, or nil.
+func (m *keyMap[V]) get(k entryKey) *V {
+	return m.of(k.rule, false)[k.identity]
+}
+
+// set makes v k's entry.
+func (m *keyMap[V]) set(k entryKey, v *V) {
+	ids := m.of(k.rule, true)
+	if _, ok := ids[k.identity]; !ok {
+		m.n++
+	}
+	ids[k.identity] = v
+}
+
+// del deletes k's entry, if any. A rule's map stays when it empties: the
+// rules are few, and their entries come back.
+func (m *keyMap[V]) del(k entryKey) {
+	ids := m.of(k.rule, false)
+	if _, ok := ids[k.identity]; ok {
+		delete(ids, k.identity)
+		m.n--
+	}
+}
+
+// len returns the number of entries.
+func (m *keyMap[V]) len() int { return m.n }
+
+// all calls f for every entry, in no particular order (callers that need an
+// order collect the keys and sort them); f may delete the entry it is
+// given.
+func (m *keyMap[V]) all(f func(k entryKey, v *V)) {
+	for rule, ids := range m.byRule {
+		for id, v := range ids {
+			f(entryKey{rule, id}, v)
+		}
+	}
 }

@@ -57,7 +57,7 @@ func TestKeyCapEvictsFullFirst(t *testing.T) {
 	if st.EvictedIdle != 1 || st.EvictedForgiven != 0 || st.Owned != 3 {
 		t.Fatalf("after d: %+v, want one idle eviction and 3 buckets", st)
 	}
-	if c.owned[entryKey{"r", "b"}] != nil {
+	if c.owned.get(entryKey{"r", "b"}) != nil {
 		t.Fatal("the full bucket b was kept; another was evicted")
 	}
 	// No bucket is full now: d (1 token of debt) forgives least, then a
@@ -67,12 +67,12 @@ func TestKeyCapEvictsFullFirst(t *testing.T) {
 	if st.EvictedForgiven != 1 || st.ForgivenTokens != 1 || st.Owned != 3 || st.OverCap != 0 {
 		t.Fatalf("after e: %+v, want one forgiven eviction of 1 token", st)
 	}
-	if c.owned[entryKey{"r", "d"}] != nil || c.owned[entryKey{"r", "a"}] == nil {
+	if c.owned.get(entryKey{"r", "d"}) != nil || c.owned.get(entryKey{"r", "a"}) == nil {
 		t.Fatal("evicted the wrong bucket: want d (smallest TAT)")
 	}
 	mustDecide(t, c, now, "f", 1)
 	st = c.Stats()
-	if st.EvictedForgiven != 2 || st.ForgivenTokens != 1+3 || c.owned[entryKey{"r", "a"}] != nil || c.owned[entryKey{"r", "c"}] == nil {
+	if st.EvictedForgiven != 2 || st.ForgivenTokens != 1+3 || c.owned.get(entryKey{"r", "a"}) != nil || c.owned.get(entryKey{"r", "c"}) == nil {
 		t.Fatalf("after f: %+v, want a evicted (3 tokens), c kept", st)
 	}
 	// The forgiven identity starts over with a full bucket.
@@ -198,14 +198,14 @@ func TestKeyCapIdleNodeEntryFirst(t *testing.T) {
 	mustDecide(t, p.gw, now, ids[2], 1)
 	p.pump(now)
 	st := p.gw.Stats()
-	if st.EvictedIdle != 1 || st.EvictedViews != 0 || p.gw.entries[entryKey{"r", ids[1]}] == nil {
+	if st.EvictedIdle != 1 || st.EvictedViews != 0 || p.gw.entries.get(entryKey{"r", ids[1]}) == nil {
 		t.Fatalf("%+v: want the idle entry of %s evicted, %s kept", st, ids[0], ids[1])
 	}
 	mustDecide(t, p.gw, now, ids[3], 1)
 	p.pump(now)
 	st = p.gw.Stats()
-	if st.EvictedViews != 1 || st.EvictedForgiven != 0 || p.gw.entries[entryKey{"r", ids[2]}] != nil ||
-		p.gw.entries[entryKey{"r", ids[1]}] == nil {
+	if st.EvictedViews != 1 || st.EvictedForgiven != 0 || p.gw.entries.get(entryKey{"r", ids[2]}) != nil ||
+		p.gw.entries.get(entryKey{"r", ids[1]}) == nil {
 		t.Fatalf("%+v: want the entry of %s (view repaid at +400ms) evicted, not %s (+900ms)", st, ids[2], ids[1])
 	}
 }
@@ -294,7 +294,7 @@ func TestLostReportsChargedOnce(t *testing.T) {
 	}
 	now := t0
 	c.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 7, Total: 500}}})
-	oe := c.owned[entryKey{"r", "x"}]
+	oe := c.owned.get(entryKey{"r", "x"})
 	if got, want := int64(oe.tat)-now, pool*p.gcra.Interval().Nanoseconds(); got != want {
 		t.Fatalf("charged %d ns, want the pool's %d", got, want)
 	}
@@ -309,7 +309,7 @@ func TestLostReportsChargedOnce(t *testing.T) {
 	}
 	// A first report within the pool is charged whole.
 	c.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "y", Gen: 8, Total: pool}}})
-	if got, want := int64(c.owned[entryKey{"r", "y"}].tat)-now, pool*p.gcra.Interval().Nanoseconds(); got != want {
+	if got, want := int64(c.owned.get(entryKey{"r", "y"}).tat)-now, pool*p.gcra.Interval().Nanoseconds(); got != want {
 		t.Fatalf("charged %d ns, want %d", got, want)
 	}
 }
@@ -332,17 +332,17 @@ func TestKeyCapKeepsHandedBucket(t *testing.T) {
 	}
 	mustDecide(t, c, now, x, 5)
 	c.SetTable(now, two)
-	if oe := c.owned[entryKey{"r", x}]; oe == nil || !oe.handed {
+	if oe := c.owned.get(entryKey{"r", x}); oe == nil || !oe.handed {
 		t.Fatal("the moved bucket is not kept as handed over")
 	}
 	mustDecide(t, c, now, "y", 1)
 	st := c.Stats()
-	if c.owned[entryKey{"r", x}] == nil || st.OverCap != 1 || st.EvictedForgiven != 0 {
+	if c.owned.get(entryKey{"r", x}) == nil || st.OverCap != 1 || st.EvictedForgiven != 0 {
 		t.Fatalf("%+v: the handed, spent bucket was evicted", st)
 	}
 	now += int64(time.Second)
 	mustDecide(t, c, now, "z", 1)
-	if c.owned[entryKey{"r", x}] != nil {
+	if c.owned.get(entryKey{"r", x}) != nil {
 		t.Fatalf("%+v: the handed bucket, full again, was kept at the cap", c.Stats())
 	}
 }

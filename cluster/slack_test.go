@@ -31,7 +31,7 @@ func checkPool(t *testing.T, h *harness, p *RuleParams, identity string) (grants
 	n := len(h.names)
 	k := entryKey{p.ID, identity}
 	var reserved int64
-	if oe := h.nodes[owner].owned[k]; oe != nil {
+	if oe := h.nodes[owner].owned.get(k); oe != nil {
 		for _, r := range oe.reports {
 			reserved += r.grant.reserved()
 		}
@@ -46,7 +46,7 @@ func checkPool(t *testing.T, h *harness, p *RuleParams, identity string) (grants
 			continue
 		}
 		s := p.Slack(n)
-		if e := h.nodes[name].entries[k]; e != nil {
+		if e := h.nodes[name].entries.get(k); e != nil {
 			s += e.grant.extraAt(h.now)
 			grants[name] = e.grant.extra
 			unconf += e.spent - e.acked
@@ -103,11 +103,11 @@ func TestDemandSlackFollowsTheBusyNode(t *testing.T) {
 	}
 	k := entryKey{"api", id}
 	for _, name := range h.names {
-		if e := h.nodes[name].entries[k]; e != nil {
+		if e := h.nodes[name].entries.get(k); e != nil {
 			t.Errorf("%s still holds an entry after 2s idle: grant %+v", name, e.grant)
 		}
 	}
-	if oe := h.nodes[owner].owned[k]; oe != nil {
+	if oe := h.nodes[owner].owned.get(k); oe != nil {
 		t.Errorf("the owner still holds the bucket after 2s idle (reserving %v)", oe.reserving())
 	}
 	for _, name := range h.names {

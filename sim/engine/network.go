@@ -2,7 +2,6 @@ package engine
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -49,12 +48,11 @@ type LogNormal struct {
 }
 
 // Draw returns one delay.
+//
+// It is exactly int64(min(Median·math.Exp(Sigma·Z), Cap)), computed
+// through a faster exp where that cannot change the result (fastexp.go).
 func (l LogNormal) Draw(r *rand.Rand) int64 {
-	d := float64(l.Median) * math.Exp(l.Sigma*r.NormFloat64())
-	if l.Cap > 0 && d > float64(l.Cap) {
-		d = float64(l.Cap)
-	}
-	return int64(d)
+	return lognormalNS(float64(l.Median), l.Sigma*r.NormFloat64(), float64(l.Cap))
 }
 
 // String returns "lognormal:MEDIAN:SIGMA".

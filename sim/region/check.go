@@ -231,7 +231,7 @@ func (c *checker) drain(upTo int64) {
 // fresh one moves.
 func (c *checker) merge() {
 	f := c.fresh
-	slices.SortFunc(f, cmpAdmission)
+	sortAdmissions(f)
 	b := c.backlog[c.head:]
 	p, _ := slices.BinarySearchFunc(b, f[0], cmpAdmission) // seqs are unique: never found
 	c.tail = append(c.tail[:0], b[p:]...)
@@ -249,6 +249,33 @@ func (c *checker) merge() {
 	c.backlog = append(c.backlog, c.tail[i:]...)
 	c.backlog = append(c.backlog, f[j:]...)
 	c.fresh = f[:0]
+}
+
+// sortAdmissions sorts a by (time, arrival). The admissions come in
+// arrival order, which is mostly time order (a remote admission counts at
+// its owner's decision, a little earlier than it arrives): an insertion
+// sort from the back moves each only past the few it precedes. Should a
+// batch be far out of order (a long fault), it falls back to a general
+// sort past a budget of moves. (time, arrival) is a total order, so both
+// give the same result.
+func sortAdmissions(a []admission) {
+	budget := 16 * len(a)
+	for i := 1; i < len(a); i++ {
+		if !a[i].before(&a[i-1]) {
+			continue
+		}
+		x := a[i]
+		j := i
+		for j > 0 && x.before(&a[j-1]) {
+			a[j] = a[j-1]
+			j--
+		}
+		a[j] = x
+		if budget -= i - j; budget < 0 {
+			slices.SortFunc(a, cmpAdmission)
+			return
+		}
+	}
 }
 
 // segOf returns the index of the clean segment holding t, or -1.
