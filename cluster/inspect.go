@@ -111,8 +111,13 @@ var ErrUnknownRule = errors.New("cluster: unknown rule")
 func encodeInspect(st BucketState) *peerpb.InspectReply {
 	return &peerpb.InspectReply{Node: st.Node, Owner: st.Owner, Known: st.Known, Held: st.Held, Burst: st.Burst,
 		Remaining: st.Remaining, ResetAfter: int64(st.ResetAfter), Debt: st.Debt, Warming: st.Warming,
-		Reporters: uint32(min(st.Reporters, 1<<31)), Unconfirmed: st.Unconfirmed, Interval: int64(st.Interval)}
+		Reporters: uint32(min(st.Reporters, maxReporters)), Unconfirmed: st.Unconfirmed, Interval: int64(st.Interval)}
 }
+
+// maxReporters bounds an inspect reply's reporter count: far above any
+// region's node count, and the same bound on both ends so that a reply
+// survives a round trip unchanged.
+const maxReporters = 1 << 16
 
 // decodeInspect validates a peer's reply.
 func decodeInspect(r *peerpb.InspectReply) (BucketState, error) {
@@ -126,6 +131,9 @@ func decodeInspect(r *peerpb.InspectReply) (BucketState, error) {
 	}
 	if r.GetBurst() < 0 || r.GetRemaining() < 0 || r.GetResetAfter() < 0 || r.GetDebt() < 0 || r.GetInterval() < 0 {
 		return BucketState{}, errors.New("inspect reply: a negative count or duration")
+	}
+	if r.GetReporters() > maxReporters {
+		return BucketState{}, fmt.Errorf("inspect reply: %d reporters, more than %d", r.GetReporters(), maxReporters)
 	}
 	return BucketState{Node: r.GetNode(), Owner: r.GetOwner(), Known: r.GetKnown(), Held: r.GetHeld(), Burst: r.GetBurst(),
 		Interval: time.Duration(r.GetInterval()), Remaining: r.GetRemaining(), ResetAfter: time.Duration(r.GetResetAfter()),
