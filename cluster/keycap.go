@@ -450,15 +450,30 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 // rule, so that a lookup hashes and compares the identity alone (the rule
 // is found by a comparison with the rule used last, mostly), and a slot
 // holds one string, not two. Its zero value is empty and ready to use.
+//
+// Under churn (identities that come and go, as with an attacker rotating
+// keys against the key cap) a Go map never gives back what deleted slots
+// held, so a rule's map is rebuilt at its live size once it has seen more
+// deletions than rebuildAfter(live): amortised, one copy per deletion.
 type keyMap[V any] struct {
-	byRule map[string]map[string]*V
-	rule   string        // the rule of last, the map used last
-	last   map[string]*V // nil: none yet
-	n      int           // entries over all rules
+	byRule map[string]*idMap[V]
+	rule   string    // the rule of last, the map used last
+	last   *idMap[V] // nil: none yet
+	n      int       // entries over all rules
 }
 
+// idMap is one rule's map and its deletions since it was built.
+type idMap[V any] struct {
+	m    map[string]*V
+	dels int
+}
+
+// rebuildAfter is how many deletions a map of live entries takes before it
+// is rebuilt.
+func rebuildAfter(live int) int { return 2*live + 4096 }
+
 // of returns rule's map, nil if it has none and add is false.
-func (m *keyMap[V]) of(rule string, add bool) map[string]*V {
+func (m *keyMap[V]) of(rule string, add bool) *idMap[V] {
 	if m.last != nil && m.rule == rule {
 		return m.last
 	}
@@ -468,9 +483,9 @@ func (m *keyMap[V]) of(rule string, add bool) map[string]*V {
 			return nil
 		}
 		if m.byRule == nil {
-			m.byRule = map[string]map[string]*V{}
+			m.byRule = map[string]*idMap[V]{}
 		}
-		ids = map[string]*V{}
+		ids = &idMap[V]{m: map[string]*V{}}
 		m.byRule[rule] = ids
 	}
 	m.rule, m.last = rule, ids
@@ -479,25 +494,40 @@ func (m *keyMap[V]) of(rule string, add bool) map[string]*V {
 
 // get returns k's entry, or nil.
 func (m *keyMap[V]) get(k entryKey) *V {
-	return m.of(k.rule, false)[k.identity]
+	ids := m.of(k.rule, false)
+	if ids == nil {
+		return nil
+	}
+	return ids.m[k.identity]
 }
 
 // set makes v k's entry.
 func (m *keyMap[V]) set(k entryKey, v *V) {
 	ids := m.of(k.rule, true)
-	if _, ok := ids[k.identity]; !ok {
+	if _, ok := ids.m[k.identity]; !ok {
 		m.n++
 	}
-	ids[k.identity] = v
+	ids.m[k.identity] = v
 }
 
 // del deletes k's entry, if any. A rule's map stays when it empties: the
 // rules are few, and their entries come back.
 func (m *keyMap[V]) del(k entryKey) {
 	ids := m.of(k.rule, false)
-	if _, ok := ids[k.identity]; ok {
-		delete(ids, k.identity)
-		m.n--
+	if ids == nil {
+		return
+	}
+	if _, ok := ids.m[k.identity]; !ok {
+		return
+	}
+	delete(ids.m, k.identity)
+	m.n--
+	if ids.dels++; ids.dels > rebuildAfter(len(ids.m)) {
+		fresh := make(map[string]*V, len(ids.m))
+		for id, v := range ids.m {
+			fresh[id] = v
+		}
+		ids.m, ids.dels = fresh, 0
 	}
 }
 
@@ -509,7 +539,7 @@ func (m *keyMap[V]) len() int { return m.n }
 // given.
 func (m *keyMap[V]) all(f func(k entryKey, v *V)) {
 	for rule, ids := range m.byRule {
-		for id, v := range ids {
+		for id, v := range ids.m {
 			f(entryKey{rule, id}, v)
 		}
 	}
