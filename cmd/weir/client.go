@@ -361,16 +361,7 @@ func (c *cli) rulesPut(args []string) int {
 	if err != nil {
 		return c.fail("weir rules put", err)
 	}
-	if cn.output == "json" {
-		c.printJSON(b)
-		return 0
-	}
-	var r struct {
-		Version uint64 `json:"version"`
-	}
-	_ = json.Unmarshal(b, &r)
-	fmt.Fprintf(c.stdout, "rule %s stored: rule set version %d\n", pos[0], r.Version)
-	return 0
+	return c.printChange(cn, b, pos[0], "stored")
 }
 
 func (c *cli) rulesDelete(args []string) int {
@@ -383,6 +374,12 @@ func (c *cli) rulesDelete(args []string) int {
 	if err != nil {
 		return c.fail("weir rules delete", err)
 	}
+	return c.printChange(cn, b, pos[0], "deleted")
+}
+
+// printChange prints the answer to a rule change: the JSON as it came with
+// -o json, else one line with the rule set's new version.
+func (c *cli) printChange(cn *conn, b []byte, id, did string) int {
 	if cn.output == "json" {
 		c.printJSON(b)
 		return 0
@@ -391,7 +388,7 @@ func (c *cli) rulesDelete(args []string) int {
 		Version uint64 `json:"version"`
 	}
 	_ = json.Unmarshal(b, &r)
-	fmt.Fprintf(c.stdout, "rule %s deleted: rule set version %d\n", pos[0], r.Version)
+	fmt.Fprintf(c.stdout, "rule %s %s: rule set version %d\n", id, did, r.Version)
 	return 0
 }
 
