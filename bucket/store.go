@@ -9,8 +9,10 @@ import (
 // StoreConfig configures a Store. The zero value works: 10 M keys over 256
 // shards.
 type StoreConfig struct {
-	// MaxKeys is the hard cap on live keys over the whole store; each shard
-	// holds at most ceil(MaxKeys/Shards). 0 means DefaultMaxKeys.
+	// MaxKeys caps the live keys over the whole store: each shard holds at
+	// most ceil(MaxKeys/Shards), so the store holds at most
+	// MaxKeys + Shards − 1 (a shard never gets a cap of zero). 0 means
+	// DefaultMaxKeys.
 	MaxKeys int
 	// Shards is the number of independently locked shards, a power of two
 	// between 1 and 1<<16. 0 means DefaultShards.
