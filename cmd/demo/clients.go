@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -184,6 +186,12 @@ func (c *client) send(ctx context.Context, hc *http.Client, f *fleet, region int
 		// The request outlives the run's context: one sent just before the
 		// end is answered and counted, so admitted matches the upstream.
 		req, _ := http.NewRequestWithContext(context.WithoutCancel(ctx), method, base+c.path, nil)
+		if method == http.MethodPost {
+			// Lets the transport send it again on a kept-alive connection
+			// that a stopping gateway closed before reading it (as it does
+			// for a GET); nothing reached the gateway then.
+			req.Header.Set("Idempotency-Key", strconv.FormatInt(c.count.Load(), 10))
+		}
 		if c.key != "" {
 			req.Header.Set("X-API-Key", c.key)
 		}
@@ -193,7 +201,11 @@ func (c *client) send(ctx context.Context, hc *http.Client, f *fleet, region int
 		if c.customer != "" {
 			req.Header.Set("X-Customer", c.customer)
 		}
-		if resp, err = hc.Do(req); err == nil {
+		if resp, err = hc.Do(req); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			// Only a refused connection is tried again elsewhere: any
+			// other error (a timeout on a busy machine) may come after
+			// the gateway decided and called the upstream, and sending
+			// the request again would count it twice.
 			break
 		}
 
