@@ -756,7 +756,10 @@ const minTokenBytes = 16
 // everything after the first colon. It adds each to out (token →
 // principal); the error names the entry's position, never the token.
 func parseTokens(s string, out map[string]string) error {
+	// Errors name entries by number only: a principal and a token written
+	// the wrong way round would otherwise put the token in a log.
 	n := 0
+	entryOf := map[string]int{}
 	for line := range strings.Lines(s) {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -776,10 +779,13 @@ func parseTokens(s string, out map[string]string) error {
 			case principal == "":
 				return fmt.Errorf("entry %d: empty principal", n)
 			case len(token) < minTokenBytes:
-				return fmt.Errorf("entry %d (principal %q): the token is shorter than %d bytes", n, principal, minTokenBytes)
+				return fmt.Errorf("entry %d: the token is shorter than %d bytes", n, minTokenBytes)
 			}
 			if p, dup := out[token]; dup && p != principal {
-				return fmt.Errorf("entry %d (principal %q): the same token is already given to %q", n, principal, p)
+				return fmt.Errorf("entry %d: the same token is already given to another principal in entry %d", n, entryOf[token])
+			}
+			if _, seen := entryOf[token]; !seen {
+				entryOf[token] = n
 			}
 			out[token] = principal
 		}
