@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/time/rate"
@@ -239,6 +240,10 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.history(w, r)
 	case strings.HasPrefix(path, prefix+"/") && !strings.Contains(path[len(prefix)+1:], "/") && len(path) > len(prefix)+1:
 		id := path[len(prefix)+1:]
+		if !utf8.ValidString(id) {
+			writeProblem(w, http.StatusBadRequest, problem{Detail: fmt.Sprintf("the rule id %q is not valid UTF-8", id)})
+			return
+		}
 		switch r.Method {
 		case http.MethodGet:
 			a.get(w, r, id)

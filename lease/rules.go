@@ -347,6 +347,8 @@ func checkChange(c RuleChange) error {
 		return fmt.Errorf("%w: principal of %d bytes, over %d", ErrBadCommand, len(c.Principal), MaxPrincipalBytes)
 	case !utf8.ValidString(c.Principal):
 		return fmt.Errorf("%w: principal is not valid UTF-8", ErrBadCommand)
+	case !utf8.ValidString(c.Delete):
+		return fmt.Errorf("%w: the rule id to delete is not valid UTF-8", ErrBadCommand)
 	case len(c.RequestID) > MaxRequestIDBytes:
 		return fmt.Errorf("%w: request id of %d bytes, over %d", ErrBadCommand, len(c.RequestID), MaxRequestIDBytes)
 	}
