@@ -759,7 +759,6 @@ func parseTokens(s string, out map[string]string) error {
 	// Errors name entries by number only: a principal and a token written
 	// the wrong way round would otherwise put the token in a log.
 	n := 0
-	entryOf := map[string]int{}
 	for line := range strings.Lines(s) {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -782,10 +781,8 @@ func parseTokens(s string, out map[string]string) error {
 				return fmt.Errorf("entry %d: the token is shorter than %d bytes", n, minTokenBytes)
 			}
 			if p, dup := out[token]; dup && p != principal {
-				return fmt.Errorf("entry %d: the same token is already given to another principal in entry %d", n, entryOf[token])
-			}
-			if _, seen := entryOf[token]; !seen {
-				entryOf[token] = n
+				// It may come from the other source (file or environment).
+				return fmt.Errorf("entry %d: the same token is already given to another principal", n)
 			}
 			out[token] = principal
 		}
