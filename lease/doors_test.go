@@ -2,14 +2,9 @@ package lease
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"io"
-	"math/big"
 	"net"
 	"strings"
 	"testing"
@@ -21,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/weir-dev/weir/internal/testpki"
 	"github.com/weir-dev/weir/lease/leasepb"
 )
 
@@ -28,8 +24,6 @@ import (
 // and a second, unrelated CA: everything the door tests present.
 type doorPKI struct {
 	pool     *x509.CertPool
-	ca       *x509.Certificate
-	caKey    *ecdsa.PrivateKey
 	voter    tls.Certificate // names n1..n5 (the voters of newCluster)
 	gateway  tls.Certificate // "gw-1": a gateway's certificate
 	expired  tls.Certificate // a voter's name, expired an hour ago
@@ -38,51 +32,16 @@ type doorPKI struct {
 
 func newDoorPKI(t *testing.T) doorPKI {
 	t.Helper()
-	mkCA := func(cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		now := time.Now()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-			NotBefore: now.Add(-2 * time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-			KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ca, err := x509.ParseCertificate(der)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ca, key
-	}
-	leaf := func(ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, cn string, dns []string, notAfter time.Time) tls.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter, KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: dns}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	}
-	ca, caKey := mkCA("weir voters CA")
-	other, otherKey := mkCA("another CA")
+	ca, other := testpki.NewCA(t, "weir voters CA"), testpki.NewCA(t, "another CA")
 	voters := []string{"n1", "n2", "n3", "n4", "n5"}
-	p := doorPKI{pool: x509.NewCertPool(), ca: ca, caKey: caKey}
-	p.pool.AddCert(ca)
 	hour := time.Now().Add(time.Hour)
-	p.voter = leaf(ca, caKey, 2, "lease voter", voters, hour)
-	p.gateway = leaf(ca, caKey, 3, "gw-1", nil, hour)
-	p.expired = leaf(ca, caKey, 4, "lease voter", voters, time.Now().Add(-time.Hour))
-	p.stranger = leaf(other, otherKey, 2, "lease voter", voters, hour)
-	return p
+	return doorPKI{
+		pool:     ca.Pool(),
+		voter:    ca.Leaf(t, "lease voter", hour, voters...),
+		gateway:  ca.Leaf(t, "gw-1", hour),
+		expired:  ca.Leaf(t, "lease voter", time.Now().Add(-time.Hour), voters...),
+		stranger: other.Leaf(t, "lease voter", hour, voters...),
+	}
 }
 
 // tune secures a group with the PKI. Elections are slower than
