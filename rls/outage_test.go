@@ -2,15 +2,8 @@ package rls_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -20,38 +13,19 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
+	"github.com/weir-dev/weir/internal/testpki"
 	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/rls"
 )
 
-// loopbackTLS makes a self-signed certificate for 127.0.0.1 and the server
-// and client configs that trust it.
+// loopbackTLS makes a certificate for 127.0.0.1 and the server and client
+// configs that trust it.
 func loopbackTLS(t *testing.T) (server, client *tls.Config) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "weir-test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	ca := testpki.NewCA(t, "weir-test CA")
+	cert := ca.Leaf(t, "weir-test", time.Now().Add(time.Hour))
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		&tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 }
 
 // TestPeerDown: a two-node cluster where the peer's RPC server accepts
