@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -141,26 +142,122 @@ func worstExcess(recs []record, rate float64, from, to int64) (worst float64, lo
 	return worst, lo, hi
 }
 
-// check is one envelope check: over every interval of a phase, the excess
-// over r·Δ against B + S + timing.
+// ringChange is a node leaving its region's ring (gracefully: Close hands
+// its buckets over) or joining it (a restart under the same name), from the
+// call that started it to the moment every live node's ring agreed again.
+type ringChange struct {
+	region  string
+	node    string
+	join    bool
+	from    int64 // unix ns
+	settled int64
+}
+
+// changeTail is how long after the views agree a ring change still acts:
+// a leaver decides for nodes whose view lagged for up to one call timeout;
+// a new owner's warm-up ends by the handoff timeout at the latest.
+func (c ringChange) tail() time.Duration {
+	if c.join {
+		return cluster.DefaultHandoffTimeout
+	}
+	return demoCallTimeout
+}
+
+// window is the span of send times the change's term applies to.
+func (c ringChange) window() (from, to int64) {
+	return c.from, c.settled + int64(c.tail())
+}
+
+// term is docs/overshoot.md's fault term of the change for a rule of
+// limits l in a region of n nodes: 2B + S_f + 2⌈r·G⌉ for a join or restart
+// (two owners with fresh or duplicated state while views converge), B + S_f
+// + ⌈r·(G + call timeout)⌉ for a graceful leave (the leaver keeps deciding
+// for lagging nodes on state the new owner does not see). G is the measured
+// convergence; S_f the slack total while views disagree, (n − 1)·s(2).
+func (c ringChange) term(l limits, n int) int64 {
+	g := float64(c.settled - c.from)
+	var sf int64
+	if n >= 2 {
+		sf = int64(n-1) * l.slackOne(2)
+	}
+	if c.join {
+		return 2*l.burst + sf + 2*int64(math.Ceil(l.rate()*g))
+	}
+	return l.burst + sf + int64(math.Ceil(l.rate()*(g+float64(demoCallTimeout))))
+}
+
+// check is one envelope check of a phase: over every interval that
+// overlaps no ring change, the excess over r·Δ against B + S + timing + F;
+// over every interval, against that plus J, the terms of the ring changes
+// in the phase.
 type check struct {
 	phase  phase
 	excess float64
 	from   int64 // the worst interval's first and last send times
 	to     int64
 	bound  int64
+	// Across ring changes: every interval, bound + J. changes is how many
+	// ring changes fall in the phase (0: the quiet check covers it all).
+	changes   int
+	jterm     int64
+	excessAll float64
+	fromAll   int64
+	toAll     int64
 }
 
-func (c check) held() bool { return c.excess <= float64(c.bound) }
+func (c check) held() bool {
+	return c.excess <= float64(c.bound) && c.excessAll <= float64(c.bound+c.jterm)
+}
 
-// checkPhases checks recs against every phase.
-func checkPhases(recs []record, phases []phase) []check {
+// checkPhases checks recs against every phase, with the ring changes that
+// touch the client's regions (n nodes a region).
+func checkPhases(recs []record, phases []phase, changes []ringChange, n int) []check {
 	var out []check
 	for _, p := range phases {
-		ex, lo, hi := worstExcess(recs, p.lim.rate(), p.from, p.to)
-		out = append(out, check{phase: p, excess: ex, from: lo, to: hi, bound: p.lim.burst + p.slack + p.lim.timing() + p.fault})
+		k := check{phase: p, bound: p.lim.burst + p.slack + p.lim.timing() + p.fault}
+		// The quiet segments: the phase less every change's window.
+		var wins [][2]int64
+		for _, c := range changes {
+			from, to := c.window()
+			if to <= p.from || from >= p.to {
+				continue
+			}
+			wins = append(wins, [2]int64{max(from, p.from), min(to, p.to)})
+			k.changes++
+			k.jterm += c.term(p.lim, n)
+		}
+		slices.SortFunc(wins, func(a, b [2]int64) int { return cmpInt(a[0], b[0]) })
+		at := p.from
+		quiet := func(from, to int64) {
+			if from >= to {
+				return
+			}
+			if ex, lo, hi := worstExcess(recs, p.lim.rate(), from, to); ex > k.excess {
+				k.excess, k.from, k.to = ex, lo, hi
+			}
+		}
+		for _, w := range wins {
+			quiet(at, w[0])
+			at = max(at, w[1])
+		}
+		quiet(at, p.to)
+		k.excessAll, k.fromAll, k.toAll = k.excess, k.from, k.to
+		if k.changes > 0 {
+			k.excessAll, k.fromAll, k.toAll = worstExcess(recs, p.lim.rate(), p.from, p.to)
+		}
+		out = append(out, k)
 	}
 	return out
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 func sortRecords(rs []record) {

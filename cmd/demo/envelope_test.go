@@ -82,3 +82,51 @@ func TestSlack(t *testing.T) {
 		t.Fatalf("globalSlack(2, 3) = %d, want 60", got)
 	}
 }
+
+// TestCheckAcrossRingChanges: an extra burst inside a ring change's window
+// is held to the bound plus the change's term, not to the quiet bound; the
+// same burst where no change happened breaks the quiet bound; and
+// intervals that only touch quiet time are checked as tightly as before.
+func TestCheckAcrossRingChanges(t *testing.T) {
+	sec := int64(time.Second)
+	lim := limits{limit: 10, window: time.Second, burst: 5, accuracy: 0.1}
+	ph := []phase{{from: math.MinInt64, to: math.MaxInt64, lim: lim, slack: lim.regionSlack(3)}}
+	// One admitted request every 100 ms for 20 s (r·Δ exactly), and 12
+	// extra at t = 10 s.
+	var recs []record
+	for i := range int64(200) {
+		recs = append(recs, record{at: i * sec / 10, cost: 1, ok: true})
+	}
+	for range 12 {
+		recs = append(recs, record{at: 10*sec + 1, cost: 1, ok: true})
+	}
+	sortRecords(recs)
+	join := ringChange{region: "eu", node: "n1", join: true, from: 9 * sec, settled: 9*sec + sec/2}
+
+	k := checkPhases(recs, ph, nil, 3)[0]
+	if k.held() || k.changes != 0 {
+		t.Fatalf("no ring change: excess %.1f against bound %d held (changes %d), want broken", k.excess, k.bound, k.changes)
+	}
+	k = checkPhases(recs, ph, []ringChange{join}, 3)[0]
+	// G = 0.5 s: J = 2B + 2·s(2) + 2⌈r·G⌉ = 10 + 2·0 + 10 (s(2) = ⌊1 ÷ 2⌋).
+	if want := int64(2*5 + 2*lim.slackOne(2) + 2*5); k.jterm != want || k.changes != 1 {
+		t.Fatalf("J = %d over %d changes, want %d over 1", k.jterm, k.changes, want)
+	}
+	if !k.held() {
+		t.Fatalf("burst in the join's window: quiet %.1f ≤ %d, across %.1f ≤ %d should hold", k.excess, k.bound, k.excessAll, k.bound+k.jterm)
+	}
+	if k.excess > 1.5 || k.excessAll < 12 {
+		t.Fatalf("quiet excess %.1f (want about 1: the steady stream), across %.1f (want ≥ 12: the burst)", k.excess, k.excessAll)
+	}
+	// The window ends a handoff timeout after the views agreed: a burst
+	// after that is quiet time again.
+	late := ringChange{region: "eu", node: "n1", join: true, from: 9*sec - 3*sec, settled: 9*sec - 2*sec}
+	if k = checkPhases(recs, ph, []ringChange{late}, 3)[0]; k.held() {
+		t.Fatalf("a burst %v after the join settled was excused: quiet %.1f ≤ %d", 3*time.Second, k.excess, k.bound)
+	}
+	// A leave's term counts the call timeout.
+	leave := ringChange{join: false, from: 0, settled: sec}
+	if got, want := leave.term(lim, 3), int64(5+lim.slackOne(2)*2+int64(math.Ceil(10*(1+demoCallTimeout.Seconds())))); got != want {
+		t.Fatalf("leave term %d, want %d", got, want)
+	}
+}

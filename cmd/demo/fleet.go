@@ -56,6 +56,10 @@ const (
 	raftLeaderTTL = 500 * time.Millisecond
 	stepBound     = 30 * time.Second // the longest any scheduled step waits (generous: -race on a busy machine)
 	adminName     = "demo-operator"
+	// demoCallTimeout is the peer call and decide timeout: generous on a
+	// loaded 2-core machine, where a run with no fault must show no
+	// fail-open decision. A graceful leave's fault term counts it.
+	demoCallTimeout = 3 * time.Second
 )
 
 // gateway is one incarnation of a weir node serving HTTP in front of the
@@ -221,9 +225,7 @@ func (f *fleet) start(name string) (*gateway, error) {
 	} else {
 		cc := &weir.ClusterConfig{Name: name, Region: region, LocalTiming: true, Label: "weir-demo-" + region,
 			GossipAddr: net.JoinHostPort(f.host, "0"), RPCAddr: net.JoinHostPort(f.host, "0"),
-			// Generous on a loaded 2-core machine: a run with no fault
-			// must show no fail-open decision.
-			DecideTimeout: 3 * time.Second, CallTimeout: 3 * time.Second}
+			DecideTimeout: demoCallTimeout, CallTimeout: demoCallTimeout}
 		f.mu.Lock()
 		for _, other := range f.names[region] {
 			if o := f.live[other]; o != nil && other != name {

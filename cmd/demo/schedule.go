@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -42,6 +43,27 @@ type scheduler struct {
 	// Leader failover: who was killed, who took over, how long it took.
 	killedLeader, newLeader string
 	election                time.Duration
+	// changes are the ring changes the schedule made (a node leaving,
+	// a node joining again): the envelope adds their fault terms to the
+	// intervals that overlap them.
+	changes []ringChange
+}
+
+// ringChanged records a ring change of name that began at t0 and was
+// settled (every live node's ring agreed again) at settled; it returns how
+// long that took.
+func (s *scheduler) ringChanged(name string, join bool, t0, settled time.Time) time.Duration {
+	s.mu.Lock()
+	s.changes = append(s.changes, ringChange{region: s.f.regionOf(name), node: name, join: join, from: t0.UnixNano(), settled: settled.UnixNano()})
+	s.mu.Unlock()
+	return settled.Sub(t0)
+}
+
+// ringChanges returns the ring changes made so far.
+func (s *scheduler) ringChanges() []ringChange {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.changes)
 }
 
 func (s *scheduler) fail(format string, args ...any) {
@@ -140,8 +162,11 @@ func (s *scheduler) stopNode() {
 		s.fail("stopping %s: %v", name, err)
 		return
 	}
-	s.out.event("%s stopped in %v: Close is graceful (it hands its buckets to their next owners and reports its unconfirmed spend, then leaves the ring)",
-		name, time.Since(t0).Round(time.Millisecond))
+	stopped := time.Since(t0)
+	waitFor(stepBound, func() bool { return s.f.convergedWith(nil) })
+	g := s.ringChanged(name, false, t0, time.Now())
+	s.out.event("%s stopped in %v: Close is graceful (it hands its buckets to their next owners and reports its unconfirmed spend, then leaves the ring); every ring agreed %v after the stop began",
+		name, stopped.Round(time.Millisecond), g.Round(time.Millisecond))
 }
 
 func (s *scheduler) restartNode() {
@@ -173,6 +198,7 @@ func (s *scheduler) restart(name string) bool {
 		s.fail("%s restarted but its region did not converge within %v (members %v, rules v%d)", name, stepBound, g.node.Members(), g.node.Status().RulesVersion)
 		return false
 	}
+	s.ringChanged(name, true, t0, time.Now())
 	s.f.enter(g)
 	s.out.event("%s restarted under the same name (New took %v): in %s's ring with rules v%d %v after the restart, then back in rotation; gateway %s",
 		name, started.Round(time.Millisecond), g.region, g.node.Status().RulesVersion, time.Since(t0).Round(time.Millisecond), g.base)
@@ -289,7 +315,11 @@ func (s *scheduler) killLeader() {
 	// hold (a lease outlives an election): count them on the way.
 	var next string
 	minLeased, maxFallback := -1, 0
-	ok = waitFor(stepBound, func() bool {
+	var settled, elected time.Time
+	waitFor(stepBound, func() bool {
+		if settled.IsZero() && s.f.convergedWith(nil) {
+			settled = time.Now()
+		}
 		leased, fallback := s.f.globalKeys()
 		if minLeased < 0 || leased < minLeased {
 			minLeased = leased
@@ -297,14 +327,20 @@ func (s *scheduler) killLeader() {
 		maxFallback = max(maxFallback, fallback)
 		for _, g := range s.f.gateways() {
 			if lg := g.node.LeaseGroup(); lg != nil && lg.IsLeader() {
-				next = g.name
-				return true
+				if elected.IsZero() {
+					next, elected = g.name, time.Now()
+				}
+				return !settled.IsZero()
 			}
 		}
 		return false
 	})
-	took := time.Since(t0)
-	if !ok {
+	took := elected.Sub(t0)
+	if settled.IsZero() {
+		settled = time.Now() // not converged within stepBound: counted to now
+	}
+	s.ringChanged(ldr, false, t0, settled)
+	if elected.IsZero() {
 		s.fail("no new lease leader %v after %s was killed", stepBound, ldr)
 		return
 	}
