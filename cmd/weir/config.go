@@ -140,6 +140,9 @@ type EnvoySection struct {
 	Mode      string  `yaml:"mode"`
 	OnFailure string  `yaml:"on_failure"`
 	Accuracy  float64 `yaml:"accuracy"`
+	// FixedWindow keeps envoyproxy/ratelimit's fixed windows
+	// (envoyconf.Options.FixedWindow): fixed_window rules in exact mode.
+	FixedWindow bool `yaml:"fixed_window"`
 }
 
 // LeaseSection connects the node to the lease group, as a voter or as a
@@ -807,7 +810,7 @@ func (c *Config) envoyConfig() (*envoyconf.Config, error) {
 		}
 		domains = append(domains, d)
 	}
-	opts := envoyconf.Options{Mode: quota.Mode(e.Mode), OnFailure: quota.OnFailure(e.OnFailure), Accuracy: e.Accuracy}
+	opts := envoyconf.Options{Mode: quota.Mode(e.Mode), OnFailure: quota.OnFailure(e.OnFailure), Accuracy: e.Accuracy, FixedWindow: e.FixedWindow}
 	switch e.Mode {
 	case "", "shared", "exact":
 	default:
@@ -817,6 +820,9 @@ func (c *Config) envoyConfig() (*envoyconf.Config, error) {
 	case "", "local", "open", "closed":
 	default:
 		return nil, c.errf("envoy.on_failure", "want local, open or closed, got %q", e.OnFailure)
+	}
+	if e.FixedWindow && e.Mode == "shared" {
+		return nil, c.errf("envoy.fixed_window", "fixed windows are decided in exact mode: drop envoy.mode: shared, or fixed_window")
 	}
 	if e.Accuracy < 0 || e.Accuracy >= 1 {
 		return nil, c.errf("envoy.accuracy", "want a fraction in [0, 1), got %v", e.Accuracy)

@@ -129,6 +129,7 @@ func TestConfigErrors(t *testing.T) {
 		{"envoy without descriptors", "envoy: {listen: '127.0.0.1:0'}\n", Overrides{}, []string{"envoy.descriptors: required"}},
 		{"envoy bad file", "envoy: {descriptors: [" + filepath.Join(dir, "rules.yaml") + "]}\n", Overrides{}, []string{"envoy.descriptors[0]"}},
 		{"envoy mode", "envoy: {descriptors: [" + filepath.Join(dir, "edge.yaml") + "], mode: fast}\n", Overrides{}, []string{"envoy.mode", "fast"}},
+		{"envoy fixed window in shared mode", "envoy: {descriptors: [" + filepath.Join(dir, "edge.yaml") + "], mode: shared, fixed_window: true}\n", Overrides{}, []string{"envoy.fixed_window", "exact mode"}},
 		{"max keys", rules + "max_keys: -1\n", Overrides{}, []string{"max_keys", "negative"}},
 		{"tokens file missing", rules + "admin_tokens: {file: " + filepath.Join(dir, "nope") + "}\n", Overrides{}, []string{"admin_tokens.file"}},
 		{"tokens not a file", rules + "admin_tokens: {file: " + dir + "}\n", Overrides{}, []string{"admin_tokens.file", "not a regular file"}},

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,7 +26,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/rls"
 )
 
@@ -53,6 +56,13 @@ type daemon struct {
 	servers  int
 	addrs    Addrs
 	draining atomic.Bool
+
+	// The Envoy service and the descriptors it serves: reload replaces
+	// both. reloads counts reloads by result.
+	rls      *rls.Service
+	reloadMu sync.Mutex
+	envoy    *envoyconf.Config
+	reloads  *prometheus.CounterVec
 
 	stopOnce sync.Once
 	stopErr  error
@@ -197,9 +207,16 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	d.node = node
 	d.addrs.Gossip = node.GossipAddr()
 
+	d.envoy = envoyCfg
+	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "weir_daemon_reloads_total",
+		Help: "Reloads of the envoy descriptor files (SIGHUP), by result: ok, or error (the files in force stay)."}, []string{"result"})
+	d.reloads.WithLabelValues("ok")
+	d.reloads.WithLabelValues("error")
+	reg.MustRegister(d.reloads)
 	if rlsLn != nil {
 		d.rlsSrv = grpc.NewServer()
-		rls.New(node, envoyCfg).Register(d.rlsSrv)
+		d.rls = rls.New(node, envoyCfg)
+		d.rls.Register(d.rlsSrv)
 		d.servers++
 		go func() { d.served <- d.rlsSrv.Serve(rlsLn) }()
 	}
@@ -219,6 +236,64 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 		}
 	}()
 	return d, nil
+}
+
+// reload reads the envoy descriptor files again and, when they compile,
+// serves them: what SIGHUP does. Nothing is half-applied: on any error the
+// files in force stay, the error names the file and field, and it is
+// counted and logged. Rules from rules.file need no signal (the node
+// watches that file); rules from the lease group change through the rules
+// API.
+//
+// The switch never leaves a descriptor pointing at a rule the node does not
+// hold: the node first takes the union of the old and new rules, then the
+// service switches to the new descriptors, then the node drops the rules
+// only the old ones used. Limits of a rule that stays keep their buckets.
+func (d *daemon) reload() error {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	err := d.reloadEnvoy()
+	if err != nil {
+		d.reloads.WithLabelValues("error").Inc()
+		d.log.Error("reload refused: the descriptors in force stay", "err", err)
+		return err
+	}
+	d.reloads.WithLabelValues("ok").Inc()
+	return nil
+}
+
+func (d *daemon) reloadEnvoy() error {
+	if d.envoy == nil || d.rls == nil {
+		d.log.Info("reload: no envoy descriptors to read again (rules.file is watched without a signal)")
+		return nil
+	}
+	next, err := d.cfg.envoyConfig()
+	if err != nil {
+		return err
+	}
+	rules := next.Rules()
+	union := slices.Clone(rules)
+	for _, r := range d.envoy.Rules() {
+		if !slices.ContainsFunc(rules, func(n quota.Rule) bool { return n.ID == r.ID }) {
+			union = append(union, r)
+		}
+	}
+	if err := d.node.SetRules(union); err != nil {
+		return fmt.Errorf("envoy.descriptors: %w", err)
+	}
+	d.rls.SetConfig(next)
+	if len(union) != len(rules) {
+		if err := d.node.SetRules(rules); err != nil {
+			// The union is in force and the service serves next: the
+			// old rules are merely unused. Said, not hidden.
+			d.envoy = next
+			return fmt.Errorf("envoy.descriptors: the new descriptors are served, but dropping the rules only the old ones used failed: %w", err)
+		}
+	}
+	d.envoy = next
+	d.log.Info("reloaded the envoy descriptors", "files", len(d.cfg.Envoy.Descriptors), "rules", len(rules),
+		"rules_version", d.node.Status().RulesVersion)
+	return nil
 }
 
 // mux is the operators' HTTP routes.
@@ -308,7 +383,10 @@ func (d *daemon) stop() error {
 
 // serve runs a daemon until ctx is done, then shuts it down. ready, when
 // set, is called with the bound addresses once everything serves.
-func serve(ctx context.Context, cfg *Config, log *slog.Logger, ready func(Addrs)) error {
+//
+// Every value received on reload (SIGHUP) reads the envoy descriptor files
+// again (daemon.reload).
+func serve(ctx context.Context, cfg *Config, log *slog.Logger, ready func(Addrs), reload <-chan os.Signal) error {
 	d, err := startDaemon(cfg, log)
 	if err != nil {
 		return err
@@ -319,14 +397,22 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger, ready func(Addrs)
 		ready(d.addrs)
 	}
 	var failed error
-	select {
-	case <-ctx.Done():
-	case failed = <-d.served: // a listener failed: shut the rest down, exit 1
-		d.servers--
-		if failed == nil {
-			failed = errors.New("a server stopped unexpectedly")
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case s := <-reload:
+			log.Info("signal: reloading the envoy descriptors", "signal", s.String())
+			_ = d.reload() // logged and counted; the old files stay on error
+		case failed = <-d.served: // a listener failed: shut the rest down, exit 1
+			d.servers--
+			if failed == nil {
+				failed = errors.New("a server stopped unexpectedly")
+			}
+			log.Error("a server stopped: shutting down", "err", failed)
+			break wait
 		}
-		log.Error("a server stopped: shutting down", "err", failed)
 	}
 	log.Info("shutting down: draining RLS and HTTP, then handing off and leaving the cluster")
 	start := time.Now()
@@ -354,7 +440,9 @@ const serveUsage = `Usage: weir serve [--config weir.yaml] [flags]
 Runs one weir node: Envoy's rate-limit service (when envoy descriptors are
 configured), the admin API, /metrics, /healthz, /readyz and the status page (/ops/).
 Flags override the config file's fields. SIGTERM or SIGINT shuts it down
-gracefully (exit 0); a second signal exits at once.
+gracefully (exit 0); a second signal exits at once. SIGHUP reads the envoy
+descriptor files again and serves them if they are valid (the rules file is
+watched without a signal).
 
 Flags:
 `
@@ -416,7 +504,10 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 		}{true, a})
 		fmt.Fprintln(stdout, string(b))
 	}
-	if err := serve(ctx, cfg, log, ready); err != nil {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if err := serve(ctx, cfg, log, ready, hup); err != nil {
 		fmt.Fprintf(stderr, "weir serve: %v\n", err)
 		return 1
 	}
