@@ -414,4 +414,21 @@ log: {level: warn}
 			t.Fatalf("%s after n2 left: %v", name, err)
 		}
 	}
+
+	// A real SIGHUP: both read the changed descriptor file and serve its
+	// limit (TestEnvoyReload covers a refused file and a removed one).
+	os.WriteFile(desc, []byte(fmt.Sprintf("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: day, requests_per_unit: %d}\n", limit/2)), 0o600)
+	for _, p := range []*proc{n1, n3} {
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"n1", "n3"} {
+		waitFor(t, 30*time.Second, name+" serves the reloaded limit", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := shouldRateLimit(ctx, conns[name], "after", 0)
+			return err == nil && resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == limit/2
+		})
+	}
 }
