@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
 )
@@ -41,7 +43,8 @@ func (s *syncBuffer) String() string {
 func TestAdminDoors(t *testing.T) {
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	n, err := weir.New(weir.Config{Logger: log, Lease: &weir.LeaseConfig{
+	reg := prometheus.NewRegistry()
+	n, err := weir.New(weir.Config{Logger: log, Registerer: reg, Lease: &weir.LeaseConfig{
 		Voter: &lease.GroupConfig{Name: "v1", Dir: t.TempDir(), Voters: []lease.Voter{{Name: "v1"}},
 			RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0", Machine: lease.Config{Regions: []string{"eu"}},
 			HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,
@@ -101,6 +104,19 @@ func TestAdminDoors(t *testing.T) {
 	}
 	if got := n.AdminUnauthorized(); got != uint64(len(attempts)) {
 		t.Errorf("AdminUnauthorized = %d, want %d", got, len(attempts))
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exported float64 = -1
+	for _, mf := range mfs {
+		if mf.GetName() == "weir_admin_unauthorized_total" {
+			exported = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if exported != float64(len(attempts)) {
+		t.Errorf("weir_admin_unauthorized_total = %v, want %d", exported, len(attempts))
 	}
 	// The token opens the read-only doors as well.
 	for _, p := range []string{"/admin/report", "/v1/identities/10.0.0.1"} {

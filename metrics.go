@@ -88,6 +88,7 @@ type metrics struct {
 
 	globalLeased, globalFallback, globalShare, globalReports *prometheus.Desc
 	canaryOK, canaryProbes, keysMax                          *prometheus.Desc
+	adminUnauthorized                                        *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -137,6 +138,8 @@ func newMetrics(n *Node) *metrics {
 			"1 while the enforcement canary saw a rejection of its probes within its window (or is in its first window), 0 when it did not: enforcement may have stopped. Exported only with Config.Canary.", nil, nil),
 		canaryProbes: prometheus.NewDesc("weir_canary_probes_total",
 			"Enforcement canary probes by outcome (allowed, rejected, error). Exported only with Config.Canary.", []string{"outcome"}, nil),
+		adminUnauthorized: prometheus.NewDesc("weir_admin_unauthorized_total",
+			"Requests the admin door refused (no valid token or client certificate) on the rules API, the admin report and the identity look-up. Alert when it grows.", nil, nil),
 	}
 }
 
@@ -160,6 +163,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.canaryOK
 	ch <- m.canaryProbes
 	ch <- m.keysMax
+	ch <- m.adminUnauthorized
 }
 
 // Collect implements prometheus.Collector.
@@ -201,6 +205,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		maxKeys = bucket.DefaultMaxKeys
 	}
 	ch <- prometheus.MustNewConstMetric(m.keysMax, prometheus.GaugeValue, float64(maxKeys))
+	ch <- prometheus.MustNewConstMetric(m.adminUnauthorized, prometheus.CounterValue, float64(m.n.AdminUnauthorized()))
 	if c := m.n.Canary(); c.Enabled {
 		ok := 0.0
 		if c.OK {
