@@ -409,7 +409,10 @@ func (n *Node) crash() {
 
 // clusterRules registers the shared and exact rules of a set, and their
 // override and tier variants, with the coordinator, and marks each limit
-// spec with the coordinator rule id that decides it.
+// spec with the coordinator rule id that decides it. The coordinator decides
+// gcra rules (shared or exact), and fixed_window and leaky_bucket rules in
+// exact mode (the owner counts the window, or keeps the queue); the other
+// algorithms in mode exact stay per node.
 func (n *Node) clusterRules(e *engine) {
 	if n.cluster == nil {
 		return
@@ -432,13 +435,17 @@ func (n *Node) clusterRules(e *engine) {
 	}
 	for i := range e.rules {
 		c := &e.rules[i]
-		if c.r.Algorithm != quota.AlgorithmGCRA && c.r.Mode == quota.ModeExact {
+		centralised := c.r.Algorithm == quota.AlgorithmGCRA || c.r.Algorithm == quota.AlgorithmFixedWindow ||
+			c.r.Algorithm == quota.AlgorithmLeakyBucket
+		if !centralised && c.r.Mode == quota.ModeExact {
 			// Validation allows it (exact on one node); the coordinator
-			// decides gcra rules only, so in a cluster it is per node.
-			n.log.Warn("rule is decided per node: the cluster decides only gcra rules in mode exact or shared; with more than one node it admits up to nodes × its limit",
+			// decides gcra, fixed_window and leaky_bucket rules only, so
+			// in a cluster a sliding_window, sliding_log or concurrency
+			// rule is per node.
+			n.log.Warn("rule is decided per node: the cluster decides only gcra, fixed_window and leaky_bucket rules in mode exact (and gcra in shared); with more than one node it admits up to nodes × its limit",
 				"rule", c.r.ID, "algorithm", c.r.Algorithm)
 		}
-		if c.r.Algorithm != quota.AlgorithmGCRA || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {
+		if !centralised || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {
 			continue // durable rules are decided by the lease group
 		}
 		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)

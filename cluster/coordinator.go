@@ -51,7 +51,10 @@ import (
 //
 // "exact" is the same path with a slack of zero and no view: every request
 // of a non-owner goes to the owner, batched. On the owner itself both modes are
-// one map access. "local" rules never reach the coordinator.
+// one map access. "local" rules never reach the coordinator. Exact mode also
+// takes fixed_window and leaky_bucket rules: their owner entry holds the
+// window or the queue instead of a TAT (see ownerEntry) and is decided by
+// bucket's step of that algorithm, handed over on ring changes like a TAT.
 
 // DefaultSyncInterval is how often unacknowledged spend is reported when the
 // half-slack trigger has not fired, when CoordinatorConfig.SyncInterval is 0.
@@ -174,18 +177,63 @@ type RuleParams struct {
 	// Scheme is how the rule's slack is spread over the nodes (shared
 	// rules only); NewRuleParams sets DefaultSlackScheme.
 	Scheme SlackScheme
-	gcra   bucket.GCRA
+	// Algorithm is the rule's algorithm: quota.AlgorithmGCRA, or
+	// quota.AlgorithmFixedWindow or quota.AlgorithmLeakyBucket (exact mode
+	// only).
+	Algorithm quota.Algorithm
+	gcra      bucket.GCRA
+	// fixed is true for a fixed_window rule: the owner decides with fw on
+	// the window its entry holds (ownerEntry.count), not with gcra, which
+	// then serves only the node side's arithmetic and on_failure.
+	fixed bool
+	fw    bucket.FixedWindow
+	// leaky is true for a leaky_bucket rule: the owner decides with lk on
+	// the queue's departure time, which its entry holds in tat. Its
+	// spacing T equals gcra's (both ⌈window ÷ limit⌉), so gcra's Charge
+	// and the handoff's debt arithmetic apply to the departure unchanged.
+	leaky  bool
+	lk     bucket.Leaky
 	sk     *countMin // this coordinator's sketch of a gated rule
 	leased bool      // decided on the owner through CoordinatorConfig.Shares
+	// plain: a gcra rule that is not leased, decided on the owner by
+	// gcra.Step alone (SetRules sets it): ownerStep's one test.
+	plain bool
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
-// exact mode. version is the rule set's version.
+// exact mode, or of a fixed_window or leaky_bucket rule in exact mode (the
+// burst of a fixed_window rule is its limit, the window's capacity; that of
+// a leaky_bucket rule its queue's positions, MaxDelay ÷ T + 1). version is
+// the rule set's version.
 func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	if r.Mode != quota.ModeShared && r.Mode != quota.ModeExact {
 		return RuleParams{}, fmt.Errorf("cluster: rule %q: mode %q is not decided by the coordinator", r.ID, r.Mode)
 	}
-	g, err := bucket.NewGCRA(r.Limit, r.Window, r.Burst)
+	algo, burst := quota.AlgorithmGCRA, r.Burst
+	var fw bucket.FixedWindow
+	var lk bucket.Leaky
+	switch r.Algorithm {
+	case "", quota.AlgorithmGCRA, quota.AlgorithmTokenBucket:
+	case quota.AlgorithmFixedWindow, quota.AlgorithmLeakyBucket:
+		if r.Mode != quota.ModeExact {
+			return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %s is decided by the coordinator in mode exact only, not %q", r.ID, r.Algorithm, r.Mode)
+		}
+		var err error
+		if r.Algorithm == quota.AlgorithmFixedWindow {
+			fw, err = bucket.NewFixedWindow(r.Limit, r.Window)
+			burst = r.Limit
+		} else {
+			lk, err = bucket.NewLeaky(r.Limit, r.Window, r.MaxDelay)
+			burst = lk.Limit()
+		}
+		if err != nil {
+			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
+		}
+		algo = r.Algorithm
+	default:
+		return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %q is not decided by the coordinator", r.ID, r.Algorithm)
+	}
+	g, err := bucket.NewGCRA(r.Limit, r.Window, burst)
 	if err != nil {
 		return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
 	}
@@ -200,7 +248,8 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 		}
 	}
 	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
-		Limit: r.Limit, Window: r.Window, Burst: r.Burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme, gcra: g}, nil
+		Limit: r.Limit, Window: r.Window, Burst: burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme,
+		Algorithm: algo, gcra: g, fixed: algo == quota.AlgorithmFixedWindow, fw: fw, leaky: algo == quota.AlgorithmLeakyBucket, lk: lk}, nil
 }
 
 // Slack returns the slack sᵢ every node of a region of n live nodes holds
@@ -404,7 +453,10 @@ type DecideItem struct {
 }
 
 // ResultItem is the owner's decision of a DecideItem, with its bucket after
-// it as Debt.
+// it as Debt. Delay (ns, leaky_bucket rules only) is how long the asking
+// node holds the admitted request: counted from when it receives the
+// result, so the owner's spacing holds up to the spread of one-way delays
+// between the nodes.
 type ResultItem struct {
 	Ticket     uint64
 	Allowed    bool
@@ -412,13 +464,19 @@ type ResultItem struct {
 	Reset      int64
 	RetryAfter int64
 	Debt       int64
+	Delay      int64
 }
 
-// HandoffItem hands an identity's bucket (as Debt) to its new owner.
+// HandoffItem hands an identity's bucket (as Debt) to its new owner: for a
+// leaky_bucket rule Debt is the time until its queue drains (the handed
+// queue is appended to the new owner's, as debts add); for a fixed_window
+// rule the time until the window ends (ns), and Count the tokens counted
+// in it. Count is 0 for the other algorithms.
 type HandoffItem struct {
 	Rule     string
 	Identity string
 	Debt     int64
+	Count    int64
 }
 
 // Envelope is a message and its destination.
@@ -438,17 +496,34 @@ type entryKey struct{ rule, identity string }
 
 // ownerEntry is an identity's bucket on its owner, with the last report of
 // every node's current generation.
+//
+// For a fixed_window rule the entry is the window instead: tat holds the
+// window's End and count its Count (bucket.FixedState); for a leaky_bucket
+// rule tat is the queue's bucket.Departure. Either way tat is when the
+// entry equals no entry (a full bucket, an ended window, a drained queue),
+// which is all the wake heaps and the key cap read of it (keycap.go).
 type ownerEntry struct {
 	key       entryKey
 	rk        *ruleKeys // its rule's keys (keycap.go)
 	heapAt    int64     // the earliest time it is queued at in rk.owners (never: not queued)
-	dead      bool      // dropped: items left in the heap are stale
 	tat       bucket.TAT
+	count     int64 // fixed_window rules: the tokens counted in the window ending at tat
 	reports   []report
+	dead      bool   // dropped: items left in the heap are stale
 	handed    bool   // handed to a new owner: kept only for lagging peers
 	warming   bool   // created during a warm-up, no handoff received yet
 	from      string // the previous owner whose marker ends the warm-up
 	warmSpent int64  // admitted while warming
+}
+
+// fixedState is oe's window under a fixed_window rule.
+func (oe *ownerEntry) fixedState() bucket.FixedState {
+	return bucket.FixedState{End: int64(oe.tat), Count: oe.count}
+}
+
+// setFixed stores the window st in oe.
+func (oe *ownerEntry) setFixed(st bucket.FixedState) {
+	oe.tat, oe.count = bucket.TAT(st.End), st.Count
 }
 
 type report struct {
@@ -639,7 +714,8 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	next := make(map[string]*RuleParams, len(rules))
 	for i := range rules {
 		r := rules[i]
-		r.leased = c.cfg.Shares != nil && c.cfg.Shares.Leases(r.ID)
+		r.leased = c.cfg.Shares != nil && r.Algorithm == quota.AlgorithmGCRA && c.cfg.Shares.Leases(r.ID)
+		r.plain = r.Algorithm == quota.AlgorithmGCRA && !r.leased
 		next[r.ID] = &r
 	}
 	var changed []entryKey
@@ -656,9 +732,38 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	for _, k := range changed {
 		c.watch(c.entries.get(k))
 	}
+	c.dropRetyped(next)
 	c.setSketches(c.rules, next)
 	c.rules = next
 	c.lastRule = nil
+}
+
+// dropRetyped drops the owner entries of rules whose algorithm changes
+// (from gcra to fixed_window, say): a TAT read as a window's end or a
+// queue's departure means nothing, so the identity starts over. Rules that
+// keep their algorithm keep their state: a GCRA bucket its TAT, a window
+// its count, a queue its departure.
+func (c *Coordinator) dropRetyped(next map[string]*RuleParams) {
+	var drop []entryKey
+	for id, old := range c.rules {
+		if r, ok := next[id]; ok && r.Algorithm != old.Algorithm {
+			drop = append(drop, entryKey{rule: id})
+		}
+	}
+	if len(drop) == 0 {
+		return
+	}
+	retyped := drop
+	drop = nil
+	c.owned.all(func(k entryKey, _ *ownerEntry) {
+		if slices.ContainsFunc(retyped, func(x entryKey) bool { return x.rule == k.rule }) {
+			drop = append(drop, k)
+		}
+	})
+	slices.SortFunc(drop, cmpKey)
+	for _, k := range drop {
+		c.dropOwned(c.owned.get(k))
+	}
 }
 
 // Stats returns the coordinator's counters.
@@ -794,7 +899,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// The view: the owner's state as last seen plus this node's
 	// unconfirmed spend, which the owner has not charged yet.
 	v := max(e.view, now) + (unconf+cost)*t
-	if cost > r.Burst {
+	if cost > r.Burst && !r.leaky { // a leaky bucket admits any cost into an empty queue
 		c.watch(e)
 		return Outcome{Decision: bucket.Decision{Limit: r.Burst, RetryAfter: bucket.Never}, Source: SourceView}, nil
 	}
@@ -862,23 +967,51 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 	oe := c.ownedEntry(now, k)
 	if c.warming(now, oe) {
 		if oe.warmSpent+cost > r.Slack(c.n()) {
-			d := r.gcra.Peek(oe.tat, now)
+			var d bucket.Decision
+			switch {
+			case r.fixed:
+				d = r.fw.Peek(oe.fixedState(), now)
+			case r.leaky:
+				d = r.lk.Peek(bucket.Departure(oe.tat), now)
+			default:
+				d = r.gcra.Peek(oe.tat, now)
+			}
 			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
 			c.stats.ViewRejects++
 			return d, oe
 		}
 	}
 	var d bucket.Decision
-	if r.leased {
-		d = c.shareStep(now, r, k, oe, cost)
-	} else {
+	if r.plain {
 		d = r.gcra.Step(&oe.tat, now, cost)
+	} else {
+		d = c.otherStep(now, r, k, oe, cost)
 	}
 	if oe.warming && d.Allowed {
 		oe.warmSpent += cost
 	}
 	c.watchOwned(oe)
 	return d, oe
+}
+
+// otherStep is ownerStep's decision for a rule that is not plain gcra: a
+// fixed_window rule's window, a leaky_bucket rule's queue, or a leased
+// rule's share.
+func (c *Coordinator) otherStep(now int64, r *RuleParams, k entryKey, oe *ownerEntry, cost int64) bucket.Decision {
+	switch {
+	case r.fixed:
+		// The window: bucket.FixedWindow's own step on the entry's state.
+		st := oe.fixedState()
+		d := r.fw.Step(&st, now, cost)
+		oe.setFixed(st)
+		return d
+	case r.leaky:
+		// The queue: its departure time is the entry's tat.
+		return r.lk.Step((*bucket.Departure)(&oe.tat), now, cost)
+	case r.leased:
+		return c.shareStep(now, r, k, oe, cost)
+	}
+	return r.gcra.Step(&oe.tat, now, cost)
 }
 
 // shareStep decides a leased rule's request at the identity's share
@@ -1000,7 +1133,11 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 		// node re-reported here that the old owner had also charged but
 		// not yet acknowledged is counted twice: at most its slack, once
 		// per ring change, never an excess.)
-		oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
+		if r := c.rules[h.Rule]; r != nil && r.fixed {
+			mergeFixed(now, oe, h)
+		} else {
+			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
+		}
 		oe.warming = false
 		c.watchOwned(oe)
 	}
@@ -1021,10 +1158,34 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 	}
 }
 
+// mergeFixed merges a handed-over window into oe's under a fixed_window
+// rule. The old owner's window ends h.Debt from now on this node's clock
+// (late by the message's delay: held longer, never shorter); after it this
+// node's own aligned windows resume (bucket.FixedWindow rolls an ended
+// window to the one containing now). When both are live the counts add and
+// the later end holds: what either admitted counts until both windows are
+// over, so a join or a graceful leave never gives a fresh window.
+func mergeFixed(now int64, oe *ownerEntry, h HandoffItem) {
+	in := bucket.FixedState{End: now + max(h.Debt, 0), Count: max(h.Count, 0)}
+	cur := oe.fixedState()
+	switch {
+	case in.Idle(now):
+	case cur.Idle(now):
+		cur = in
+	default:
+		cur.End, cur.Count = max(cur.End, in.End), cur.Count+in.Count
+	}
+	oe.setFixed(cur)
+}
+
 // chargeOwned charges spent tokens a node reported to this node's bucket of
 // k: at the rule's rate, or at the region's share for a leased rule
 // (CoordinatorConfig.Shares), which also observes it as demand.
 func (c *Coordinator) chargeOwned(now int64, r *RuleParams, k entryKey, oe *ownerEntry, spent int64) {
+	if r.fixed {
+		chargeFixed(now, r, oe, spent)
+		return
+	}
 	if r.leased {
 		g, _ := c.cfg.Shares.Share(now, k.rule, k.identity, &oe.tat)
 		g.Charge(&oe.tat, now, spent)
@@ -1032,6 +1193,35 @@ func (c *Coordinator) chargeOwned(now int64, r *RuleParams, k entryKey, oe *owne
 		return
 	}
 	r.gcra.Charge(&oe.tat, now, spent)
+}
+
+// chargeFixed charges spent tokens to oe's window under the fixed_window
+// rule r unconditionally (the count may pass the limit, as a GCRA bucket
+// goes into debt). An exact rule's nodes admit nothing on their own, so this
+// is only reached by spend a node admitted before its rule became exact.
+func chargeFixed(now int64, r *RuleParams, oe *ownerEntry, spent int64) {
+	if spent <= 0 {
+		return
+	}
+	st := oe.fixedState()
+	// The window in force at now, as bucket.FixedWindow rolls it: a peek
+	// reports its end; another end than the state's is a new window.
+	if end := now + int64(r.fw.Peek(st, now).Reset); end != st.End || st.Count <= 0 {
+		st = bucket.FixedState{End: end}
+	}
+	st.Count += spent
+	oe.setFixed(st)
+}
+
+// ownerDebt is what an owner tells a node of oe's state after a decision
+// or a charge: the bucket's TAT minus now. The nodes of a fixed_window or
+// leaky_bucket rule keep no view of it (exact mode: the owner decides every
+// request), so it is 0 there and their entries go once nothing is pending.
+func ownerDebt(now int64, r *RuleParams, oe *ownerEntry) int64 {
+	if r.fixed || r.leaky {
+		return 0
+	}
+	return int64(oe.tat) - now
 }
 
 // charge is the owner's side of a sync: charge what is new, acknowledge.
@@ -1084,7 +1274,7 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 	if s.Gen < p.gen {
 		total = s.Total // a stale generation: acknowledge as is, charge nothing
 	}
-	debt := int64(oe.tat) - now
+	debt := ownerDebt(now, r, oe)
 	if c.warming(now, oe) {
 		// The bucket's state is still on its way: an acknowledgement of a
 		// fresh bucket would let the node spend its slack again at every
@@ -1112,7 +1302,7 @@ func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 			c.noteDemand(now, oe, from, d.Cost)
 		}
 		res = ResultItem{Ticket: d.Ticket, Allowed: bd.Allowed, Remaining: bd.Remaining,
-			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: int64(oe.tat) - now}
+			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: ownerDebt(now, r, oe), Delay: int64(bd.Delay)}
 	} else {
 		// The owner does not know the rule (rule sets converging):
 		// admit, as a node without the rule would.
@@ -1155,7 +1345,7 @@ func (c *Coordinator) result(now int64, r ResultItem) {
 	}
 	c.done = append(c.done, Completion{Ticket: r.Ticket, Outcome: Outcome{Source: SourceRemote, Decision: bucket.Decision{
 		Allowed: r.Allowed, Limit: limit, Remaining: r.Remaining,
-		Reset: time.Duration(r.Reset), RetryAfter: time.Duration(r.RetryAfter),
+		Reset: time.Duration(r.Reset), RetryAfter: time.Duration(r.RetryAfter), Delay: time.Duration(r.Delay),
 	}}})
 }
 
@@ -1317,6 +1507,13 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 	switch src {
 	case SourceOwner:
 		if oe := c.owned.get(k); oe != nil {
+			if r.fixed {
+				// Only while the window it was counted in lasts.
+				if int64(oe.tat) > now {
+					oe.count = max(oe.count-cost, 0)
+				}
+				return
+			}
 			oe.tat -= bucket.TAT(cost * r.gcra.Interval().Nanoseconds())
 			c.watchOwned(oe)
 		}
@@ -1340,7 +1537,7 @@ func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 		oe := c.owned.get(k)
 		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && !oe.handed && int64(oe.tat) > now {
 			m := c.outbox(o)
-			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
+			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now, Count: oe.count})
 		}
 	}
 	c.markHandedOver(next)
@@ -1432,7 +1629,11 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 					oe = c.newOwnerEntry(now, k)
 					c.owned.set(k, oe)
 				}
-				r.gcra.Charge(&oe.tat, now, unconf)
+				if r.fixed {
+					chargeFixed(now, r, oe, unconf)
+				} else {
+					r.gcra.Charge(&oe.tat, now, unconf)
+				}
 				c.watchOwned(oe)
 			}
 			continue
@@ -1462,7 +1663,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		oe := c.owned.get(k)
 		if int64(oe.tat) > now {
 			m := c.outbox(t.OwnerName(k.identity))
-			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now})
+			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now, Count: oe.count})
 		}
 		// Kept, not deleted, until its bucket is full again: peers whose
 		// ring has not changed yet still send here, and they are decided

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster/peerpb"
 )
 
@@ -24,10 +25,23 @@ type BucketState struct {
 	// identity; false on the owner means the bucket is full (the same as
 	// no entry).
 	Held bool
+	// Algorithm is the rule's: quota.AlgorithmGCRA ("gcra"),
+	// quota.AlgorithmFixedWindow ("fixed_window") or
+	// quota.AlgorithmLeakyBucket ("leaky_bucket").
+	Algorithm string
 	// Burst is the bucket's capacity in tokens and Interval the time one
-	// token takes to come back (the rule's window ÷ limit).
+	// token takes to come back (the rule's window ÷ limit). For a
+	// fixed_window rule Burst is the limit per window and Interval is 0:
+	// nothing comes back before the window ends (ResetAfter). For a
+	// leaky_bucket rule Burst is the queue's positions and Interval its
+	// spacing; ResetAfter is when the queue drains.
 	Burst    int64
 	Interval time.Duration
+	// Count is, for a fixed_window rule on its owner, the tokens counted
+	// in the current window (Burst − Remaining, or more when spend from
+	// before the rule became exact was charged); 0 for the other
+	// algorithms.
+	Count int64
 	// Remaining is what a request could spend now; ResetAfter is how long
 	// until the bucket is full again (the TAT counted from now).
 	Remaining  int64
@@ -59,6 +73,13 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 		return st, fmt.Errorf("%w %q", ErrUnknownRule, ruleID)
 	}
 	st.Known = true
+	st.Algorithm = string(r.Algorithm)
+	switch {
+	case r.fixed:
+		return c.inspectFixed(now, r, identity, st), nil
+	case r.leaky:
+		return c.inspectLeaky(now, r, identity, st), nil
+	}
 	t := r.gcra.Interval().Nanoseconds()
 	st.Burst, st.Interval = r.Burst, time.Duration(t)
 	tau := t * r.Burst
@@ -89,6 +110,47 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 	return st, nil
 }
 
+// inspectFixed fills st for a fixed_window rule: on the owner, the window
+// it decides on; elsewhere a node keeps no state of it (exact mode: every
+// request goes to the owner), so it shows an empty window.
+func (c *Coordinator) inspectFixed(now int64, r *RuleParams, identity string, st BucketState) BucketState {
+	st.Burst, st.Remaining = r.Burst, r.Burst
+	if oe := c.owned.get(entryKey{r.ID, identity}); oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
+		st.Reporters = len(oe.reports)
+		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
+		if fs := oe.fixedState(); !fs.Idle(now) {
+			st.Held = true
+			st.Count = fs.Count
+			st.ResetAfter = time.Duration(fs.End - now)
+			st.Remaining = max(r.Burst-fs.Count, 0)
+			st.Debt = max(fs.Count-r.Burst, 0)
+		}
+	}
+	if e := c.entries.get(entryKey{r.ID, identity}); e != nil {
+		st.Unconfirmed = e.spent - e.acked
+	}
+	return st
+}
+
+// inspectLeaky fills st for a leaky_bucket rule: on the owner, the queue
+// it decides on; elsewhere an empty queue (exact mode, as inspectFixed).
+func (c *Coordinator) inspectLeaky(now int64, r *RuleParams, identity string, st BucketState) BucketState {
+	st.Burst, st.Interval = r.Burst, r.lk.Interval()
+	dep := bucket.Departure(0)
+	if oe := c.owned.get(entryKey{r.ID, identity}); oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
+		st.Reporters = len(oe.reports)
+		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
+		dep = bucket.Departure(oe.tat)
+		st.Held = !dep.Idle(now)
+	}
+	d := r.lk.Peek(dep, now)
+	st.Remaining, st.ResetAfter = d.Remaining, d.Reset
+	if e := c.entries.get(entryKey{r.ID, identity}); e != nil {
+		st.Unconfirmed = e.spent - e.acked
+	}
+	return st
+}
+
 // Inspect reports this node's BucketState of identity under ruleID now
 // (see Coordinator.Inspect).
 func (s *Shell) Inspect(ruleID, identity string) (BucketState, error) {
@@ -111,7 +173,8 @@ var ErrUnknownRule = errors.New("cluster: unknown rule")
 func encodeInspect(st BucketState) *peerpb.InspectReply {
 	return &peerpb.InspectReply{Node: st.Node, Owner: st.Owner, Known: st.Known, Held: st.Held, Burst: st.Burst,
 		Remaining: st.Remaining, ResetAfter: int64(st.ResetAfter), Debt: st.Debt, Warming: st.Warming,
-		Reporters: uint32(min(st.Reporters, maxReporters)), Unconfirmed: st.Unconfirmed, Interval: int64(st.Interval)}
+		Reporters: uint32(min(st.Reporters, maxReporters)), Unconfirmed: st.Unconfirmed, Interval: int64(st.Interval),
+		Algorithm: st.Algorithm, Count: st.Count}
 }
 
 // maxReporters bounds an inspect reply's reporter count: far above any
@@ -129,7 +192,7 @@ func decodeInspect(r *peerpb.InspectReply) (BucketState, error) {
 			return BucketState{}, errors.New("inspect reply: " + e)
 		}
 	}
-	if r.GetBurst() < 0 || r.GetRemaining() < 0 || r.GetResetAfter() < 0 || r.GetDebt() < 0 || r.GetInterval() < 0 {
+	if r.GetBurst() < 0 || r.GetRemaining() < 0 || r.GetResetAfter() < 0 || r.GetDebt() < 0 || r.GetInterval() < 0 || r.GetCount() < 0 {
 		return BucketState{}, errors.New("inspect reply: a negative count or duration")
 	}
 	if r.GetReporters() > maxReporters {
@@ -137,5 +200,6 @@ func decodeInspect(r *peerpb.InspectReply) (BucketState, error) {
 	}
 	return BucketState{Node: r.GetNode(), Owner: r.GetOwner(), Known: r.GetKnown(), Held: r.GetHeld(), Burst: r.GetBurst(),
 		Interval: time.Duration(r.GetInterval()), Remaining: r.GetRemaining(), ResetAfter: time.Duration(r.GetResetAfter()),
-		Debt: r.GetDebt(), Warming: r.GetWarming(), Reporters: int(r.GetReporters()), Unconfirmed: r.GetUnconfirmed()}, nil
+		Debt: r.GetDebt(), Warming: r.GetWarming(), Reporters: int(r.GetReporters()), Unconfirmed: r.GetUnconfirmed(),
+		Algorithm: r.GetAlgorithm(), Count: r.GetCount()}, nil
 }

@@ -111,7 +111,8 @@ func TestGRPCInspect(t *testing.T) {
 // to the same state.
 func FuzzDecodeInspect(f *testing.F) {
 	for _, st := range []BucketState{{}, {Node: "a", Owner: "b", Known: true, Held: true, Burst: 4, Interval: time.Second, Remaining: 2,
-		ResetAfter: time.Second, Debt: 3, Warming: true, Reporters: 2, Unconfirmed: 1}} {
+		ResetAfter: time.Second, Debt: 3, Warming: true, Reporters: 2, Unconfirmed: 1},
+		{Node: "a", Owner: "a", Known: true, Held: true, Algorithm: "fixed_window", Burst: 10, Remaining: 3, Count: 7, ResetAfter: time.Minute}} {
 		b, err := proto.Marshal(encodeInspect(st))
 		if err != nil {
 			f.Fatal(err)

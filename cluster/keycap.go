@@ -321,12 +321,16 @@ func (c *Coordinator) evictOne(now int64, rk *ruleKeys) bool {
 		c.evictNode(now, e)
 	case e != nil && oe != nil:
 		// A view costs the node's slack, a bucket its debt.
-		var s, t int64
+		var s, t, debt int64
 		if r := c.rules[rk.rule]; r != nil {
 			s = r.Slack(c.n())
-			t = r.gcra.Interval().Nanoseconds()
+			if t = r.gcra.Interval().Nanoseconds(); r.fixed {
+				debt = oe.count
+			} else if t > 0 {
+				debt = (int64(oe.tat) - now + t - 1) / t
+			}
 		}
-		if t > 0 && s >= (int64(oe.tat)-now+t-1)/t {
+		if t > 0 && s >= debt {
 			c.evictOwned(now, rk, oe)
 		} else {
 			c.evictNode(now, e)
@@ -421,8 +425,13 @@ func (c *Coordinator) evictOwned(now int64, rk *ruleKeys, oe *ownerEntry) {
 	} else {
 		c.stats.EvictedForgiven++
 		if r := c.rules[rk.rule]; r != nil {
-			t := r.gcra.Interval().Nanoseconds()
-			ev.Forgiven = (int64(oe.tat) - now + t - 1) / t
+			if r.fixed {
+				ev.Forgiven = oe.count // the window's count: admitted again
+			} else {
+				// Debt, or a leaky queue's positions, in tokens.
+				t := r.gcra.Interval().Nanoseconds()
+				ev.Forgiven = (int64(oe.tat) - now + t - 1) / t
+			}
 			c.stats.ForgivenTokens += ev.Forgiven
 		}
 	}

@@ -66,7 +66,7 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 		items := make([]peerpb.ResultItem, len(m.Results))
 		for i, r := range m.Results {
 			it := &items[i]
-			it.Ticket, it.Allowed, it.Remaining, it.ResetAfter, it.RetryAfter, it.Debt = r.Ticket, r.Allowed, r.Remaining, r.Reset, r.RetryAfter, r.Debt
+			it.Ticket, it.Allowed, it.Remaining, it.ResetAfter, it.RetryAfter, it.Debt, it.Delay = r.Ticket, r.Allowed, r.Remaining, r.Reset, r.RetryAfter, r.Debt, r.Delay
 			b.Results[i] = it
 		}
 	}
@@ -75,7 +75,7 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 		items := make([]peerpb.HandoffItem, len(m.Handoffs))
 		for i, h := range m.Handoffs {
 			it := &items[i]
-			it.Rule, it.Identity, it.Debt = h.Rule, []byte(h.Identity), h.Debt
+			it.Rule, it.Identity, it.Debt, it.Count = h.Rule, []byte(h.Identity), h.Debt, h.Count
 			b.Handoffs[i] = it
 		}
 	}
@@ -90,7 +90,8 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 //     (MaxRuleIDBytes), or one that is not valid UTF-8;
 //   - an identity over MaxIdentityBytes (identities are any bytes, and may
 //     be empty: a global rule's);
-//   - a negative Total, Cost, Remaining, Reset, RetryAfter or Grant;
+//   - a negative Total, Cost, Remaining, Reset, RetryAfter, Delay, Grant or
+//     Count;
 //   - a zero Ticket (tickets start at 1).
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
@@ -178,9 +179,11 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 				return "", nil, itemErr("results", i, fmt.Sprintf("negative reset_after %d", r.ResetAfter))
 			case r.RetryAfter < 0:
 				return "", nil, itemErr("results", i, fmt.Sprintf("negative retry_after %d", r.RetryAfter))
+			case r.Delay < 0:
+				return "", nil, itemErr("results", i, fmt.Sprintf("negative delay %d", r.Delay))
 			}
 			m.Results[i] = ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
-				Reset: r.ResetAfter, RetryAfter: r.RetryAfter, Debt: r.Debt}
+				Reset: r.ResetAfter, RetryAfter: r.RetryAfter, Debt: r.Debt, Delay: r.Delay}
 		}
 	}
 	if len(b.Handoffs) > 0 {
@@ -192,7 +195,10 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if err := checkKey("handoffs", i, h.Rule, string(h.Identity)); err != nil {
 				return "", nil, err
 			}
-			m.Handoffs[i] = HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt}
+			if h.Count < 0 {
+				return "", nil, itemErr("handoffs", i, fmt.Sprintf("negative count %d", h.Count))
+			}
+			m.Handoffs[i] = HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count}
 		}
 	}
 	return b.From, m, nil

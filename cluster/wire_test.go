@@ -31,12 +31,13 @@ func fullMessage() *Message {
 			{Rule: strings.Repeat("r", MaxRuleIDBytes), Identity: "x", Gen: 0, Total: 0, Debt: math.MinInt64},
 		},
 		Results: []ResultItem{
-			{Ticket: 7, Allowed: true, Remaining: 4, Reset: 250_000_000, RetryAfter: 0, Debt: 42},
+			{Ticket: 7, Allowed: true, Remaining: 4, Reset: 250_000_000, RetryAfter: 0, Debt: 42, Delay: 30_000_000},
 			{Ticket: 8, Allowed: false, Remaining: 0, Reset: 1, RetryAfter: int64(bucket.Never), Debt: math.MaxInt64},
 		},
 		Handoffs: []HandoffItem{
 			{Rule: "api", Identity: "user:2", Debt: -5},
 			{Rule: "api", Identity: "user:3", Debt: 0},
+			{Rule: "fw", Identity: "user:4", Debt: 59_000_000_000, Count: math.MaxInt64},
 		},
 		HandedOver: math.MaxUint64,
 	}
@@ -97,6 +98,8 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"negative remaining", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, Remaining: -1}}}, "negative remaining"},
 		{"negative reset", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, ResetAfter: -1}}}, "negative reset_after"},
 		{"negative retry", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, RetryAfter: -1}}}, "negative retry_after"},
+		{"negative delay", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, Delay: -1}}}, "results[0]: negative delay -1"},
+		{"negative handoff count", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Count: -2}}}, "handoffs[0]: negative count -2"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -135,6 +138,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	seed("n", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, GrantEpoch: 7, Grant: 4}},
 		Acks: []AckItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, Debt: -5, GrantEpoch: 8, Grant: 2}}})
 	seed("n", &Message{Acks: []AckItem{{Rule: "r", Identity: "i", Grant: -1}}})
+	seed("n", &Message{Handoffs: []HandoffItem{{Rule: "fw", Identity: "i", Debt: 30_000_000_000, Count: 7}}})
+	seed("n", &Message{Handoffs: []HandoffItem{{Rule: "fw", Identity: "i", Count: -1}}})
+	seed("n", &Message{Results: []ResultItem{{Ticket: 3, Allowed: true, Remaining: 2, Reset: 40_000_000, Delay: 20_000_000}}})
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})             // from: invalid UTF-8
 	f.Add([]byte{0x1a, 0x80, 0x80, 0x80, 0x80, 0x01}) // a huge length prefix

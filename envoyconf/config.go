@@ -20,9 +20,11 @@ type Options struct {
 	Mode quota.Mode
 	// FixedWindow keeps envoyproxy/ratelimit's fixed windows for strict
 	// fidelity: every limit becomes a fixed_window rule in exact mode, and
-	// Mode is ignored. Note: weir's cluster decides only GCRA rules, so
-	// today a fixed_window rule is counted per node even in exact mode
-	// (docs/envoy.md); on a single node it is exact.
+	// Mode is ignored. In a cluster the identity's owner counts the window
+	// and decides every request (one network hop per request off the
+	// owner), so the cluster admits R per window in all, as one counter in
+	// Redis would; a join or a graceful leave hands the window's count to
+	// the new owner, and an owner crash forgets it (docs/envoy.md).
 	FixedWindow bool
 	// OnFailure is every imported rule's on_failure; "" means local.
 	OnFailure quota.OnFailure

@@ -103,16 +103,21 @@ type InspectReply struct {
 	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	// known: the receiver decides this rule; held: it holds a bucket for the
 	// identity (false means full, the same as no entry).
-	Known         bool   `protobuf:"varint,3,opt,name=known,proto3" json:"known,omitempty"`
-	Held          bool   `protobuf:"varint,4,opt,name=held,proto3" json:"held,omitempty"`
-	Burst         int64  `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
-	Remaining     int64  `protobuf:"varint,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	ResetAfter    int64  `protobuf:"varint,7,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
-	Debt          int64  `protobuf:"varint,8,opt,name=debt,proto3" json:"debt,omitempty"`
-	Warming       bool   `protobuf:"varint,9,opt,name=warming,proto3" json:"warming,omitempty"`
-	Reporters     uint32 `protobuf:"varint,10,opt,name=reporters,proto3" json:"reporters,omitempty"`
-	Unconfirmed   int64  `protobuf:"varint,11,opt,name=unconfirmed,proto3" json:"unconfirmed,omitempty"`
-	Interval      int64  `protobuf:"varint,12,opt,name=interval,proto3" json:"interval,omitempty"`
+	Known       bool   `protobuf:"varint,3,opt,name=known,proto3" json:"known,omitempty"`
+	Held        bool   `protobuf:"varint,4,opt,name=held,proto3" json:"held,omitempty"`
+	Burst       int64  `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
+	Remaining   int64  `protobuf:"varint,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	ResetAfter  int64  `protobuf:"varint,7,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
+	Debt        int64  `protobuf:"varint,8,opt,name=debt,proto3" json:"debt,omitempty"`
+	Warming     bool   `protobuf:"varint,9,opt,name=warming,proto3" json:"warming,omitempty"`
+	Reporters   uint32 `protobuf:"varint,10,opt,name=reporters,proto3" json:"reporters,omitempty"`
+	Unconfirmed int64  `protobuf:"varint,11,opt,name=unconfirmed,proto3" json:"unconfirmed,omitempty"`
+	Interval    int64  `protobuf:"varint,12,opt,name=interval,proto3" json:"interval,omitempty"`
+	// algorithm is the rule's algorithm ("gcra", "fixed_window" or
+	// "leaky_bucket"); count, for a fixed_window rule, the tokens counted in
+	// the owner's window.
+	Algorithm     string `protobuf:"bytes,13,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	Count         int64  `protobuf:"varint,14,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -227,6 +232,20 @@ func (x *InspectReply) GetUnconfirmed() int64 {
 func (x *InspectReply) GetInterval() int64 {
 	if x != nil {
 		return x.Interval
+	}
+	return 0
+}
+
+func (x *InspectReply) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
+func (x *InspectReply) GetCount() int64 {
+	if x != nil {
+		return x.Count
 	}
 	return 0
 }
@@ -596,13 +615,16 @@ func (x *DecideItem) GetCost() int64 {
 // cluster.ResultItem.Reset (a field named reset would clash with the
 // generated Reset method).
 type ResultItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ticket        uint64                 `protobuf:"varint,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
-	Allowed       bool                   `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	Remaining     int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	ResetAfter    int64                  `protobuf:"varint,4,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
-	RetryAfter    int64                  `protobuf:"varint,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
-	Debt          int64                  `protobuf:"zigzag64,6,opt,name=debt,proto3" json:"debt,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Ticket     uint64                 `protobuf:"varint,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	Allowed    bool                   `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Remaining  int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	ResetAfter int64                  `protobuf:"varint,4,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
+	RetryAfter int64                  `protobuf:"varint,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	Debt       int64                  `protobuf:"zigzag64,6,opt,name=debt,proto3" json:"debt,omitempty"`
+	// delay (>= 0, ns): how long the asking node holds an admitted request
+	// before forwarding it (leaky_bucket rules; 0 otherwise).
+	Delay         int64 `protobuf:"varint,7,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -679,12 +701,23 @@ func (x *ResultItem) GetDebt() int64 {
 	return 0
 }
 
-// HandoffItem hands an identity's bucket (as debt) to its new owner.
+func (x *ResultItem) GetDelay() int64 {
+	if x != nil {
+		return x.Delay
+	}
+	return 0
+}
+
+// HandoffItem hands an identity's bucket (as debt) to its new owner: for a
+// leaky_bucket rule the time until its queue drains; for a fixed_window rule
+// the time until the window ends, and count the tokens counted in it (>= 0;
+// 0 for the other algorithms).
 type HandoffItem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
 	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
 	Debt          int64                  `protobuf:"zigzag64,3,opt,name=debt,proto3" json:"debt,omitempty"`
+	Count         int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -740,6 +773,13 @@ func (x *HandoffItem) GetDebt() int64 {
 	return 0
 }
 
+func (x *HandoffItem) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 var File_peer_proto protoreflect.FileDescriptor
 
 const file_peer_proto_rawDesc = "" +
@@ -749,7 +789,7 @@ const file_peer_proto_rawDesc = "" +
 	"\x0eInspectRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x1a\n" +
-	"\bidentity\x18\x03 \x01(\fR\bidentity\"\xc1\x02\n" +
+	"\bidentity\x18\x03 \x01(\fR\bidentity\"\xf5\x02\n" +
 	"\fInspectReply\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
@@ -764,7 +804,9 @@ const file_peer_proto_rawDesc = "" +
 	"\treporters\x18\n" +
 	" \x01(\rR\treporters\x12 \n" +
 	"\vunconfirmed\x18\v \x01(\x03R\vunconfirmed\x12\x1a\n" +
-	"\binterval\x18\f \x01(\x03R\binterval\"\xca\x02\n" +
+	"\binterval\x18\f \x01(\x03R\binterval\x12\x1c\n" +
+	"\talgorithm\x18\r \x01(\tR\talgorithm\x12\x14\n" +
+	"\x05count\x18\x0e \x01(\x03R\x05count\"\xca\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12,\n" +
@@ -797,7 +839,7 @@ const file_peer_proto_rawDesc = "" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x03 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04cost\x18\x04 \x01(\x03R\x04cost\"\xb2\x01\n" +
+	"\x04cost\x18\x04 \x01(\x03R\x04cost\"\xc8\x01\n" +
 	"\n" +
 	"ResultItem\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x18\n" +
@@ -807,11 +849,13 @@ const file_peer_proto_rawDesc = "" +
 	"resetAfter\x12\x1f\n" +
 	"\vretry_after\x18\x05 \x01(\x03R\n" +
 	"retryAfter\x12\x12\n" +
-	"\x04debt\x18\x06 \x01(\x12R\x04debt\"Q\n" +
+	"\x04debt\x18\x06 \x01(\x12R\x04debt\x12\x14\n" +
+	"\x05delay\x18\a \x01(\x03R\x05delay\"g\n" +
 	"\vHandoffItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04debt\x18\x03 \x01(\x12R\x04debt2\xb9\x01\n" +
+	"\x04debt\x18\x03 \x01(\x12R\x04debt\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count2\xb9\x01\n" +
 	"\x04Peer\x124\n" +
 	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch\x126\n" +
 	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01\x12C\n" +
