@@ -261,6 +261,41 @@ func TestClusterFixedWindowExact(t *testing.T) {
 	if fo := c.failOpen("fw-exact"); fo != 0 {
 		t.Errorf("%d fail-open decisions counted with no fault", fo)
 	}
+
+	// The identity look-up on a non-owner asks the owner: a spent window
+	// says when it ends and that a request may come back then.
+	id := "tenant-fw-lookup"
+	owner := c.ring(0).OwnerName(id)
+	var ownerNode, other *Node
+	for i, node := range c.nodes {
+		if fmt.Sprintf("gw-%d", i) == owner {
+			ownerNode = node
+		} else {
+			other = node
+		}
+	}
+	var rep IdentityReport
+	// A window may end between spending it and the look-up: then again.
+	for attempt := 0; attempt < 5; attempt++ {
+		for {
+			d := ownerNode.Allow(context.Background(), Request{Method: "GET", Path: "/fw", Header: http.Header{"X-Api-Key": {id}}})
+			if !d.Allowed {
+				break
+			}
+		}
+		var err error
+		rep, err = other.LookupIdentity(context.Background(), id, IdentityQuery{})
+		if err != nil || len(rep.Rules) != 1 {
+			t.Fatalf("LookupIdentity on a non-owner: %+v, %v", rep, err)
+		}
+		if rep.Rules[0].Bucket.Remaining == 0 {
+			break
+		}
+	}
+	b := rep.Rules[0].Bucket
+	if b.Remaining != 0 || b.ResetAfterMS <= 0 || b.ResetAfterMS > fwWindow.Milliseconds() || b.RetryAfterMS != b.ResetAfterMS {
+		t.Errorf("a spent fixed window looked up through a non-owner: %+v; want remaining 0 and retry after = reset after, within the window", b)
+	}
 }
 
 // lkRules: a leaky bucket of 20 per second (one every 50ms) queueing at

@@ -109,8 +109,7 @@ func (n *Node) install(set *quota.Set) {
 	for i := range e.rules {
 		if c := &e.rules[i]; c.r.Durable && c.r.Algorithm == quota.AlgorithmGCRA && n.lease != nil {
 			// The lease group decides it, not the ring: clusterRules
-			// registered it like any shared or exact rule (it stays idle
-			// in the coordinator); no spec of it goes there.
+			// skipped it; no spec of it goes to the coordinator.
 			c.durable = true
 			c.base.cid = ""
 			for _, s := range c.overrides {

@@ -255,6 +255,10 @@ func (n *Node) clusterBucket(ctx context.Context, p *pending, br BucketReport) B
 			// The bucket pays cost again once TAT − now ≤ (Burst − cost)·T.
 			wait := st.ResetAfter - time.Duration(st.Burst-p.cost)*st.Interval
 			br.RetryAfterMS = max(durMS(wait), 1)
+		case st.Remaining < p.cost:
+			// A fixed window (Interval 0): nothing comes back before
+			// it ends.
+			br.RetryAfterMS = max(durMS(st.ResetAfter), 1)
 		}
 	}
 	return br
