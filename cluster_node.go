@@ -63,7 +63,9 @@ type ClusterConfig struct {
 	// before it trusts its own bucket; zero means
 	// cluster.DefaultHandoffTimeout.
 	HandoffTimeout time.Duration
-	// Linger is how long a batch to a peer waits for more items; zero
+	// Linger is the longest a batch to a peer waits behind an exchange in
+	// flight before it is sent anyway (a batch leaves at once when no
+	// exchange is in flight, else when the one in flight returns); zero
 	// means 200µs. MaxBatch sends a batch at once when it has that many
 	// items, and cuts larger ones; zero means 1024.
 	Linger   time.Duration

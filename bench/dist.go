@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,9 @@ type distFigures struct {
 	PerSec     float64 `json:"decisions_per_sec"`
 	SatErrors  int64   `json:"saturation_errors"`
 	SatWorkers int     `json:"saturation_workers"`
+	// PerCPUSec is decisions per CPU-second of the bench process (the
+	// generator included, a server process such as redis-server not).
+	PerCPUSec float64 `json:"decisions_per_cpu_sec"`
 
 	// Fixed offered load, open loop.
 	Offered      float64 `json:"offered_per_sec"`
@@ -78,17 +82,82 @@ type distFigures struct {
 type satResult struct {
 	perSec float64
 	errors int64
+	// perCPUSec is decisions per CPU-second of this process (generator
+	// included; a server in another process, like redis-server, is not
+	// counted); 0 when unknown.
+	perCPUSec float64
+}
+
+// idSpace is the set of n distinct identities the distributed section
+// draws from: identity i is distID(i). Computing an identity costs about
+// what one allocation does, where reading it from a slice of a million
+// strings cost two cache misses (the string header, then its bytes: about
+// 0.2 µs here, which every system paid and which was a third of weir's
+// time per decision at saturation).
+type idSpace int
+
+// draw returns an identity picked uniformly at random.
+func (n idSpace) draw(r *rand.Rand) string { return distID(uint64(r.IntN(int(n)))) }
+
+// idAlphabet is 64 characters: an identity character carries 6 bits.
+const idAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+
+// idPairs spells every 12-bit value as two characters of idAlphabet, so
+// that an identity takes 16 look-ups (8 KB: it stays in the L1 cache).
+var idPairs = func() (t [4096][2]byte) {
+	for v := range t {
+		t[v] = [2]byte{idAlphabet[v&63], idAlphabet[v>>6]}
+	}
+	return t
+}()
+
+// distID returns identity i: 32 characters of idAlphabet that look random.
+// The first 11 characters spell mix64(i), a bijection, so distinct i give
+// distinct identities.
+func distID(i uint64) string {
+	var b [32]byte
+	x := mix64(i ^ 0x6a09e667f3bcc908)
+	y := mix64(x + 0x9e3779b97f4a7c15)
+	z := mix64(y + 0x9e3779b97f4a7c15)
+	// x: characters 0-10 (bits 0-59 in pairs, then bits 60-63); y:
+	// characters 11-20; z: characters 21-31 (its top bits unused).
+	for j := range 5 {
+		p := idPairs[(x>>(12*j))&4095]
+		b[2*j], b[2*j+1] = p[0], p[1]
+	}
+	b[10] = idAlphabet[x>>60]
+	for j := range 5 {
+		p := idPairs[(y>>(12*j))&4095]
+		b[11+2*j], b[12+2*j] = p[0], p[1]
+	}
+	for j := range 5 {
+		p := idPairs[(z>>(12*j))&4095]
+		b[21+2*j], b[22+2*j] = p[0], p[1]
+	}
+	b[31] = idAlphabet[(z>>60)&63]
+	return string(b[:])
+}
+
+// mix64 is splitmix64's finaliser: a bijection of uint64 that spreads
+// every input bit over the output.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }
 
 // saturate runs workers closed-loop callers (worker w on node w%nodes), each
 // drawing identities at random from ids, for d, and returns decisions per
 // second over the run.
-func saturate(s system, ids []string, workers int, d time.Duration) satResult {
+func saturate(s system, ids idSpace, workers int, d time.Duration) satResult {
 	var stop atomic.Bool
 	var total, errs atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -97,7 +166,7 @@ func saturate(s system, ids []string, workers int, d time.Duration) satResult {
 			node := w % nodes
 			var n, e int64
 			for !stop.Load() {
-				if _, err := s.Allow(ctx, node, ids[r.IntN(len(ids))]); err != nil {
+				if _, err := s.Allow(ctx, node, ids.draw(r)); err != nil {
 					e++
 				}
 				n++
@@ -109,8 +178,12 @@ func saturate(s system, ids []string, workers int, d time.Duration) satResult {
 	time.Sleep(d)
 	stop.Store(true)
 	wg.Wait()
-	el := time.Since(start).Seconds()
-	return satResult{perSec: float64(total.Load()) / el, errors: errs.Load()}
+	el, cpu := time.Since(start).Seconds(), (processCPU() - cpu0).Seconds()
+	res := satResult{perSec: float64(total.Load()) / el, errors: errs.Load()}
+	if cpu > 0 {
+		res.perCPUSec = float64(total.Load()) / cpu
+	}
+	return res
 }
 
 // latResult is a fixed-load run's outcome; latencies in microseconds.
@@ -128,7 +201,7 @@ type latResult struct {
 // measured from its scheduled time, so a system that falls behind shows
 // its queueing in the figures instead of slowing the offer down
 // (no coordinated omission). late counts calls that found no free caller.
-func fixedLoad(s system, ids []string, rate float64, d time.Duration, callers int) latResult {
+func fixedLoad(s system, ids idSpace, rate float64, d time.Duration, callers int) latResult {
 	type job struct {
 		at  time.Time
 		key string
@@ -163,7 +236,7 @@ func fixedLoad(s system, ids []string, rate float64, d time.Duration, callers in
 	for i := 0; i < total; {
 		due := int(time.Since(start)/interval) + 1
 		for ; i < total && i < due; i++ {
-			j := job{at: start.Add(time.Duration(i) * interval), key: ids[r.IntN(len(ids))], n: i}
+			j := job{at: start.Add(time.Duration(i) * interval), key: ids.draw(r), n: i}
 			select {
 			case jobs <- j:
 			default:
@@ -251,13 +324,20 @@ type distConfig struct {
 	offered                float64
 	callers                int
 	identities             int
+	// phases names the phases to run (lat, sat, hot); empty means all.
+	phases string
+}
+
+// runs reports whether the phase named p is to run.
+func (c distConfig) runs(p string) bool {
+	return c.phases == "" || slices.Contains(strings.Split(c.phases, ","), p)
 }
 
 // measureDist runs the three phases on one system, each on a fresh
 // instance: the fixed load (after a warm-up at the same load), saturation
 // (after a short warm-up), then the hot identity.
 func measureDist(ds distSystem, cfg distConfig, label string, logf func(string, ...any)) (distFigures, error) {
-	ids := benchIDs(cfg.identities)
+	ids := idSpace(cfg.identities)
 	f := distFigures{Name: ds.name, Note: ds.note, SatWorkers: cfg.satWorkers, Offered: cfg.offered, HotEnvelope: ds.envelope}
 	phase := func(fn func(s system)) error {
 		t := time.Now()
@@ -274,28 +354,36 @@ func measureDist(ds distSystem, cfg distConfig, label string, logf func(string, 
 		in.stop()
 		return nil
 	}
-	err := phase(func(s system) {
-		fixedLoad(s, ids, cfg.offered, cfg.latDur/4, cfg.callers) // warm-up: connections, caches
-		lat := fixedLoad(s, ids, cfg.offered, cfg.latDur, cfg.callers)
-		f.Achieved, f.P50, f.P99, f.P999 = lat.achieved, lat.p50, lat.p99, lat.p999
-		f.LatErrors, f.LatSamples, f.LatDelayed = lat.errors, lat.samples, lat.late
-	})
+	var err error
+	if cfg.runs("lat") {
+		err = phase(func(s system) {
+			fixedLoad(s, ids, cfg.offered, cfg.latDur/4, cfg.callers) // warm-up: connections, caches
+			lat := fixedLoad(s, ids, cfg.offered, cfg.latDur, cfg.callers)
+			f.Achieved, f.P50, f.P99, f.P999 = lat.achieved, lat.p50, lat.p99, lat.p999
+			f.LatErrors, f.LatSamples, f.LatDelayed = lat.errors, lat.samples, lat.late
+		})
+	}
 	if err != nil {
 		return f, err
 	}
-	err = phase(func(s system) {
-		saturate(s, ids, cfg.satWorkers, cfg.satDur/10)
-		sat := saturate(s, ids, cfg.satWorkers, cfg.satDur)
-		f.PerSec, f.SatErrors = sat.perSec, sat.errors
-	})
+	if cfg.runs("sat") {
+		err = phase(func(s system) {
+			saturate(s, ids, cfg.satWorkers, cfg.satDur/10)
+			sat := saturate(s, ids, cfg.satWorkers, cfg.satDur)
+			f.PerSec, f.SatErrors, f.PerCPUSec = sat.perSec, sat.errors, sat.perCPUSec
+			logf("  %s: saturation: %.0f decisions/s, %.0f per CPU-second of this process", ds.name, sat.perSec, sat.perCPUSec)
+		})
+	}
 	if err != nil {
 		return f, err
 	}
-	err = phase(func(s system) {
-		hot := hammer(s, fmt.Sprintf("hot-%s-%d", label, time.Now().UnixNano()), cfg.hotWorkers, cfg.hotDur)
-		f.HotAdmitted, f.HotCalls, f.HotErrors = hot.admitted, hot.calls, hot.errors
-		f.HotElapsed, f.HotReference = hot.elapsed, hot.reference
-	})
+	if cfg.runs("hot") {
+		err = phase(func(s system) {
+			hot := hammer(s, fmt.Sprintf("hot-%s-%d", label, time.Now().UnixNano()), cfg.hotWorkers, cfg.hotDur)
+			f.HotAdmitted, f.HotCalls, f.HotErrors = hot.admitted, hot.calls, hot.errors
+			f.HotElapsed, f.HotReference = hot.elapsed, hot.reference
+		})
+	}
 	return f, err
 }
 

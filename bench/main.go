@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"testing"
 	"time"
 )
@@ -42,8 +43,10 @@ func main() {
 	quick := flag.Bool("quick", false, "short run (under two minutes): fewer rounds, shorter phases")
 	out := flag.String("out", filepath.Join("results", "latest.json"), "where to write the JSON results (empty: nowhere)")
 	sections := flag.String("sections", "local,dist", "sections to run: local, dist or both")
-	only := flag.String("only", "", "distributed section: measure only the systems whose name contains this")
+	only := flag.String("only", "", "distributed section: measure only the systems whose name contains this (several: comma-separated)")
+	phases := flag.String("phases", "lat,sat,hot", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	tracefile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()
 
 	cfg := fullConfig()
@@ -52,6 +55,7 @@ func main() {
 	}
 	cfg.sections = *sections
 	cfg.only = *only
+	cfg.dist.phases = *phases
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -62,6 +66,17 @@ func main() {
 		}
 		defer f.Close()
 		defer pprof.StopCPUProfile()
+	}
+	if *tracefile != "" {
+		f, err := os.Create(*tracefile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := trace.Start(f); err != nil {
+			fatal(err)
+		}
+		defer f.Close()
+		defer trace.Stop()
 	}
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)

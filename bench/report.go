@@ -271,7 +271,7 @@ func (r *report) Markdown() string {
 				continue
 			}
 			flag := ""
-			if f.PerSec < 2*f.Offered {
+			if f.PerSec > 0 && f.Achieved > 0 && f.PerSec < 2*f.Offered { // both phases ran (-phases)
 				flag = " ⚠ saturates under 2× the offer"
 			}
 			p("| %s | %s%s | %s | %s | %.0f (%s) | %.0f (%s) | %.0f (%s) | %s | %d |\n", f.Name, fmtNum(f.PerSec, 0), flag,

@@ -46,7 +46,6 @@ func run(cfg runConfig, logf func(string, ...any)) (*report, error) {
 // runDist measures each system in turn; every phase starts its own
 // instance and stops it.
 func runDist(cfg runConfig, logf func(string, ...any)) ([]distFigures, error) {
-	benchIDs(cfg.dist.identities) // generate outside any timed phase
 	var out []distFigures
 	systems, cleanup, err := distSystems(cfg, logf)
 	defer cleanup()
@@ -54,7 +53,7 @@ func runDist(cfg runConfig, logf func(string, ...any)) ([]distFigures, error) {
 		return nil, err
 	}
 	for _, ds := range systems {
-		if cfg.only != "" && !strings.Contains(ds.name, cfg.only) {
+		if !selected(cfg.only, ds.name) {
 			continue
 		}
 		if ds.start == nil {
@@ -105,7 +104,7 @@ func distSystems(cfg runConfig, logf func(string, ...any)) ([]distSystem, func()
 		{name: "gubernator GLOBAL", note: "LEAKY_BUCKET; answered from the local copy, hits synced async", envelope: -1, start: gub(gubernator.Behavior_GLOBAL)},
 	}
 	redisName := "redis Lua token bucket"
-	if cfg.only != "" && !strings.Contains(redisName, cfg.only) {
+	if !selected(cfg.only, redisName) {
 		return systems, func() {}, nil
 	}
 	bin, err := ensureRedis(logf, os.Geteuid() == 0)
@@ -168,4 +167,19 @@ func cpuModel() string {
 		}
 	}
 	return "unknown"
+}
+
+// selected reports whether the system name is among those -only names: all
+// when only is empty, else those whose name contains one of its
+// comma-separated parts.
+func selected(only, name string) bool {
+	if only == "" {
+		return true
+	}
+	for part := range strings.SplitSeq(only, ",") {
+		if part != "" && strings.Contains(name, part) {
+			return true
+		}
+	}
+	return false
 }

@@ -16,8 +16,9 @@ import (
 
 // Shell is the thin adapter around one node's decision core: it serialises
 // calls into the core, reads the clock, drives Tick with a ticker, sends
-// what Ready returns through a Transport after a short linger (so that
-// everything due to one peer travels in one batch), feeds replies and
+// what Ready returns through a Transport (at once when no exchange is in
+// flight, else in one batch per peer when the exchange in flight returns:
+// see nudge), feeds replies and
 // incoming batches back through Step, hands late decisions to the callers
 // waiting for them, and keeps a circuit breaker per peer. All decisions are
 // made by the core; the Shell only does I/O.
@@ -42,6 +43,11 @@ type Shell struct {
 	mu     sync.Mutex
 	breaks map[string]*breaker
 	busy   map[string]*queued // peers with an exchange in flight, and what waits for the next
+	// inflight is len(busy), readable without mu; pending is set when a
+	// shard queued work while an exchange was in flight, for the sender
+	// to collect when its exchange returns (see nudge).
+	inflight atomic.Int32
+	pending  atomic.Bool
 
 	flushC chan struct{}
 	stop   chan struct{}
@@ -79,8 +85,10 @@ type ShellConfig struct {
 	Shards int
 	// Transport carries batches to peers. Required.
 	Transport Transport
-	// Linger is how long a batch waits for more items before it is sent;
-	// zero means 200µs.
+	// Linger is the longest queued items wait for an exchange in flight
+	// to return before the flusher sends them anyway (a backstop: they
+	// normally leave at once when no exchange is in flight, or when the
+	// one in flight returns); zero means 200µs.
 	Linger time.Duration
 	// MaxBatch is the most items one exchange carries: a batch that
 	// reaches it in one shard is sent at once, without waiting for the
@@ -389,7 +397,7 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 		if full {
 			s.flush()
 		} else if queued {
-			s.kick()
+			s.nudge()
 		}
 		return o, err
 	}
@@ -402,7 +410,7 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 	if full {
 		s.flush()
 	} else {
-		s.kick()
+		s.nudge()
 	}
 	select {
 	case out := <-ch:
@@ -431,6 +439,45 @@ func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
 	sh.mu.Lock()
 	sh.coord.Refund(s.now(), ruleID, identity, cost, src)
 	sh.mu.Unlock()
+}
+
+// nudge sends what the shards have queued, Nagle's way: at once when no
+// exchange is in flight (an idle cluster pays one round trip, not a
+// linger: a timer shorter than a millisecond can take a whole one to fire
+// on a VM, which was most of an exact decision's latency at low load),
+// else when an exchange returns, so that what queues meanwhile travels in
+// the next batch and batches grow with the load instead of calls
+// multiplying. The flusher's linger stays as a backstop, so that work for
+// a healthy peer never waits on a slow peer's exchange.
+//
+// pending and inflight are a Dekker pair: nudge stores pending, then
+// loads inflight; a sender stores inflight (one exchange fewer), then
+// loads pending. One of the two sees the other's store, so queued work
+// is never left waiting for the linger.
+func (s *Shell) nudge() {
+	if s.closed.Load() {
+		return // nothing is sent once Close has begun
+	}
+	if !s.pending.Load() {
+		s.pending.Store(true)
+	}
+	if s.inflight.Load() == 0 {
+		if s.pending.Swap(false) {
+			s.flush()
+		}
+		return
+	}
+	s.kick()
+}
+
+// collect flushes when nudge left work pending for a returning exchange.
+func (s *Shell) collect() {
+	if s.closed.Load() {
+		return
+	}
+	if s.pending.Load() && s.pending.Swap(false) {
+		s.flush()
+	}
 }
 
 // kick asks the flusher to send after the linger.
@@ -615,30 +662,40 @@ func (s *Shell) send(env Envelope) {
 		return
 	}
 	s.busy[env.To] = nil
+	s.inflight.Add(1)
 	s.mu.Unlock()
 	addr := s.addrOf(env.To)
 	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		msg := env.Msg
-		for {
-			for _, part := range msg.Split(s.cfg.MaxBatch) {
-				if !s.exchange(env.To, addr, &part) {
-					break // the rest of a failed batch is dropped, as a lost message
-				}
+	go s.run(env.To, addr, env.Msg)
+}
+
+// run exchanges msg with the peer to, then whatever queued for it
+// meanwhile, until nothing does; the peer is marked busy throughout. It
+// calls s.wg.Done when it returns.
+func (s *Shell) run(to, addr string, msg Message) {
+	defer s.wg.Done()
+	for {
+		for _, part := range msg.Split(s.cfg.MaxBatch) {
+			if !s.exchange(to, addr, &part) {
+				break // the rest of a failed batch is dropped, as a lost message
 			}
-			s.mu.Lock()
-			q := s.busy[env.To]
-			if q == nil || s.closed.Load() {
-				delete(s.busy, env.To)
-				s.mu.Unlock()
-				return
-			}
-			s.busy[env.To] = nil
-			s.mu.Unlock()
-			msg = q.msg
 		}
-	}()
+		// What the shards queued while this exchange was in flight goes
+		// now: this peer's part joins the queue below.
+		s.collect()
+		s.mu.Lock()
+		q := s.busy[to]
+		if q == nil || s.closed.Load() {
+			delete(s.busy, to)
+			s.inflight.Add(-1)
+			s.mu.Unlock()
+			s.collect()
+			return
+		}
+		s.busy[to] = nil
+		s.mu.Unlock()
+		msg = q.msg
+	}
 }
 
 // queued is what waits for a peer while an exchange with it is in flight.
