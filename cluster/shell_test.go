@@ -191,14 +191,17 @@ func TestShellOwnerDown(t *testing.T) {
 	t.Logf("owner down: %d decisions degraded, %d admitted, %d exchanges failed", degraded, admitted, failed)
 }
 
-// TestShellBatchSize: a batch that reaches MaxBatch goes out without waiting
-// for the linger, and one larger than it — a leaving node's handoffs — is cut
+// TestShellBatchSize: forwarded decisions never wait for the linger (they go
+// at once, with the exchange in flight's return, or at MaxBatch items), and
+// a batch larger than MaxBatch — a leaving node's handoffs — is cut
 // into exchanges of at most MaxBatch items that all arrive.
 func TestShellBatchSize(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs after the nodes' cleanup
 	rule := gcraRule("api", quota.ModeExact, 10, time.Minute, 5)
-	// A linger far longer than the test: only the size trigger can send.
+	// A linger far longer than the test: what does not go at once (no
+	// exchange in flight) or when the exchange in flight returns must go
+	// by the size trigger; nothing waits for the linger.
 	nodes := startGRPCClusterWith(t, 2, func(c *ShellConfig) {
 		c.MaxBatch = 8
 		c.Linger = time.Hour
