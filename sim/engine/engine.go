@@ -38,6 +38,7 @@ package engine
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"strings"
 )
@@ -124,6 +125,110 @@ func (q *queue) pop() item {
 	return top
 }
 
+// wheel is a calendar queue for the events due within about a
+// millisecond of now: wheelSlots buckets of 2^wheelShift ns each, every
+// bucket a list of its items in (at, seq) order, and a bitmap of the
+// buckets that hold any. Message deliveries land a few hundred
+// microseconds ahead, where the heap's pops cost a dozen unpredictable
+// comparisons each; here a push links a node into a bucket that is mostly
+// empty and a pop scans the bitmap from now's bucket, both in a few
+// kilobytes that stay in cache.
+//
+// An item goes into the wheel only if its bucket number (at >> wheelShift)
+// is less than now's plus span (wheelSlots). Every item in the wheel is
+// due at or after now, and now only advances, so the wheel's items always
+// lie within wheelSlots buckets from now's: bucket numbers modulo
+// wheelSlots are then distinct, and the first non-empty bucket from now's
+// holds the earliest item. The order is (at, seq) throughout, exactly as
+// the heap's.
+type wheel struct {
+	heads [wheelSlots]int32 // first node of each bucket, -1 none
+	bits  [wheelSlots / 64]uint64
+	nodes []wheelNode
+	free  int32 // first free node, -1 none
+	n     int
+	// span is how many buckets from now's an item may be in: wheelSlots
+	// (0 in tests that compare with the heap alone).
+	span int64
+}
+
+// wheelNode is an item in a bucket's list, or a free node.
+type wheelNode struct {
+	it   item
+	next int32
+}
+
+const (
+	wheelShift = 10   // a bucket is 1024 ns
+	wheelSlots = 1024 // buckets: the wheel spans about a millisecond
+)
+
+func newWheel() *wheel {
+	w := &wheel{free: -1, span: wheelSlots}
+	for i := range w.heads {
+		w.heads[i] = -1
+	}
+	return w
+}
+
+// fits reports whether an item due at at may go into the wheel at now.
+func (w *wheel) fits(now, at int64) bool {
+	return at>>wheelShift-now>>wheelShift < w.span
+}
+
+// push adds it (which fits) to its bucket, in (at, seq) order.
+func (w *wheel) push(it item) {
+	k := w.free
+	if k >= 0 {
+		w.free = w.nodes[k].next
+	} else {
+		k = int32(len(w.nodes))
+		w.nodes = append(w.nodes, wheelNode{})
+	}
+	b := int(it.at>>wheelShift) & (wheelSlots - 1)
+	nd := &w.nodes[k]
+	nd.it = it
+	p := &w.heads[b]
+	for *p >= 0 && w.nodes[*p].it.before(&it) {
+		p = &w.nodes[*p].next
+	}
+	nd.next = *p
+	*p = k
+	w.bits[b>>6] |= 1 << (b & 63)
+	w.n++
+}
+
+// first returns the bucket of the earliest item at now; the wheel must not
+// be empty.
+func (w *wheel) first(now int64) int {
+	b := int(now>>wheelShift) & (wheelSlots - 1)
+	i := b >> 6
+	if m := w.bits[i] >> (b & 63); m != 0 {
+		return b + bits.TrailingZeros64(m)
+	}
+	for range wheelSlots / 64 {
+		i = (i + 1) & (wheelSlots/64 - 1)
+		if m := w.bits[i]; m != 0 {
+			return i<<6 + bits.TrailingZeros64(m)
+		}
+	}
+	panic("engine: wheel count and bitmap disagree")
+}
+
+// pop removes and returns the first item of bucket b.
+func (w *wheel) pop(b int) item {
+	k := w.heads[b]
+	nd := &w.nodes[k]
+	it := nd.it
+	w.heads[b] = nd.next
+	if nd.next < 0 {
+		w.bits[b>>6] &^= 1 << (b & 63)
+	}
+	nd.it, nd.next, w.free = item{}, w.free, k
+	w.n--
+	return it
+}
+
 // Sim is the virtual clock, the event queue and the random source of one
 // run. The zero Sim is not usable; call New. A Sim is not safe for
 // concurrent use: everything runs on the goroutine that calls Run.
@@ -136,8 +241,11 @@ type Sim struct {
 	// of a traffic source, mostly) then costs no heap push and pop.
 	front    item
 	hasFront bool
-	rng      *rand.Rand
-	fired    uint64
+	// wheel holds the other events due within about a millisecond; the
+	// heap those further ahead.
+	wheel *wheel
+	rng   *rand.Rand
+	fired uint64
 	// lanes are FIFO queues of events scheduled a fixed delay ahead (see
 	// Lane): their items arrive in (at, seq) order, so each is kept in
 	// order by appending, without the heap.
@@ -201,7 +309,7 @@ func (l *Lane) pop() item {
 // random source is PCG seeded with seed (the second PCG word is fixed, so a
 // single integer names a run).
 func New(start int64, seed uint64) *Sim {
-	return &Sim{now: start, rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))}
+	return &Sim{now: start, wheel: newWheel(), rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))}
 }
 
 // Now returns the virtual time in nanoseconds.
@@ -221,15 +329,26 @@ func (s *Sim) At(at int64, ev Event) {
 	it := item{at: at, seq: s.seq, ev: ev}
 	switch {
 	case s.hasFront && it.before(&s.front):
-		s.q.push(s.front)
+		s.place(s.front)
 		s.front = it
 	case s.hasFront:
-		s.q.push(it)
+		s.place(it)
 	case len(s.q) == 0 || it.before(&s.q[0]):
 		s.front, s.hasFront = it, true
 	default:
-		s.q.push(it)
+		s.place(it)
 	}
+}
+
+// place queues it, which follows the front: in the wheel if it fits there,
+// else in the heap. The front precedes every item of the heap; the wheel
+// is a source of its own, like a lane.
+func (s *Sim) place(it item) {
+	if s.wheel.fits(s.now, it.at) {
+		s.wheel.push(it)
+		return
+	}
+	s.q.push(it)
 }
 
 // After schedules ev d nanoseconds from now.
@@ -237,7 +356,7 @@ func (s *Sim) After(d int64, ev Event) { s.At(s.now+d, ev) }
 
 // Pending returns the number of scheduled events.
 func (s *Sim) Pending() int {
-	n := len(s.q)
+	n := len(s.q) + s.wheel.n
 	if s.hasFront {
 		n++
 	}
@@ -254,7 +373,7 @@ func (s *Sim) Fired() uint64 { return s.fired }
 // whether it did.
 func (s *Sim) Step(until int64) bool {
 	// The earliest event is the front (which precedes the heap), else the
-	// heap's top, unless a lane's first is earlier still.
+	// heap's top, unless a lane's first or the wheel's is earlier still.
 	var best *item
 	switch {
 	case s.hasFront:
@@ -268,11 +387,20 @@ func (s *Sim) Step(until int64) bool {
 			best, lane = &l.q[l.head], l
 		}
 	}
+	wb := -1 // the wheel's bucket, when its first item is the earliest
+	if w := s.wheel; w.n > 0 {
+		b := w.first(s.now)
+		if it := &w.nodes[w.heads[b]].it; best == nil || it.before(best) {
+			best, lane, wb = it, nil, b
+		}
+	}
 	if best == nil || best.at > until {
 		return false
 	}
 	var it item
 	switch {
+	case wb >= 0:
+		it = s.wheel.pop(wb)
 	case lane != nil:
 		it = lane.pop()
 	case s.hasFront:

@@ -76,6 +76,52 @@ func TestNetwork(t *testing.T) {
 	}
 }
 
+// direct is a message sent with SendDirect: it checks its own delivery.
+type direct struct {
+	nw      *Network
+	a, b    int
+	got     *[]int64
+	dropped *int
+}
+
+func (d direct) Fire(s *Sim) {
+	if !d.nw.Arrives(d.a, d.b) {
+		*d.dropped++
+		return
+	}
+	*d.got = append(*d.got, s.Now())
+}
+
+// TestSendDirect: SendDirect delivers as Send does, and Arrives cuts what
+// a partition started in flight separates, counting it.
+func TestSendDirect(t *testing.T) {
+	s := New(0, 7)
+	nw := NewNetwork(s, 3, Const{D: time.Millisecond})
+	var got []int64
+	var dropped int
+	msg := func(a, b int) direct { return direct{nw, a, b, &got, &dropped} }
+	if at, ok := nw.SendDirect(0, 1, msg(0, 1)); !ok || at != int64(time.Millisecond) {
+		t.Fatalf("send: %d %v", at, ok)
+	}
+	s.Run(int64(time.Second))
+	if len(got) != 1 || got[0] != int64(time.Millisecond) {
+		t.Fatalf("arrivals %v", got)
+	}
+	id := nw.Partition([]int{0, 1, 1})
+	if _, ok := nw.SendDirect(0, 2, msg(0, 2)); ok || nw.Cut != 1 {
+		t.Fatal("sent across a partition")
+	}
+	nw.SendDirect(1, 2, msg(1, 2)) // the same side: arrives
+	nw.Heal(id)
+	nw.SendDirect(0, 2, msg(0, 2)) // in flight when the partition starts again
+	s.Run(int64(time.Second) + int64(time.Millisecond)/2)
+	nw.Partition([]int{0, 1, 1})
+	s.Run(int64(2 * time.Second))
+	if len(got) != 2 || dropped != 1 || nw.Cut != 2 || nw.Sent != 4 {
+		t.Fatalf("arrivals %v, dropped %d, cut %d, sent %d: the last message should be cut at delivery", got, dropped, nw.Cut, nw.Sent)
+	}
+}
+
 // TestSeeded: one seed, one sequence.
 func TestSeeded(t *testing.T) {
 	draw := func(seed uint64) []int64 {
@@ -246,5 +292,92 @@ func TestLanes(t *testing.T) {
 			}
 		}
 		t.Fatalf("%d events with lanes, %d without", len(laned), len(plain))
+	}
+}
+
+// wheelChain is chain at the wheel's scale: delays from nothing to several
+// times the wheel's span, ties within a bucket, delays in the past, fixed
+// delays in lanes.
+type wheelChain struct {
+	log   *[]string
+	lanes []*Lane
+	id    int
+	left  int
+}
+
+func (c *wheelChain) Fire(s *Sim) {
+	*c.log = append(*c.log, fmt.Sprintf("%d@%d", c.id, s.Now()))
+	if c.left == 0 {
+		return
+	}
+	r := s.Rand()
+	const span = wheelSlots << wheelShift
+	for k := range 2 {
+		next := &wheelChain{log: c.log, lanes: c.lanes, id: c.id*2 + k, left: c.left - 1}
+		var d int64
+		switch r.IntN(6) {
+		case 0:
+			d = 1 << wheelShift // a fixed delay: in order within a lane
+		case 1:
+			d = r.Int64N(1 << wheelShift) // within a bucket or the next
+		case 2:
+			d = r.Int64N(span) // anywhere in the wheel
+		case 3:
+			d = span - 2<<wheelShift + r.Int64N(4<<wheelShift) // at its far edge
+		case 4:
+			d = r.Int64N(4 * span) // mostly beyond it: the heap
+		default:
+			d = -r.Int64N(10) // in the past: fires now, after what is due
+		}
+		lane := r.IntN(4) // 2, 3: no lane
+		if c.lanes != nil && lane < len(c.lanes) {
+			s.AfterIn(c.lanes[lane], d, next)
+		} else {
+			s.After(d, next)
+		}
+	}
+}
+
+// TestWheel: with the wheel, events fire in exactly the (at, seq) order
+// they fire in with the heap alone, lanes or not, over many seeds.
+func TestWheel(t *testing.T) {
+	run := func(seed uint64, wheel, lanes bool) []string {
+		s := New(0, seed)
+		if !wheel {
+			s.wheel.span = 0
+		}
+		var log []string
+		var ls []*Lane
+		if lanes {
+			ls = []*Lane{s.Lane(), s.Lane()}
+		}
+		for i := range 6 {
+			s.At(int64(i)*333, &wheelChain{log: &log, lanes: ls, id: i + 1, left: 9})
+		}
+		s.Run(3 << (wheelShift + 10)) // a cut with events pending
+		if s.Pending() == 0 {
+			t.Fatal("nothing left pending at the cut")
+		}
+		s.Run(1 << 50)
+		if wheel && len(s.wheel.nodes) < 10 {
+			t.Fatalf("the wheel held at most %d events at once", len(s.wheel.nodes))
+		}
+		return log
+	}
+	for seed := range uint64(20) {
+		for _, lanes := range []bool{false, true} {
+			heap, wheel := run(seed, false, lanes), run(seed, true, lanes)
+			if len(heap) < 3000 {
+				t.Fatalf("only %d events fired", len(heap))
+			}
+			if !slices.Equal(heap, wheel) {
+				for i := range min(len(heap), len(wheel)) {
+					if heap[i] != wheel[i] {
+						t.Fatalf("seed %d lanes %v: event %d: %s with the wheel, %s without", seed, lanes, i, wheel[i], heap[i])
+					}
+				}
+				t.Fatalf("seed %d: %d events with the wheel, %d without", seed, len(wheel), len(heap))
+			}
+		}
 	}
 }

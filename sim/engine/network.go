@@ -166,16 +166,10 @@ type Dropper interface {
 // sender that waits with a timeout know whether the message can arrive in
 // time without scheduling a timer for every message.
 func (nw *Network) Send(a, b int, ev Event) (int64, bool) {
-	nw.Sent++
-	if nw.loss > 0 && nw.sim.rng.Float64() < nw.loss {
-		nw.Lost++
+	at, ok := nw.carry(a, b)
+	if !ok {
 		return 0, false
 	}
-	if !nw.Reachable(a, b) {
-		nw.Cut++
-		return 0, false
-	}
-	at := nw.sim.now + nw.latency.Draw(nw.sim.rng)
 	d := nw.free
 	if d != nil {
 		nw.free = d.next
@@ -185,6 +179,44 @@ func (nw *Network) Send(a, b int, ev Event) (int64, bool) {
 	d.a, d.b, d.ev, d.next = a, b, ev, nil
 	nw.sim.At(at, d)
 	return at, true
+}
+
+// SendDirect is Send for a message event that checks its own delivery: ev
+// is scheduled as it is, with no wrapper, and its Fire must call
+// Arrives(a, b) first and drop the message (Dropper's business) when that
+// is false. It saves the wrapper's scheduling and its extra call on the
+// busiest path of a run.
+func (nw *Network) SendDirect(a, b int, ev Event) (int64, bool) {
+	at, ok := nw.carry(a, b)
+	if ok {
+		nw.sim.At(at, ev)
+	}
+	return at, ok
+}
+
+// carry counts a message from a to b and decides its fate: lost, cut at
+// once, or arriving at the returned time.
+func (nw *Network) carry(a, b int) (int64, bool) {
+	nw.Sent++
+	if nw.loss > 0 && nw.sim.rng.Float64() < nw.loss {
+		nw.Lost++
+		return 0, false
+	}
+	if !nw.Reachable(a, b) {
+		nw.Cut++
+		return 0, false
+	}
+	return nw.sim.now + nw.latency.Draw(nw.sim.rng), true
+}
+
+// Arrives reports whether a message sent from a to b with SendDirect is
+// delivered now: false, counted as cut, when a partition separates them.
+func (nw *Network) Arrives(a, b int) bool {
+	if len(nw.partIDs) == 0 || nw.Reachable(a, b) {
+		return true
+	}
+	nw.Cut++
+	return false
 }
 
 // delivery checks a message against the partitions at arrival. Deliveries

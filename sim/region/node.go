@@ -253,7 +253,7 @@ func (n *node) send(env *cluster.Envelope) {
 	}
 	now := rg.sim.Now()
 	x := rg.newExchange()
-	x.from, x.fromInc, x.to, x.msg, x.sentAt, x.deadline = n, n.inc, to, env.Msg, now, now+int64(rg.cfg.CallTimeout)
+	x.rg, x.from, x.fromInc, x.to, x.recv, x.msg, x.sentAt, x.deadline = rg, n, n.inc, to, rg.nodes[to], env.Msg, now, now+int64(rg.cfg.CallTimeout)
 	x.stepper = n.coord
 	rg.exchanges++
 	x.transmit(n.id, to)
@@ -262,7 +262,7 @@ func (n *node) send(env *cluster.Envelope) {
 // transmit hands the exchange to the network, from a to b, and arms the
 // timeout if it cannot arrive in time.
 func (x *exchange) transmit(a, b int) {
-	at, ok := x.from.rg.net.Send(a, b, x)
+	at, ok := x.rg.net.SendDirect(a, b, x)
 	if ok {
 		x.refs++
 	}
@@ -280,15 +280,7 @@ func (x *exchange) fail() {
 	}
 	x.timerSet = true
 	x.refs++
-	x.from.rg.sim.At(x.deadline, &x.timer)
-}
-
-// Dropped is the network telling that a partition cut the request or the
-// reply at delivery.
-func (x *exchange) Dropped(*engine.Sim) {
-	x.refs--
-	x.fail()
-	x.release()
+	x.rg.sim.At(x.deadline, &x.timer)
 }
 
 // newExchange returns a zeroed exchange from the region's free list.
@@ -311,7 +303,7 @@ func (x *exchange) release() {
 	if x.refs > 0 {
 		return
 	}
-	rg := x.from.rg
+	rg := x.rg
 	*x = exchange{next: rg.freeX}
 	rg.freeX = x
 }
@@ -320,6 +312,10 @@ func (x *exchange) release() {
 // receiver (phase 0), then back at the sender (phase 1). Exchanges are
 // recycled through a free list once no event refers to them (refs).
 type exchange struct {
+	// rg and recv are x.from.rg and rg.nodes[to], held here so that a
+	// delivery reaches them without a chain of loads through cold memory.
+	rg       *Region
+	recv     *node
 	from     *node
 	fromInc  uint64
 	to       int
@@ -336,13 +332,24 @@ type exchange struct {
 	timer    exchangeTimer
 }
 
-// Fire delivers the request (phase 0) or the reply (phase 1). It releases
+// Fire delivers the request (phase 0) or the reply (phase 1), unless a
+// partition cuts it (x is sent with Network.SendDirect). It releases
 // x at every return rather than by a defer: it runs twice per exchange.
 func (x *exchange) Fire(s *engine.Sim) {
 	x.refs--
-	rg := x.from.rg
+	rg := x.rg
+	a, b := x.from.id, x.to
+	if x.phase == 1 {
+		a, b = b, a
+	}
+	if !rg.net.Arrives(a, b) {
+		// A partition cut the request or the reply at delivery.
+		x.fail()
+		x.release()
+		return
+	}
 	if x.phase == 0 {
-		recv := rg.nodes[x.to]
+		recv := x.recv
 		if !recv.up {
 			x.fail() // nobody answers; the sender times out
 			x.release()
