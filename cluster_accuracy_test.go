@@ -501,10 +501,25 @@ func worstShortfall(sends []accSend, rate float64, T time.Duration) float64 {
 }
 
 // referenceGap feeds the reference bucket (one exact GCRA of the rule) every
-// request in send order at its send time, and returns the largest
-// difference, at any point of the run, between the admissions counted so
-// far and the reference's, and the reference's total.
-func referenceGap(sends []accSend, g bucket.GCRA) (gap, refTotal int) {
+// request at its send time, in send order, and returns how far the run's
+// admissions ran ahead of it (over) and behind it (under) at most, over
+// every prefix of the sends, with the reference's total.
+//
+// The bounds (TestClusterAccuracy): the owner decides each request at most
+// δ after its send (δ measured: the longest send-to-answer time), on a
+// bucket whose k-th token after the burst frees at g_k + o, o ∈ [0, δ]
+// the lag of its first decision, where the reference's frees at g_k. The
+// reference spends token k on the first send at or after g_k, which is at
+// most G after it (G the longest gap between sends); the owner on the
+// first decision at or after g_k + o, a request sent at least g_k − δ and
+// at most g_k + 2δ + G. So over every prefix of sends up to t the run is
+// ahead by the tokens freeing in (t − G, t + δ], at most 1 + ⌈r·(δ + G)⌉,
+// and behind by those freeing in (t − 2δ − G, t], at most 1 + ⌈r·(2δ +
+// G)⌉. With sends at least every 1/r (this test's 3× rate) and no lag both
+// are 1 + ⌈r·δ⌉, the figure; a busy machine's gaps between sends
+// (G of several milliseconds, r·G above 1 at this rule's rate) made that
+// figure fail about once in 30 runs.
+func referenceGap(sends []accSend, g bucket.GCRA) (over, under, refTotal int) {
 	var tat bucket.TAT
 	got := 0
 	for _, s := range sends {
@@ -514,9 +529,9 @@ func referenceGap(sends []accSend, g bucket.GCRA) (gap, refTotal int) {
 		if s.allowed {
 			got++
 		}
-		gap = max(gap, got-refTotal, refTotal-got)
+		over, under = max(over, got-refTotal), max(under, refTotal-got)
 	}
-	return gap, refTotal
+	return over, under, refTotal
 }
 
 // shortfallBound returns the lower bound's allowance for a run of sends:
@@ -574,7 +589,8 @@ func ratePerNs(g bucket.GCRA) float64 { return 1 / float64(g.Interval()) }
 // of each run: shared admits at most B + r·Δ + S and at least
 // r·Δ − S − c − ⌈r·ℓ⌉; exact admits at most B + r·Δ, at least r·Δ − c −
 // ⌈r·ℓ⌉, and follows the reference bucket fed in send order to within
-// 1 + ⌈r·δ⌉ tokens. Nothing is degraded.
+// 1 + ⌈r·δ⌉ tokens (plus the longest gap between sends: see referenceGap).
+// Nothing is degraded.
 func TestClusterAccuracy(t *testing.T) {
 	cluster3 := startAccCluster(t, "accuracy", 3, 3)
 	spreads := []struct {
@@ -645,12 +661,17 @@ func TestClusterAccuracy(t *testing.T) {
 				if low > lowBound+1e-6 {
 					t.Errorf("shortfall under r·Δ is %.2f, above S + c + ⌈r·ℓ⌉ + ⌈r·δ⌉ = %.0f (δ %v, longest send gap %v)", low, lowBound, delta, gap)
 				}
-				refGap, refTotal := referenceGap(sends, g)
-				if mode == "exact" && float64(refGap) > 1+rd {
-					t.Errorf("exact strays %d tokens from the reference fed in send order, above 1 + ⌈r·δ⌉ = %.0f (δ = %v)", refGap, 1+rd, delta)
+				over, under, refTotal := referenceGap(sends, g)
+				overBound := 1 + math.Ceil(rate*float64(delta+gap))
+				underBound := 1 + math.Ceil(rate*float64(2*delta+gap))
+				if mode == "exact" && float64(over) > overBound {
+					t.Errorf("exact runs %d tokens ahead of the reference fed in send order, above 1 + ⌈r·(δ + G)⌉ = %.0f (δ = %v, G = %v)", over, overBound, delta, gap)
 				}
-				t.Logf("owner gw-%d: %d sent (%d dropped), %d admitted, reference %d (gap %d); excess %.2f (bound %d), shortfall %.2f (bound %.0f); δ %v, longest send gap %v; ring epochs %v",
-					owner, len(sends), dropped, len(adm), refTotal, refGap, up, p.Burst+S, low, lowBound, delta, gap, epochs[1])
+				if mode == "exact" && float64(under) > underBound {
+					t.Errorf("exact runs %d tokens behind the reference fed in send order, above 1 + ⌈r·(2δ + G)⌉ = %.0f (δ = %v, G = %v)", under, underBound, delta, gap)
+				}
+				t.Logf("owner gw-%d: %d sent (%d dropped), %d admitted, reference %d (ahead %d, behind %d, 1 + ⌈r·δ⌉ = %.0f); excess %.2f (bound %d), shortfall %.2f (bound %.0f); δ %v, longest send gap %v; ring epochs %v",
+					owner, len(sends), dropped, len(adm), refTotal, over, under, 1+rd, up, p.Burst+S, low, lowBound, delta, gap, epochs[1])
 			})
 		}
 	}
