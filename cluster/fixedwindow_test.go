@@ -182,16 +182,7 @@ func TestFixedWindowHandoffOnLeave(t *testing.T) {
 			t.Fatal("the owner refused an empty window")
 		}
 	}
-	var rest []Member
-	for _, n := range h.names {
-		if n != owner {
-			rest = append(rest, Member{Name: n, Addr: n})
-		}
-	}
-	next, err := NewRing(2, rest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := h.ringWithout(t, owner)
 	heir := next.OwnerName(id)
 	h.nodes[owner].HandoffAll(h.now, next)
 	h.flush()
@@ -199,8 +190,8 @@ func TestFixedWindowHandoffOnLeave(t *testing.T) {
 	h.step(2 * time.Millisecond)
 	// The heir sees the leave only now; it counted 1 meanwhile as the
 	// owner of nothing (a lagging ring still names the leaver).
-	for _, n := range rest {
-		h.nodes[n.Name].SetTable(h.now, next)
+	for _, n := range next.Names() {
+		h.nodes[n].SetTable(h.now, next)
 	}
 	h.flush()
 	got := 0
@@ -430,4 +421,21 @@ func TestAlgorithmChangeStartsOver(t *testing.T) {
 	if !decideFW(t, c, t0, "x") {
 		t.Error("a fixed window's end was read as a gcra TAT")
 	}
+}
+
+// ringWithout is the harness's ring less the member gone (at epoch 2): the
+// ring a graceful leaver hands over to.
+func (h *harness) ringWithout(t *testing.T, gone string) *Ring {
+	t.Helper()
+	var rest []Member
+	for _, n := range h.names {
+		if n != gone {
+			rest = append(rest, Member{Name: n, Addr: n})
+		}
+	}
+	next, err := NewRing(2, rest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return next
 }

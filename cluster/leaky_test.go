@@ -86,22 +86,13 @@ func TestLeakyHandoffCarriesQueue(t *testing.T) {
 			t.Fatal("the owner refused a queue with room")
 		}
 	}
-	var rest []Member
-	for _, n := range h.names {
-		if n != owner {
-			rest = append(rest, Member{Name: n, Addr: n})
-		}
-	}
-	next, err := NewRing(2, rest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := h.ringWithout(t, owner)
 	h.nodes[owner].HandoffAll(h.now, next)
 	h.flush()
 	h.cut[owner] = true
 	h.step(2 * time.Millisecond)
-	for _, n := range rest {
-		h.nodes[n.Name].SetTable(h.now, next)
+	for _, n := range next.Names() {
+		h.nodes[n].SetTable(h.now, next)
 	}
 	h.flush()
 	heir := h.nodes[next.OwnerName(id)]
