@@ -194,6 +194,24 @@ func (c *cli) fail(cmd string, err error) int {
 }
 
 // printJSON pretty-prints a JSON body as it came.
+// fetch GETs path for the command cmd. With -o json it prints the answer
+// and returns done; otherwise it decodes the answer into v. When done, code
+// is the command's exit code (an error was reported, or the JSON printed).
+func (c *cli) fetch(cmd string, cn *conn, path string, v any) (code int, done bool) {
+	b, err := c.do(cn, http.MethodGet, path, nil)
+	if err != nil {
+		return c.fail(cmd, err), true
+	}
+	if cn.output == "json" {
+		c.printJSON(b)
+		return 0, true
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return c.fail(cmd, fmt.Errorf("unexpected answer: %w", err)), true
+	}
+	return 0, false
+}
+
 func (c *cli) printJSON(b []byte) {
 	var buf bytes.Buffer
 	if json.Indent(&buf, b, "", "  ") != nil {
@@ -250,34 +268,18 @@ func (c *cli) rulesGet(args []string) int {
 		q = "?consistent=true"
 	}
 	if len(pos) == 1 {
-		b, err := c.do(cn, http.MethodGet, "/v1/rules/"+url.PathEscape(pos[0])+q, nil)
-		if err != nil {
-			return c.fail("weir rules get", err)
-		}
-		if cn.output == "json" {
-			c.printJSON(b)
-			return 0
-		}
 		var r struct {
 			Version uint64         `json:"version"`
 			Rule    map[string]any `json:"rule"`
 		}
-		if err := json.Unmarshal(b, &r); err != nil {
-			return c.fail("weir rules get", fmt.Errorf("unexpected answer: %w", err))
+		if code, done := c.fetch("weir rules get", cn, "/v1/rules/"+url.PathEscape(pos[0])+q, &r); done {
+			return code
 		}
 		fmt.Fprintf(c.stdout, "# rule set version %d\n", r.Version)
 		enc := yaml.NewEncoder(c.stdout)
 		enc.SetIndent(2)
 		_ = enc.Encode(r.Rule)
 		_ = enc.Close()
-		return 0
-	}
-	b, err := c.do(cn, http.MethodGet, "/v1/rules"+q, nil)
-	if err != nil {
-		return c.fail("weir rules get", err)
-	}
-	if cn.output == "json" {
-		c.printJSON(b)
 		return 0
 	}
 	var r struct {
@@ -293,8 +295,8 @@ func (c *cli) rulesGet(args []string) int {
 			Shadow bool     `json:"shadow"`
 		} `json:"rules"`
 	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return c.fail("weir rules get", fmt.Errorf("unexpected answer: %w", err))
+	if code, done := c.fetch("weir rules get", cn, "/v1/rules"+q, &r); done {
+		return code
 	}
 	fmt.Fprintf(c.stdout, "rule set version %d, %d rules\n", r.Version, len(r.Rules))
 	if len(r.Rules) == 0 {
@@ -399,14 +401,6 @@ func (c *cli) rulesHistory(args []string) int {
 	if _, code := c.parse(fs, cn, args, 0, 0); code >= 0 {
 		return code
 	}
-	b, err := c.do(cn, http.MethodGet, fmt.Sprintf("/v1/rules/history?since=%d&limit=%d", *since, *limit), nil)
-	if err != nil {
-		return c.fail("weir rules history", err)
-	}
-	if cn.output == "json" {
-		c.printJSON(b)
-		return 0
-	}
 	var r struct {
 		Version uint64 `json:"version"`
 		Entries []struct {
@@ -417,8 +411,8 @@ func (c *cli) rulesHistory(args []string) int {
 			RuleID    string `json:"rule_id"`
 		} `json:"entries"`
 	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return c.fail("weir rules history", fmt.Errorf("unexpected answer: %w", err))
+	if code, done := c.fetch("weir rules history", cn, fmt.Sprintf("/v1/rules/history?since=%d&limit=%d", *since, *limit), &r); done {
+		return code
 	}
 	fmt.Fprintf(c.stdout, "rule set version %d, %d entries\n", r.Version, len(r.Entries))
 	if len(r.Entries) == 0 {
@@ -457,17 +451,9 @@ func (c *cli) identity(args []string) int {
 	if len(q) > 0 {
 		p += "?" + q.Encode()
 	}
-	b, err := c.do(cn, http.MethodGet, p, nil)
-	if err != nil {
-		return c.fail("weir identity", err)
-	}
-	if cn.output == "json" {
-		c.printJSON(b)
-		return 0
-	}
 	var rep weir.IdentityReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		return c.fail("weir identity", fmt.Errorf("unexpected answer: %w", err))
+	if code, done := c.fetch("weir identity", cn, p, &rep); done {
+		return code
 	}
 	fmt.Fprintf(c.stdout, "identity %q on %s, rule set version %d, recent counts over %s\n", rep.Identity, rep.Node, rep.RulesVersion, rep.RecentSince)
 	if len(rep.Throttled) > 0 {
@@ -505,17 +491,9 @@ func (c *cli) status(args []string) int {
 	if _, code := c.parse(fs, cn, args, 0, 0); code >= 0 {
 		return code
 	}
-	b, err := c.do(cn, http.MethodGet, "/v1/status", nil)
-	if err != nil {
-		return c.fail("weir status", err)
-	}
-	if cn.output == "json" {
-		c.printJSON(b)
-		return 0
-	}
 	var ov weir.Overview
-	if err := json.Unmarshal(b, &ov); err != nil {
-		return c.fail("weir status", fmt.Errorf("unexpected answer: %w", err))
+	if code, done := c.fetch("weir status", cn, "/v1/status", &ov); done {
+		return code
 	}
 	region := ov.Region
 	if region == "" {
