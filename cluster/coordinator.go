@@ -747,19 +747,14 @@ func (c *Coordinator) dropRetyped(next map[string]*RuleParams) {
 	var drop []entryKey
 	for id, old := range c.rules {
 		if r, ok := next[id]; ok && r.Algorithm != old.Algorithm {
-			drop = append(drop, entryKey{rule: id})
+			if ids := c.owned.of(id, false); ids != nil {
+				for identity := range ids.m {
+					drop = append(drop, entryKey{id, identity})
+				}
+			}
 		}
 	}
-	if len(drop) == 0 {
-		return
-	}
-	retyped := drop
-	drop = nil
-	c.owned.all(func(k entryKey, _ *ownerEntry) {
-		if slices.ContainsFunc(retyped, func(x entryKey) bool { return x.rule == k.rule }) {
-			drop = append(drop, k)
-		}
-	})
+	// Dropped in key order, not map order (the key cap's heaps).
 	slices.SortFunc(drop, cmpKey)
 	for _, k := range drop {
 		c.dropOwned(c.owned.get(k))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -226,7 +227,7 @@ func checkPhases(recs []record, phases []phase, changes []ringChange, n int) []c
 			k.changes++
 			k.jterm += c.term(p.lim, n)
 		}
-		slices.SortFunc(wins, func(a, b [2]int64) int { return cmpInt(a[0], b[0]) })
+		slices.SortFunc(wins, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
 		at := p.from
 		quiet := func(from, to int64) {
 			if from >= to {
@@ -250,26 +251,8 @@ func checkPhases(recs []record, phases []phase, changes []ringChange, n int) []c
 	return out
 }
 
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 func sortRecords(rs []record) {
-	slices.SortStableFunc(rs, func(a, b record) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(rs, func(a, b record) int { return cmp.Compare(a.at, b.at) })
 }
 
 // shortDuration prints 1m0s as 1m and 1s as 1s.
