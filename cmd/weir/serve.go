@@ -28,7 +28,6 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/lease"
-	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/rls"
 )
 
@@ -272,9 +271,13 @@ func (d *daemon) reloadEnvoy() error {
 		return err
 	}
 	rules := next.Rules()
+	kept := make(map[string]bool, len(rules))
+	for _, r := range rules {
+		kept[r.ID] = true
+	}
 	union := slices.Clone(rules)
 	for _, r := range d.envoy.Rules() {
-		if !slices.ContainsFunc(rules, func(n quota.Rule) bool { return n.ID == r.ID }) {
+		if !kept[r.ID] {
 			union = append(union, r)
 		}
 	}
