@@ -1530,13 +1530,23 @@ func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 	slices.SortFunc(keys, cmpKey)
 	for _, k := range keys {
 		oe := c.owned.get(k)
-		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && !oe.handed && int64(oe.tat) > now {
-			m := c.outbox(o)
-			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now, Count: oe.count})
+		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && !oe.handed {
+			c.handOff(now, o, oe)
 		}
 	}
 	c.markHandedOver(next)
 	c.FlushAll(now)
+}
+
+// handOff queues oe's state for its new owner `to`: its debt (the TAT, a
+// window's end or a queue's departure, from now) and a window's count. A
+// bucket that is full again (tat ≤ now) equals no entry: nothing to send.
+func (c *Coordinator) handOff(now int64, to string, oe *ownerEntry) {
+	if int64(oe.tat) <= now {
+		return
+	}
+	m := c.outbox(to)
+	m.Handoffs = append(m.Handoffs, HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now, Count: oe.count})
 }
 
 // markHandedOver tells every other member of t that this node has queued
@@ -1656,10 +1666,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 	slices.SortFunc(handed, cmpKey)
 	for _, k := range handed {
 		oe := c.owned.get(k)
-		if int64(oe.tat) > now {
-			m := c.outbox(t.OwnerName(k.identity))
-			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: k.rule, Identity: k.identity, Debt: int64(oe.tat) - now, Count: oe.count})
-		}
+		c.handOff(now, t.OwnerName(k.identity), oe)
 		// Kept, not deleted, until its bucket is full again: peers whose
 		// ring has not changed yet still send here, and they are decided
 		// on the spent bucket, not on a fresh one (the split-ownership
