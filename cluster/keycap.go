@@ -321,16 +321,12 @@ func (c *Coordinator) evictOne(now int64, rk *ruleKeys) bool {
 		c.evictNode(now, e)
 	case e != nil && oe != nil:
 		// A view costs the node's slack, a bucket its debt.
-		var s, t, debt int64
-		if r := c.rules[rk.rule]; r != nil {
-			s = r.Slack(c.n())
-			if t = r.gcra.Interval().Nanoseconds(); r.fixed {
-				debt = oe.count
-			} else if t > 0 {
-				debt = (int64(oe.tat) - now + t - 1) / t
-			}
+		var s, debt int64
+		r := c.rules[rk.rule]
+		if r != nil {
+			s, debt = r.Slack(c.n()), r.debtTokens(now, oe)
 		}
-		if t > 0 && s >= debt {
+		if r != nil && r.gcra.Interval() > 0 && s >= debt {
 			c.evictOwned(now, rk, oe)
 		} else {
 			c.evictNode(now, e)
@@ -417,6 +413,20 @@ func (c *Coordinator) findNode(now int64, rk *ruleKeys) *nodeEntry {
 	return nil
 }
 
+// debtTokens is what oe holds against its identity, in tokens: a fixed
+// window's count (admitted again if the entry goes), else its debt, or a
+// leaky queue's positions, rounded up.
+func (r *RuleParams) debtTokens(now int64, oe *ownerEntry) int64 {
+	if r.fixed {
+		return oe.count
+	}
+	t := r.gcra.Interval().Nanoseconds()
+	if t <= 0 {
+		return 0
+	}
+	return (int64(oe.tat) - now + t - 1) / t
+}
+
 // evictOwned evicts the owner bucket oe, counting what it forgives.
 func (c *Coordinator) evictOwned(now int64, rk *ruleKeys, oe *ownerEntry) {
 	ev := Eviction{Rule: oe.key.rule, Identity: oe.key.identity, Owner: true, Idle: int64(oe.tat) <= now}
@@ -425,13 +435,7 @@ func (c *Coordinator) evictOwned(now int64, rk *ruleKeys, oe *ownerEntry) {
 	} else {
 		c.stats.EvictedForgiven++
 		if r := c.rules[rk.rule]; r != nil {
-			if r.fixed {
-				ev.Forgiven = oe.count // the window's count: admitted again
-			} else {
-				// Debt, or a leaky queue's positions, in tokens.
-				t := r.gcra.Interval().Nanoseconds()
-				ev.Forgiven = (int64(oe.tat) - now + t - 1) / t
-			}
+			ev.Forgiven = r.debtTokens(now, oe)
 			c.stats.ForgivenTokens += ev.Forgiven
 		}
 	}
