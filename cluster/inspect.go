@@ -74,30 +74,46 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 	}
 	st.Known = true
 	st.Algorithm = string(r.Algorithm)
+	k := entryKey{ruleID, identity}
+	// The owner's entry, when this node decides the identity, and this
+	// node's own entry: what every algorithm reports the same way.
+	var oe *ownerEntry
+	if st.Owner == "" || st.Owner == c.cfg.Self {
+		if oe = c.owned.get(k); oe != nil {
+			st.Reporters = len(oe.reports)
+			st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
+		}
+	}
+	e := c.entries.get(k)
+	if e != nil {
+		st.Unconfirmed = e.spent - e.acked
+	}
 	switch {
 	case r.fixed:
-		return c.inspectFixed(now, r, identity, st), nil
+		inspectFixed(now, r, oe, &st)
 	case r.leaky:
-		return c.inspectLeaky(now, r, identity, st), nil
+		inspectLeaky(now, r, oe, &st)
+	default:
+		// Not the owner: this node's view of the owner's bucket.
+		inspectGCRA(now, r, oe, e != nil && st.Owner != c.cfg.Self, e, &st)
 	}
+	return st, nil
+}
+
+// inspectGCRA fills st for a gcra rule: the owner's bucket, or on another
+// node its view of the owner's bucket plus its own unconfirmed spend (what
+// it decides on without asking).
+func inspectGCRA(now int64, r *RuleParams, oe *ownerEntry, viewed bool, e *nodeEntry, st *BucketState) {
 	t := r.gcra.Interval().Nanoseconds()
 	st.Burst, st.Interval = r.Burst, time.Duration(t)
 	tau := t * r.Burst
-	k := entryKey{ruleID, identity}
 	tat := now // a full bucket
-	if oe := c.owned.get(k); oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
+	if oe != nil {
 		st.Held = !oe.tat.Idle(now)
-		st.Reporters = len(oe.reports)
-		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
 		tat = max(int64(oe.tat), now)
 	}
-	if e := c.entries.get(k); e != nil {
-		st.Unconfirmed = e.spent - e.acked
-		if st.Owner != c.cfg.Self {
-			// This node's view of the owner's bucket plus its own
-			// unconfirmed spend: what it decides on without asking.
-			tat = max(e.view, now) + st.Unconfirmed*t
-		}
+	if viewed {
+		tat = max(e.view, now) + st.Unconfirmed*t
 	}
 	used := tat - now
 	st.ResetAfter = time.Duration(used)
@@ -107,48 +123,36 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 	if over := used - tau; over > 0 {
 		st.Debt = (over + t - 1) / t
 	}
-	return st, nil
 }
 
 // inspectFixed fills st for a fixed_window rule: on the owner, the window
 // it decides on; elsewhere a node keeps no state of it (exact mode: every
 // request goes to the owner), so it shows an empty window.
-func (c *Coordinator) inspectFixed(now int64, r *RuleParams, identity string, st BucketState) BucketState {
+func inspectFixed(now int64, r *RuleParams, oe *ownerEntry, st *BucketState) {
 	st.Burst, st.Remaining = r.Burst, r.Burst
-	if oe := c.owned.get(entryKey{r.ID, identity}); oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
-		st.Reporters = len(oe.reports)
-		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
-		if fs := oe.fixedState(); !fs.Idle(now) {
-			st.Held = true
-			st.Count = fs.Count
-			st.ResetAfter = time.Duration(fs.End - now)
-			st.Remaining = max(r.Burst-fs.Count, 0)
-			st.Debt = max(fs.Count-r.Burst, 0)
-		}
+	if oe == nil {
+		return
 	}
-	if e := c.entries.get(entryKey{r.ID, identity}); e != nil {
-		st.Unconfirmed = e.spent - e.acked
+	if fs := oe.fixedState(); !fs.Idle(now) {
+		st.Held = true
+		st.Count = fs.Count
+		st.ResetAfter = time.Duration(fs.End - now)
+		st.Remaining = max(r.Burst-fs.Count, 0)
+		st.Debt = max(fs.Count-r.Burst, 0)
 	}
-	return st
 }
 
 // inspectLeaky fills st for a leaky_bucket rule: on the owner, the queue
 // it decides on; elsewhere an empty queue (exact mode, as inspectFixed).
-func (c *Coordinator) inspectLeaky(now int64, r *RuleParams, identity string, st BucketState) BucketState {
+func inspectLeaky(now int64, r *RuleParams, oe *ownerEntry, st *BucketState) {
 	st.Burst, st.Interval = r.Burst, r.lk.Interval()
 	dep := bucket.Departure(0)
-	if oe := c.owned.get(entryKey{r.ID, identity}); oe != nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
-		st.Reporters = len(oe.reports)
-		st.Warming = oe.warming && now < c.warmUntil && (c.table == nil || c.handedOver[oe.from] != c.table.Digest())
+	if oe != nil {
 		dep = bucket.Departure(oe.tat)
 		st.Held = !dep.Idle(now)
 	}
 	d := r.lk.Peek(dep, now)
 	st.Remaining, st.ResetAfter = d.Remaining, d.Reset
-	if e := c.entries.get(entryKey{r.ID, identity}); e != nil {
-		st.Unconfirmed = e.spent - e.acked
-	}
-	return st
 }
 
 // Inspect reports this node's BucketState of identity under ruleID now
