@@ -121,21 +121,21 @@ func distID(i uint64) string {
 	z := mix64(y + 0x9e3779b97f4a7c15)
 	// x: characters 0-10 (bits 0-59 in pairs, then bits 60-63); y:
 	// characters 11-20; z: characters 21-31 (its top bits unused).
-	for j := range 5 {
-		p := idPairs[(x>>(12*j))&4095]
-		b[2*j], b[2*j+1] = p[0], p[1]
-	}
+	spell10(b[0:10], x)
 	b[10] = idAlphabet[x>>60]
-	for j := range 5 {
-		p := idPairs[(y>>(12*j))&4095]
-		b[11+2*j], b[12+2*j] = p[0], p[1]
-	}
-	for j := range 5 {
-		p := idPairs[(z>>(12*j))&4095]
-		b[21+2*j], b[22+2*j] = p[0], p[1]
-	}
+	spell10(b[11:21], y)
+	spell10(b[21:31], z)
 	b[31] = idAlphabet[(z>>60)&63]
 	return string(b[:])
+}
+
+// spell10 writes the low 60 bits of v into dst as 10 characters, two per
+// 12 bits.
+func spell10(dst []byte, v uint64) {
+	for j := range 5 {
+		p := idPairs[(v>>(12*j))&4095]
+		dst[2*j], dst[2*j+1] = p[0], p[1]
+	}
 }
 
 // mix64 is splitmix64's finaliser: a bijection of uint64 that spreads
