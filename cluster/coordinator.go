@@ -962,15 +962,7 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 	oe := c.ownedEntry(now, k)
 	if c.warming(now, oe) {
 		if oe.warmSpent+cost > r.Slack(c.n()) {
-			var d bucket.Decision
-			switch {
-			case r.fixed:
-				d = r.fw.Peek(oe.fixedState(), now)
-			case r.leaky:
-				d = r.lk.Peek(bucket.Departure(oe.tat), now)
-			default:
-				d = r.gcra.Peek(oe.tat, now)
-			}
+			d := r.peek(now, oe)
 			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
 			c.stats.ViewRejects++
 			return d, oe
@@ -987,6 +979,18 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 	}
 	c.watchOwned(oe)
 	return d, oe
+}
+
+// peek is what oe's state would decide now, changing nothing: its window,
+// its queue or its bucket.
+func (r *RuleParams) peek(now int64, oe *ownerEntry) bucket.Decision {
+	switch {
+	case r.fixed:
+		return r.fw.Peek(oe.fixedState(), now)
+	case r.leaky:
+		return r.lk.Peek(bucket.Departure(oe.tat), now)
+	}
+	return r.gcra.Peek(oe.tat, now)
 }
 
 // otherStep is ownerStep's decision for a rule that is not plain gcra: a
