@@ -206,9 +206,13 @@ type check struct {
 	toAll     int64
 }
 
-func (c check) held() bool {
-	return c.excess <= float64(c.bound) && c.excessAll <= float64(c.bound+c.jterm)
-}
+// quietHeld: every interval that overlaps no ring change is within bound.
+func (c check) quietHeld() bool { return c.excess <= float64(c.bound) }
+
+// allHeld: every interval is within bound plus the ring changes' terms.
+func (c check) allHeld() bool { return c.excessAll <= float64(c.bound+c.jterm) }
+
+func (c check) held() bool { return c.quietHeld() && c.allHeld() }
 
 // checkPhases checks recs against every phase, with the ring changes that
 // touch the client's regions (n nodes a region).

@@ -167,11 +167,11 @@ func summarize(w io.Writer, f *fleet, clients []*client, rules []quota.Rule, s *
 		for i, k := range checkPhases(recs, chk, touching, nodesPerRegion) {
 			mark := "held"
 			sec := func(t int64) float64 { return time.Duration(t - s.start.UnixNano()).Seconds() }
-			if k.excess > float64(k.bound) {
+			if !k.quietHeld() {
 				o.bad("%s: %v admitted %.1f over r·Δ between t=%.2fs and t=%.2fs (no ring change), above B + S + timing + F = %d", c.name, k.phase.lim, k.excess,
 					sec(k.from), sec(k.to), k.bound)
 			}
-			if k.excessAll > float64(k.bound+k.jterm) {
+			if !k.allHeld() {
 				o.bad("%s: %v admitted %.1f over r·Δ between t=%.2fs and t=%.2fs, above B + S + timing + F + J = %d (J = %d for %d ring changes)", c.name, k.phase.lim, k.excessAll,
 					sec(k.fromAll), sec(k.toAll), k.bound+k.jterm, k.jterm, k.changes)
 			}
