@@ -62,6 +62,7 @@ type shard struct {
 	mu    sync.Mutex // guards coord and waits
 	coord *Coordinator
 	waits map[uint64]chan Outcome // by the coordinator's own ticket
+	rd    Ready                   // reused by every take (Coordinator.ReadyInto)
 	_     [40]byte                // keeps neighbouring shards' mutexes off one cache line
 }
 
@@ -298,7 +299,11 @@ func (s *Shell) take(i int, out *outboxes) {
 	if !sh.coord.HasReady() {
 		return
 	}
-	rd := sh.coord.Ready()
+	// The arrays of sh.rd are reused: the completions are handed out and
+	// each message's header copied into out before the next take, and the
+	// items' arrays are new ones (the Shell never calls Recycle).
+	rd := &sh.rd
+	sh.coord.ReadyInto(rd)
 	sh.complete(rd.Completions)
 	for k := range rd.Messages {
 		m := &rd.Messages[k].Msg
@@ -350,15 +355,28 @@ func (s *Shell) split(m *Message) []Message {
 // returns what they have for every peer, merged.
 func (s *Shell) step(from string, m *Message) []Envelope {
 	var out outboxes
-	parts := s.split(m)
-	if parts == nil {
-		sh := &s.shards[0]
+	i, one := s.oneShard(m)
+	if one {
+		// Most batches are small and concern one shard: step m as it is
+		// (split would allocate a message per shard), with its results'
+		// tickets made the shard's own on a copy (m is the caller's).
+		if len(m.Results) > 0 && s.shift > 0 {
+			single := *m
+			single.Results = make([]ResultItem, len(m.Results))
+			for k, r := range m.Results {
+				r.Ticket >>= s.shift
+				single.Results[k] = r
+			}
+			m = &single
+		}
+		sh := &s.shards[i]
 		sh.mu.Lock()
 		sh.coord.Step(s.now(), from, m)
-		s.take(0, &out)
+		s.take(i, &out)
 		sh.mu.Unlock()
 		return out.envs
 	}
+	parts := s.split(m)
 	for i := range parts {
 		if parts[i].Empty() {
 			continue
@@ -370,6 +388,52 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 		sh.mu.Unlock()
 	}
 	return out.envs
+}
+
+// oneShard reports whether every item of m goes to one shard, and which: a
+// handed-over marker goes to every shard, so a message carrying one does
+// not (unless there is one shard).
+func (s *Shell) oneShard(m *Message) (int, bool) {
+	if s.shift == 0 {
+		return 0, true
+	}
+	if m.HandedOver != 0 || m.Empty() {
+		return 0, false // a marker: every shard; nothing: no shard (split)
+	}
+	i := -1
+	same := func(j int) bool {
+		if i < 0 {
+			i = j
+		}
+		return i == j
+	}
+	for _, h := range m.Handoffs {
+		if !same(s.shardOf(h.Identity)) {
+			return 0, false
+		}
+	}
+	for _, it := range m.Syncs {
+		if !same(s.shardOf(it.Identity)) {
+			return 0, false
+		}
+	}
+	for _, d := range m.Decides {
+		if !same(s.shardOf(d.Identity)) {
+			return 0, false
+		}
+	}
+	for _, a := range m.Acks {
+		if !same(s.shardOf(a.Identity)) {
+			return 0, false
+		}
+	}
+	mask := uint64(len(s.shards) - 1)
+	for _, r := range m.Results {
+		if !same(int(r.Ticket & mask)) {
+			return 0, false
+		}
+	}
+	return max(i, 0), true
 }
 
 // Ring returns the ring in force.
@@ -675,9 +739,13 @@ func (s *Shell) send(env Envelope) {
 func (s *Shell) run(to, addr string, msg Message) {
 	defer s.wg.Done()
 	for {
-		for _, part := range msg.Split(s.cfg.MaxBatch) {
-			if !s.exchange(to, addr, &part) {
-				break // the rest of a failed batch is dropped, as a lost message
+		if msg.Items() <= s.cfg.MaxBatch {
+			s.exchange(to, addr, &msg) // most batches fit: no copy
+		} else {
+			for _, part := range msg.Split(s.cfg.MaxBatch) {
+				if !s.exchange(to, addr, &part) {
+					break // the rest of a failed batch is dropped, as a lost message
+				}
 			}
 		}
 		// What the shards queued while this exchange was in flight goes
