@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -175,6 +176,7 @@ func BenchmarkCluster(b *testing.B) {
 	b.Run("hot-identity", func(b *testing.B) {
 		b.Run("single", func(b *testing.B) { f.benchHot(b, false) })
 		b.Run("cluster", func(b *testing.B) { f.benchHot(b, true) })
+		b.Run("alternating", f.benchHotAlternating)
 	})
 	b.Run("grpc-rtt", func(b *testing.B) {
 		b.Run("sequential", f.benchBareSequential)
@@ -537,6 +539,64 @@ func (f *benchFixture) benchHot(b *testing.B, clustered bool) {
 	f.figures["hot/syncs/s"] = syncs / elapsed
 	f.checkHealthy(b)
 }
+
+// benchHotAlternating hammers the hot identity as benchHot does, the
+// single node and the cluster taking turns of hotSlice each, b.N turns
+// each, and reports the cluster's decisions over the single node's. The
+// machine is shared: the CPU left to this process moves within seconds, so
+// two figures measured one after the other compare two loads as much as two
+// systems; turns of a tenth of a second see the same load.
+func (f *benchFixture) benchHotAlternating(b *testing.B) {
+	f.quiesce()
+	req := benchRequests("/hot", []string{f.hot})[0]
+	ctx := context.Background()
+	workers := 3 * runtime.GOMAXPROCS(0)
+	turn := func(nodes []*Node) (decisions int64, cpu float64) {
+		var total atomic.Int64
+		var wg sync.WaitGroup
+		cpu0 := processCPU()
+		deadline := time.Now().Add(hotSlice)
+		for w := range workers {
+			n := nodes[w%len(nodes)]
+			wg.Go(func() {
+				var k int64
+				for {
+					for range 64 {
+						n.Allow(ctx, req)
+					}
+					k += 64
+					if !time.Now().Before(deadline) {
+						break
+					}
+				}
+				total.Add(k)
+			})
+		}
+		wg.Wait()
+		return total.Load(), (processCPU() - cpu0).Seconds()
+	}
+	var single, cluster int64
+	var singleCPU, clusterCPU float64
+	b.ResetTimer()
+	for range b.N {
+		d, c := turn([]*Node{f.single})
+		single, singleCPU = single+d, singleCPU+c
+		d, c = turn(f.nodes)
+		cluster, clusterCPU = cluster+d, clusterCPU+c
+	}
+	b.StopTimer()
+	if single > 0 && singleCPU > 0 && clusterCPU > 0 {
+		b.ReportMetric(float64(cluster)/float64(single), "ratio-to-single")
+		b.ReportMetric(float64(cluster)/clusterCPU/(float64(single)/singleCPU), "cpu-ratio-to-single")
+	}
+	span := float64(b.N) * hotSlice.Seconds()
+	b.ReportMetric(float64(single)/span, "single-decisions/s")
+	b.ReportMetric(float64(cluster)/span, "cluster-decisions/s")
+	f.checkHealthy(b)
+}
+
+// hotSlice is one turn of benchHotAlternating.
+const hotSlice = 100 * time.Millisecond
 
 // benchBarePeer is the reference service: an empty unary handler, no
 // conversion, no validation.
