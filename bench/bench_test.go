@@ -30,7 +30,8 @@ func TestSmoke(t *testing.T) {
 	cfg := runConfig{Mode: "smoke", Benchtime: 2 * time.Millisecond, Rounds: 1, Small: 1 << 8, Large: 1 << 12,
 		sections: "local,dist", requireRedis: requireRedis,
 		dist: distConfig{satDur: 200 * time.Millisecond, latDur: 200 * time.Millisecond, hotDur: 200 * time.Millisecond,
-			satWorkers: 8, hotWorkers: 8, offered: 500, callers: 16, identities: 1 << 12}}
+			satWorkers: 8, hotWorkers: 8, offered: 500, callers: 16, identities: 1 << 12,
+			pairTurns: 2, pairTurn: 200 * time.Millisecond}}
 	rep, err := run(cfg, t.Logf)
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +80,19 @@ func TestSmoke(t *testing.T) {
 		}
 		if f.HasDegraded && f.Degraded != 0 {
 			t.Errorf("%s: %d fail-open decisions in a run with no fault", f.Name, f.Degraded)
+		}
+	}
+
+	if redis := rep.dist("redis Lua token bucket"); redis != nil && redis.Skipped == "" {
+		q := rep.Pair
+		if q == nil {
+			t.Fatal("weir exact and Redis were both measured, but not alternated")
+		}
+		if q.SamplesA == 0 || q.SamplesB == 0 || q.ErrorsA+q.ErrorsB != 0 || len(q.TurnP99sA) != 2 || len(q.TurnP99sB) != 2 || q.P99A <= 0 || q.P99B <= 0 {
+			t.Errorf("paired latency: %+v", q)
+		}
+		if !strings.Contains(rep.Markdown(), "alternated") {
+			t.Error("markdown lacks the alternated latencies")
 		}
 	}
 

@@ -202,6 +202,14 @@ type latResult struct {
 // its queueing in the figures instead of slowing the offer down
 // (no coordinated omission). late counts calls that found no free caller.
 func fixedLoad(s system, ids idSpace, rate float64, d time.Duration, callers int) latResult {
+	res, lats := fixedLoadSamples(s, ids, rate, d, callers)
+	res.p50, res.p99, res.p999 = quantile(lats, 0.50), quantile(lats, 0.99), quantile(lats, 0.999)
+	return res
+}
+
+// fixedLoadSamples is fixedLoad with the calls' latencies in microseconds,
+// sorted, instead of their quantiles.
+func fixedLoadSamples(s system, ids idSpace, rate float64, d time.Duration, callers int) (latResult, []float64) {
 	type job struct {
 		at  time.Time
 		key string
@@ -256,13 +264,10 @@ func fixedLoad(s system, ids idSpace, rate float64, d time.Duration, callers int
 	slices.Sort(lats)
 	return latResult{
 		achieved: float64(len(lats)) / el,
-		p50:      quantile(lats, 0.50),
-		p99:      quantile(lats, 0.99),
-		p999:     quantile(lats, 0.999),
 		errors:   errs.Load(),
 		samples:  len(lats),
 		late:     late.Load(),
-	}
+	}, lats
 }
 
 // hotResult is a hot-identity run's outcome.
@@ -324,9 +329,19 @@ type distConfig struct {
 	offered                float64
 	callers                int
 	identities             int
-	// phases names the phases to run (lat, sat, hot); empty means all.
+	// pairTurns and pairTurn shape the paired latency phase (measurePair).
+	pairTurns int
+	pairTurn  time.Duration
+	// phases names the phases to run (lat, sat, hot, pair); empty means all.
 	phases string
 }
+
+// redisName is the Redis system's name in the distributed section.
+const redisName = "redis Lua token bucket"
+
+// onlyPair reports whether the pair phase is the only one to run: the
+// systems' own phases are then skipped.
+func (c distConfig) onlyPair() bool { return c.phases == "pair" }
 
 // runs reports whether the phase named p is to run.
 func (c distConfig) runs(p string) bool {
@@ -407,4 +422,80 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// pairFigures is the paired latency phase's outcome: two systems offered
+// the same fixed load in alternated turns, their latencies pooled per
+// system over all turns.
+type pairFigures struct {
+	A         string    `json:"a"`
+	B         string    `json:"b"`
+	Offered   float64   `json:"offered_per_s"`
+	Turns     int       `json:"turns"`
+	TurnSecs  float64   `json:"turn_seconds"`
+	P50A      float64   `json:"p50_us_a"`
+	P99A      float64   `json:"p99_us_a"`
+	P999A     float64   `json:"p999_us_a"`
+	P50B      float64   `json:"p50_us_b"`
+	P99B      float64   `json:"p99_us_b"`
+	P999B     float64   `json:"p999_us_b"`
+	SamplesA  int       `json:"samples_a"`
+	SamplesB  int       `json:"samples_b"`
+	ErrorsA   int64     `json:"errors_a"`
+	ErrorsB   int64     `json:"errors_b"`
+	P99Wins   int       `json:"turns_a_p99_lower"` // turns in which A's p99 was below B's
+	TurnP99sA []float64 `json:"turn_p99_us_a"`
+	TurnP99sB []float64 `json:"turn_p99_us_b"`
+}
+
+// measurePair runs a and b side by side (both started, both warmed up) and
+// offers each the same fixed load in turns of cfg.pairTurn, alternating
+// which goes first, cfg.pairTurns turns each. On this shared machine the
+// CPU left to the process moves within seconds, so the latencies of two
+// systems measured a minute apart compare two loads as much as two
+// systems; turns of a fraction of a second see the same load.
+func measurePair(a, b distSystem, cfg distConfig, logf func(string, ...any)) (pairFigures, error) {
+	f := pairFigures{A: a.name, B: b.name, Offered: cfg.offered, Turns: cfg.pairTurns, TurnSecs: cfg.pairTurn.Seconds()}
+	if cfg.pairTurns <= 0 || cfg.pairTurn <= 0 {
+		return f, fmt.Errorf("paired latency: %d turns of %v: nothing to measure", cfg.pairTurns, cfg.pairTurn)
+	}
+	ia, err := a.start()
+	if err != nil {
+		return f, fmt.Errorf("%s: %w", a.name, err)
+	}
+	defer ia.stop()
+	ib, err := b.start()
+	if err != nil {
+		return f, fmt.Errorf("%s: %w", b.name, err)
+	}
+	defer ib.stop()
+	ids := idSpace(cfg.identities)
+	fixedLoad(ia.sys, ids, cfg.offered, cfg.pairTurn, cfg.callers) // warm-up
+	fixedLoad(ib.sys, ids, cfg.offered, cfg.pairTurn, cfg.callers)
+	var la, lb []float64
+	turn := func(in *instance, pool *[]float64, errs *int64, p99s *[]float64) {
+		r, lats := fixedLoadSamples(in.sys, ids, cfg.offered, cfg.pairTurn, cfg.callers)
+		*pool = append(*pool, lats...)
+		*errs += r.errors
+		*p99s = append(*p99s, quantile(lats, 0.99))
+	}
+	for i := range cfg.pairTurns {
+		if i%2 == 0 {
+			turn(ia, &la, &f.ErrorsA, &f.TurnP99sA)
+			turn(ib, &lb, &f.ErrorsB, &f.TurnP99sB)
+		} else {
+			turn(ib, &lb, &f.ErrorsB, &f.TurnP99sB)
+			turn(ia, &la, &f.ErrorsA, &f.TurnP99sA)
+		}
+		if f.TurnP99sA[i] < f.TurnP99sB[i] {
+			f.P99Wins++
+		}
+	}
+	slices.Sort(la)
+	slices.Sort(lb)
+	f.P50A, f.P99A, f.P999A, f.SamplesA = quantile(la, 0.50), quantile(la, 0.99), quantile(la, 0.999), len(la)
+	f.P50B, f.P99B, f.P999B, f.SamplesB = quantile(lb, 0.50), quantile(lb, 0.99), quantile(lb, 0.999), len(lb)
+	logf("  paired latency: %s p50 %.0f µs, p99 %.0f µs; %s p50 %.0f µs, p99 %.0f µs; %s's p99 lower in %d of %d turns",
+		a.name, f.P50A, f.P99A, b.name, f.P50B, f.P99B, a.name, f.P99Wins, f.Turns)
+	return f, nil
 }

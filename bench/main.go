@@ -44,7 +44,7 @@ func main() {
 	out := flag.String("out", filepath.Join("results", "latest.json"), "where to write the JSON results (empty: nowhere)")
 	sections := flag.String("sections", "local,dist", "sections to run: local, dist or both")
 	only := flag.String("only", "", "distributed section: measure only the systems whose name contains this (several: comma-separated)")
-	phases := flag.String("phases", "lat,sat,hot", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity)")
+	phases := flag.String("phases", "lat,sat,hot,pair", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity), pair (weir exact and Redis at the fixed load in alternated turns)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	tracefile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()
@@ -156,7 +156,8 @@ const offeredLoad = 2000
 func fullConfig() runConfig {
 	c := runConfig{Mode: "full", Benchtime: 300 * time.Millisecond, Rounds: 3, Small: keys1k, Large: keys1M, sections: "local,dist",
 		dist: distConfig{satDur: 6 * time.Second, latDur: 6 * time.Second, hotDur: 4 * time.Second,
-			satWorkers: 64, hotWorkers: 64, offered: offeredLoad, callers: 256, identities: keys1M}}
+			satWorkers: 64, hotWorkers: 64, offered: offeredLoad, callers: 256, identities: keys1M,
+			pairTurns: 12, pairTurn: time.Second}}
 	c.fill()
 	return c
 }
@@ -164,7 +165,8 @@ func fullConfig() runConfig {
 func quickConfig() runConfig {
 	c := runConfig{Mode: "quick", Benchtime: 50 * time.Millisecond, Rounds: 1, Small: keys1k, Large: keys1M, sections: "local,dist",
 		dist: distConfig{satDur: 1500 * time.Millisecond, latDur: 1500 * time.Millisecond, hotDur: time.Second,
-			satWorkers: 64, hotWorkers: 64, offered: offeredLoad, callers: 256, identities: keys1M}}
+			satWorkers: 64, hotWorkers: 64, offered: offeredLoad, callers: 256, identities: keys1M,
+			pairTurns: 8, pairTurn: 500 * time.Millisecond}}
 	c.fill()
 	return c
 }

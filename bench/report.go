@@ -15,7 +15,10 @@ type report struct {
 	Load    []loadAvg      `json:"load"`
 	Local   []localFigures `json:"local"`
 	Dist    []distFigures  `json:"distributed"`
-	Targets []target       `json:"targets"`
+	// Pair is weir exact and Redis at the fixed load in alternated turns
+	// (measurePair); nil when not run.
+	Pair    *pairFigures `json:"paired_latency,omitempty"`
+	Targets []target     `json:"targets"`
 	// Notes are things that happened in the run that the figures do not
 	// show (a system that would not shut down, a skipped part).
 	Notes []string `json:"notes,omitempty"`
@@ -194,13 +197,22 @@ func checkTargets(r *report) []target {
 	if ex != nil {
 		if redis == nil {
 			add("exact decisions/s ÷ Redis Lua", "Redis not measured", "≥ 1", "n/a")
-			add("exact p99 vs Redis Lua p99", "Redis not measured", "lower", "n/a")
+			if r.Pair == nil {
+				add("exact p99 vs Redis Lua p99", "Redis not measured", "lower", "n/a")
+			}
 		} else {
 			v := ratio(ex.PerSec, redis.PerSec)
 			add("exact decisions/s ÷ Redis Lua", fmt.Sprintf("%.2f", v), "≥ 1", verdict(v >= 1))
-			add(fmt.Sprintf("exact p99 vs Redis Lua p99 at %s/s", fmtNum(ex.Offered, 0)),
-				fmt.Sprintf("%.0f µs vs %.0f µs", ex.P99, redis.P99), "lower", verdict(ex.P99 < redis.P99))
+			name, goal, result := fmt.Sprintf("exact p99 vs Redis Lua p99 at %s/s", fmtNum(ex.Offered, 0)), "lower", verdict(ex.P99 < redis.P99)
+			if r.Pair != nil {
+				name, goal, result = name+", each in its own phase", "(beside the alternated figure)", "reported"
+			}
+			add(name, fmt.Sprintf("%.0f µs vs %.0f µs", ex.P99, redis.P99), goal, result)
 		}
+	}
+	if p := r.Pair; p != nil {
+		add(fmt.Sprintf("exact p99 vs Redis Lua p99 at %s/s, %d alternated turns of %.1f s each, pooled", fmtNum(p.Offered, 0), p.Turns, p.TurnSecs),
+			fmt.Sprintf("%.0f µs vs %.0f µs (exact lower in %d of %d turns)", p.P99A, p.P99B, p.P99Wins, p.Turns), "lower", verdict(p.P99A < p.P99B))
 	}
 	if g := r.dist("gubernator GLOBAL"); g != nil && sh != nil {
 		add("hot identity, admitted ÷ reference: gubernator GLOBAL beside weir shared",
@@ -310,6 +322,15 @@ func (r *report) Markdown() string {
 		p("\n")
 	}
 
+	if q := r.Pair; q != nil {
+		p("## %s and %s, alternated\n\n", q.A, q.B)
+		p("Both running side by side, each offered %s decisions/s in turns of %.1f s, %d turns each, alternating which goes first; latencies pooled per system (from each call's scheduled time).\n\n",
+			fmtNum(q.Offered, 0), q.TurnSecs, q.Turns)
+		p("| system | p50 µs | p99 µs | p99.9 µs | samples | errors | turns with the lower p99 |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		p("| %s | %.0f | %.0f | %.0f | %d | %d | %d of %d |\n", q.A, q.P50A, q.P99A, q.P999A, q.SamplesA, q.ErrorsA, q.P99Wins, q.Turns)
+		p("| %s | %.0f (%s) | %.0f (%s) | %.0f (%s) | %d | %d | %d of %d |\n\n", q.B, q.P50B, fmtX(ratio(q.P50B, q.P50A)), q.P99B, fmtX(ratio(q.P99B, q.P99A)),
+			q.P999B, fmtX(ratio(q.P999B, q.P999A)), q.SamplesB, q.ErrorsB, q.Turns-q.P99Wins, q.Turns)
+	}
 	for _, n := range r.Notes {
 		p("Note: %s\n\n", n)
 	}

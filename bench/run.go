@@ -29,11 +29,11 @@ func run(cfg runConfig, logf func(string, ...any)) (*report, error) {
 	}
 	if strings.Contains(cfg.sections, "dist") {
 		rep.Load = append(rep.Load, loadNote("distributed: start"))
-		d, err := runDist(cfg, logf)
+		d, pair, err := runDist(cfg, logf)
 		if err != nil {
 			return nil, err
 		}
-		rep.Dist = d
+		rep.Dist, rep.Pair = d, pair
 		if n := gubernatorAbandoned.Load(); n > 0 {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("gubernator: %d of its 3-daemon clusters did not finish Daemon.Close within %v (after GLOBAL traffic its broadcast loop's Interval.Stop waits forever); they were left running idle until the process ended.", n, closeWait))
 		}
@@ -44,15 +44,18 @@ func run(cfg runConfig, logf func(string, ...any)) (*report, error) {
 }
 
 // runDist measures each system in turn; every phase starts its own
-// instance and stops it.
-func runDist(cfg runConfig, logf func(string, ...any)) ([]distFigures, error) {
+// instance and stops it. Then, when both are selected and the pair phase
+// runs, weir exact and Redis take alternated turns at the fixed load
+// (measurePair).
+func runDist(cfg runConfig, logf func(string, ...any)) ([]distFigures, *pairFigures, error) {
 	var out []distFigures
 	systems, cleanup, err := distSystems(cfg, logf)
 	defer cleanup()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	for _, ds := range systems {
+	var exact, redis *distSystem
+	for i, ds := range systems {
 		if !selected(cfg.only, ds.name) {
 			continue
 		}
@@ -60,14 +63,31 @@ func runDist(cfg runConfig, logf func(string, ...any)) ([]distFigures, error) {
 			out = append(out, distFigures{Name: ds.name, Note: ds.note, Skipped: ds.note})
 			continue
 		}
+		switch ds.name {
+		case "weir exact":
+			exact = &systems[i]
+		case redisName:
+			redis = &systems[i]
+		}
+		if cfg.dist.onlyPair() {
+			continue
+		}
 		logf("distributed: %s", ds.name)
 		f, err := measureDist(ds, cfg.dist, strings.ReplaceAll(ds.name, " ", "-"), logf)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, f)
 	}
-	return out, nil
+	if exact == nil || redis == nil || !cfg.dist.runs("pair") {
+		return out, nil, nil
+	}
+	logf("distributed: %s and %s, alternated", exact.name, redis.name)
+	p, err := measurePair(*exact, *redis, cfg.dist, logf)
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, &p, nil
 }
 
 // distSystems lists the distributed section's systems, weir first. The
@@ -103,7 +123,6 @@ func distSystems(cfg runConfig, logf func(string, ...any)) ([]distSystem, func()
 		{name: "gubernator no-batching", note: "LEAKY_BUCKET; one forward per request", envelope: -1, start: gub(gubernator.Behavior_NO_BATCHING)},
 		{name: "gubernator GLOBAL", note: "LEAKY_BUCKET; answered from the local copy, hits synced async", envelope: -1, start: gub(gubernator.Behavior_GLOBAL)},
 	}
-	redisName := "redis Lua token bucket"
 	if !selected(cfg.only, redisName) {
 		return systems, func() {}, nil
 	}
