@@ -202,45 +202,58 @@ type latResult struct {
 // its queueing in the figures instead of slowing the offer down
 // (no coordinated omission). late counts calls that found no free caller.
 func fixedLoad(s system, ids idSpace, rate float64, d time.Duration, callers int) latResult {
-	res, lats := fixedLoadSamples(s, ids, rate, d, callers)
-	res.p50, res.p99, res.p999 = quantile(lats, 0.50), quantile(lats, 0.99), quantile(lats, 0.999)
+	rs, lats := fixedLoadSamples([]system{s}, ids, rate, d, callers)
+	res := rs[0]
+	res.p50, res.p99, res.p999 = quantile(lats[0], 0.50), quantile(lats[0], 0.99), quantile(lats[0], 0.999)
 	return res
 }
 
-// fixedLoadSamples is fixedLoad with the calls' latencies in microseconds,
-// sorted, instead of their quantiles.
-func fixedLoadSamples(s system, ids idSpace, rate float64, d time.Duration, callers int) (latResult, []float64) {
+// fixedLoadSamples is fixedLoad of several systems at once, each offered
+// rate calls per second: call i goes to system i mod len(ss), so that they
+// take turns call by call, under one generator and one pool of callers, and
+// whatever slows the process slows them alike. It returns each system's
+// result and its calls' latencies in microseconds, sorted, instead of their
+// quantiles.
+func fixedLoadSamples(ss []system, ids idSpace, rate float64, d time.Duration, callers int) ([]latResult, [][]float64) {
 	type job struct {
 		at  time.Time
 		key string
 		n   int
 	}
+	k := len(ss)
 	jobs := make(chan job, callers*4)
 	var mu sync.Mutex
-	lats := make([]float64, 0, int(rate*d.Seconds())+16)
-	var errs, late atomic.Int64
+	lats := make([][]float64, k)
+	for i := range lats {
+		lats[i] = make([]float64, 0, int(rate*d.Seconds())+16)
+	}
+	errs := make([]atomic.Int64, k)
+	var late atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
 	for range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			local := make([]float64, 0, 1024)
+			local := make([][]float64, k)
 			for j := range jobs {
-				if _, err := s.Allow(ctx, j.n%nodes, j.key); err != nil {
-					errs.Add(1)
+				sys := j.n % k
+				if _, err := ss[sys].Allow(ctx, (j.n/k)%nodes, j.key); err != nil {
+					errs[sys].Add(1)
 				}
-				local = append(local, float64(time.Since(j.at).Nanoseconds())/1e3)
+				local[sys] = append(local[sys], float64(time.Since(j.at).Nanoseconds())/1e3)
 			}
 			mu.Lock()
-			lats = append(lats, local...)
+			for i := range local {
+				lats[i] = append(lats[i], local[i]...)
+			}
 			mu.Unlock()
 		}()
 	}
 	r := rand.New(rand.NewPCG(11, 13))
 	start := time.Now()
-	interval := time.Duration(float64(time.Second) / rate)
-	total := int(rate * d.Seconds())
+	interval := time.Duration(float64(time.Second) / (rate * float64(k)))
+	total := int(rate * d.Seconds() * float64(k))
 	for i := 0; i < total; {
 		due := int(time.Since(start)/interval) + 1
 		for ; i < total && i < due; i++ {
@@ -261,13 +274,17 @@ func fixedLoadSamples(s system, ids idSpace, rate float64, d time.Duration, call
 	close(jobs)
 	wg.Wait()
 	el := time.Since(start).Seconds()
-	slices.Sort(lats)
-	return latResult{
-		achieved: float64(len(lats)) / el,
-		errors:   errs.Load(),
-		samples:  len(lats),
-		late:     late.Load(),
-	}, lats
+	out := make([]latResult, k)
+	for i := range lats {
+		slices.Sort(lats[i])
+		out[i] = latResult{
+			achieved: float64(len(lats[i])) / el,
+			errors:   errs[i].Load(),
+			samples:  len(lats[i]),
+			late:     late.Load(),
+		}
+	}
+	return out, lats
 }
 
 // hotResult is a hot-identity run's outcome.
@@ -425,12 +442,12 @@ func median(xs []float64) float64 {
 }
 
 // pairFigures is the paired latency phase's outcome: two systems offered
-// the same fixed load in alternated turns, their latencies pooled per
-// system over all turns.
+// the same fixed load at the same time, call by call in turn (see
+// fixedLoadSamples), their latencies pooled per system over all turns.
 type pairFigures struct {
 	A         string    `json:"a"`
 	B         string    `json:"b"`
-	Offered   float64   `json:"offered_per_s"`
+	Offered   float64   `json:"offered_per_s"` // to each system
 	Turns     int       `json:"turns"`
 	TurnSecs  float64   `json:"turn_seconds"`
 	P50A      float64   `json:"p50_us_a"`
@@ -449,11 +466,12 @@ type pairFigures struct {
 }
 
 // measurePair runs a and b side by side (both started, both warmed up) and
-// offers each the same fixed load in turns of cfg.pairTurn, alternating
-// which goes first, cfg.pairTurns turns each. On this shared machine the
-// CPU left to the process moves within seconds, so the latencies of two
-// systems measured a minute apart compare two loads as much as two
-// systems; turns of a fraction of a second see the same load.
+// offers both the fixed load at once, call by call in turn, for
+// cfg.pairTurns turns of cfg.pairTurn (each turn's p99s are kept too). On
+// this shared machine the CPU left to the process moves within a fraction
+// of a second, so two systems measured one after the other, even in turns
+// of half a second, compare two loads as much as two systems; calls
+// interleaved one by one see the same load.
 func measurePair(a, b distSystem, cfg distConfig, logf func(string, ...any)) (pairFigures, error) {
 	f := pairFigures{A: a.name, B: b.name, Offered: cfg.offered, Turns: cfg.pairTurns, TurnSecs: cfg.pairTurn.Seconds()}
 	if cfg.pairTurns <= 0 || cfg.pairTurn <= 0 {
@@ -470,24 +488,17 @@ func measurePair(a, b distSystem, cfg distConfig, logf func(string, ...any)) (pa
 	}
 	defer ib.stop()
 	ids := idSpace(cfg.identities)
-	fixedLoad(ia.sys, ids, cfg.offered, cfg.pairTurn, cfg.callers) // warm-up
-	fixedLoad(ib.sys, ids, cfg.offered, cfg.pairTurn, cfg.callers)
+	both := []system{ia.sys, ib.sys}
+	fixedLoadSamples(both, ids, cfg.offered, cfg.pairTurn, cfg.callers) // warm-up
 	var la, lb []float64
-	turn := func(in *instance, pool *[]float64, errs *int64, p99s *[]float64) {
-		r, lats := fixedLoadSamples(in.sys, ids, cfg.offered, cfg.pairTurn, cfg.callers)
-		*pool = append(*pool, lats...)
-		*errs += r.errors
-		*p99s = append(*p99s, quantile(lats, 0.99))
-	}
-	for i := range cfg.pairTurns {
-		if i%2 == 0 {
-			turn(ia, &la, &f.ErrorsA, &f.TurnP99sA)
-			turn(ib, &lb, &f.ErrorsB, &f.TurnP99sB)
-		} else {
-			turn(ib, &lb, &f.ErrorsB, &f.TurnP99sB)
-			turn(ia, &la, &f.ErrorsA, &f.TurnP99sA)
-		}
-		if f.TurnP99sA[i] < f.TurnP99sB[i] {
+	for range cfg.pairTurns {
+		rs, lats := fixedLoadSamples(both, ids, cfg.offered, cfg.pairTurn, cfg.callers)
+		la, lb = append(la, lats[0]...), append(lb, lats[1]...)
+		f.ErrorsA += rs[0].errors
+		f.ErrorsB += rs[1].errors
+		pa, pb := quantile(lats[0], 0.99), quantile(lats[1], 0.99)
+		f.TurnP99sA, f.TurnP99sB = append(f.TurnP99sA, pa), append(f.TurnP99sB, pb)
+		if pa < pb {
 			f.P99Wins++
 		}
 	}

@@ -44,7 +44,7 @@ func main() {
 	out := flag.String("out", filepath.Join("results", "latest.json"), "where to write the JSON results (empty: nowhere)")
 	sections := flag.String("sections", "local,dist", "sections to run: local, dist or both")
 	only := flag.String("only", "", "distributed section: measure only the systems whose name contains this (several: comma-separated)")
-	phases := flag.String("phases", "lat,sat,hot,pair", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity), pair (weir exact and Redis at the fixed load in alternated turns)")
+	phases := flag.String("phases", "lat,sat,hot,pair", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity), pair (weir exact and Redis at the fixed load at once, calls alternated)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	tracefile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()

@@ -211,7 +211,7 @@ func checkTargets(r *report) []target {
 		}
 	}
 	if p := r.Pair; p != nil {
-		add(fmt.Sprintf("exact p99 vs Redis Lua p99 at %s/s, %d alternated turns of %.1f s each, pooled", fmtNum(p.Offered, 0), p.Turns, p.TurnSecs),
+		add(fmt.Sprintf("exact p99 vs Redis Lua p99 at %s/s each, calls alternated, %d turns of %.1f s pooled", fmtNum(p.Offered, 0), p.Turns, p.TurnSecs),
 			fmt.Sprintf("%.0f µs vs %.0f µs (exact lower in %d of %d turns)", p.P99A, p.P99B, p.P99Wins, p.Turns), "lower", verdict(p.P99A < p.P99B))
 	}
 	if g := r.dist("gubernator GLOBAL"); g != nil && sh != nil {
@@ -324,8 +324,8 @@ func (r *report) Markdown() string {
 
 	if q := r.Pair; q != nil {
 		p("## %s and %s, alternated\n\n", q.A, q.B)
-		p("Both running side by side, each offered %s decisions/s in turns of %.1f s, %d turns each, alternating which goes first; latencies pooled per system (from each call's scheduled time).\n\n",
-			fmtNum(q.Offered, 0), q.TurnSecs, q.Turns)
+		p("Both running side by side and offered %s decisions/s each at the same time, call by call in turn from one generator and one pool of callers, for %d turns of %.1f s; latencies pooled per system (from each call's scheduled time), and each turn's p99s compared.\n\n",
+			fmtNum(q.Offered, 0), q.Turns, q.TurnSecs)
 		p("| system | p50 µs | p99 µs | p99.9 µs | samples | errors | turns with the lower p99 |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		p("| %s | %.0f | %.0f | %.0f | %d | %d | %d of %d |\n", q.A, q.P50A, q.P99A, q.P999A, q.SamplesA, q.ErrorsA, q.P99Wins, q.Turns)
 		p("| %s | %.0f (%s) | %.0f (%s) | %.0f (%s) | %d | %d | %d of %d |\n\n", q.B, q.P50B, fmtX(ratio(q.P50B, q.P50A)), q.P99B, fmtX(ratio(q.P99B, q.P99A)),
