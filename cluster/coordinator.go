@@ -514,6 +514,10 @@ type ownerEntry struct {
 	warming   bool   // created during a warm-up, no handoff received yet
 	from      string // the previous owner whose marker ends the warm-up
 	warmSpent int64  // admitted while warming
+	// mineIn is the table (Coordinator.tables) under which Decide found
+	// this node the identity's owner, 0 for none: Decide then need not
+	// score the ring again for it while that table is in force.
+	mineIn uint64
 }
 
 // fixedState is oe's window under a fixed_window rule.
@@ -625,6 +629,7 @@ type Coordinator struct {
 	timeout  int64
 	table    OwnerTable
 	epoch    uint64 // table.Epoch(): a table does not change once installed
+	tables   uint64 // SetTable calls so far: the table in force is the tables-th
 	rules    map[string]*RuleParams
 	lastRule *RuleParams        // the rule Decide or Step looked up last (rule)
 	owned    keyMap[ownerEntry] // keycap.go
@@ -677,7 +682,57 @@ type Coordinator struct {
 	// aside and asideOwned are makeRoom's scratch lists (keycap.go).
 	aside      []*nodeEntry
 	asideOwned []*ownerEntry
+	// lastView is the state behind the last view rejection (LastViewReject),
+	// drops counts the node entries dropped so far.
+	lastView ViewReject
+	drops    uint64
 }
+
+// ViewReject is the state behind a rejection by a node's view (SourceView):
+// what Decide's arithmetic needs to decide the same request again. While
+// nothing else changes the coordinator (no Step, Tick, SetTable, SetRules,
+// Refund, SetPeerDown, FlushAll or HandoffAll, and no entry dropped:
+// Drops), a request of the same rule and identity costing at least Cost is
+// decided by Reject exactly as Decide would decide it, so that an adapter
+// may answer it without the coordinator's lock (the Shell's reject cache).
+type ViewReject struct {
+	Rule, Identity string
+	Cost           int64
+	// View is the owner's TAT as the node saw it, Unconfirmed its spend
+	// not yet acknowledged; Interval (T) and Tau (T·B) are in nanoseconds.
+	View, Unconfirmed, Interval, Tau, Burst int64
+	// Drops is the coordinator's count of dropped entries when it was
+	// recorded (Coordinator.Drops).
+	Drops uint64
+}
+
+// Reject decides a request of cost tokens at now from the state in v, as
+// Decide's view does: ok is false when the view would not reject it (then
+// only Decide can decide it).
+func (v *ViewReject) Reject(now, cost int64) (bucket.Decision, bool) {
+	if cost < v.Cost || cost > v.Burst {
+		return bucket.Decision{}, false
+	}
+	t := v.Interval
+	w := max(v.View, now) + (v.Unconfirmed+cost)*t
+	if w-now <= v.Tau {
+		return bucket.Decision{}, false
+	}
+	return bucket.Decision{
+		Limit:      v.Burst,
+		Remaining:  max((v.Tau-(w-cost*t-now))/t, 0),
+		Reset:      time.Duration(w - cost*t - now),
+		RetryAfter: time.Duration(w - now - v.Tau),
+	}, true
+}
+
+// LastViewReject returns the state behind the last decision that Decide
+// returned with Source SourceView and a finite RetryAfter (see ViewReject).
+// It is meaningful right after such a Decide, before any other call.
+func (c *Coordinator) LastViewReject() ViewReject { return c.lastView }
+
+// Drops returns how many node entries the coordinator has dropped.
+func (c *Coordinator) Drops() uint64 { return c.drops }
 
 // NewCoordinator returns a coordinator with no rules and no ring.
 func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
@@ -858,20 +913,30 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// An entry made in this ring epoch knows its owner (SetTable moves
 	// every entry to the new epoch): no need to score the ring again.
 	e := c.entries.get(k)
+	var oe *ownerEntry
+	scored := false // owner came from scoring the table now
 	if e != nil && c.table != nil && e.epoch == c.epoch {
 		owner = e.owner
 	} else if c.table != nil {
-		if o := c.table.OwnerName(identity); o != "" {
-			owner = o
+		// The owner of an identity whose bucket is here, found under the
+		// table in force, is this node: no need to score the ring again.
+		if oe = c.owned.get(k); oe == nil || oe.mineIn != c.tables {
+			scored = true
+			if o := c.table.OwnerName(identity); o != "" {
+				owner = o
+			}
 		}
 	}
 	if owner == c.cfg.Self {
-		if r.sk != nil && c.owned.get(k) == nil {
+		if r.sk != nil && oe == nil && c.owned.get(k) == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
 		}
-		d, _ := c.ownerStep(now, r, k, cost)
+		d, oe := c.ownerStep(now, r, k, cost, oe)
+		if scored && c.table != nil {
+			oe.mineIn = c.tables
+		}
 		return Outcome{Decision: d, Source: SourceOwner}, nil
 	}
 	down := len(c.down) > 0 && c.down[owner]
@@ -905,6 +970,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	if v-now > tau && r.Mode != quota.ModeExact {
 		c.stats.ViewRejects++
 		c.watch(e)
+		c.lastView = ViewReject{Rule: ruleID, Identity: identity, Cost: cost, View: e.view, Unconfirmed: unconf, Interval: t, Tau: tau, Burst: r.Burst, Drops: c.drops}
 		return Outcome{Source: SourceView, Decision: bucket.Decision{
 			Limit:      r.Burst,
 			Remaining:  max((tau-(v-cost*t-now))/t, 0),
@@ -958,8 +1024,10 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 // for this ring, or the handoff timeout passes, the bucket admits only
 // within this node's slack, so that no free window is handed out. It
 // returns the bucket's entry too.
-func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64) (bucket.Decision, *ownerEntry) {
-	oe := c.ownedEntry(now, k)
+func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64, oe *ownerEntry) (bucket.Decision, *ownerEntry) {
+	if oe == nil {
+		oe = c.ownedEntry(now, k)
+	}
 	if c.warming(now, oe) {
 		if oe.warmSpent+cost > r.Slack(c.n()) {
 			d := r.peek(now, oe)
@@ -1296,7 +1364,7 @@ func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
 	res := ResultItem{Ticket: d.Ticket}
 	if r, ok := c.rule(d.Rule); ok {
 		k := entryKey{d.Rule, d.Identity}
-		bd, oe := c.ownerStep(now, r, k, d.Cost)
+		bd, oe := c.ownerStep(now, r, k, d.Cost, nil)
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 			c.noteDemand(now, oe, from, d.Cost)
 		}
@@ -1612,6 +1680,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 	c.table = t
 	epoch := t.Epoch()
 	c.epoch = epoch
+	c.tables++
 	var moved []entryKey
 	c.entries.all(func(k entryKey, e *nodeEntry) {
 		if e.epoch != epoch {

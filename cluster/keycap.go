@@ -160,6 +160,7 @@ func (c *Coordinator) newNodeEntry(now int64, k entryKey) *nodeEntry {
 
 // dropEntry deletes the node entry e.
 func (c *Coordinator) dropEntry(e *nodeEntry) {
+	c.drops++
 	c.entries.del(e.key)
 	e.rk.n--
 	e.dead = true

@@ -55,6 +55,9 @@ type Shell struct {
 	closed atomic.Bool
 
 	sent, failed atomic.Uint64
+	// fastRejects counts the view rejections answered from a shard's
+	// reject cache (Stats adds them to ViewRejects).
+	fastRejects atomic.Uint64
 }
 
 // shard is one Coordinator of a Shell and the callers waiting on it.
@@ -63,7 +66,16 @@ type shard struct {
 	coord *Coordinator
 	waits map[uint64]chan Outcome // by the coordinator's own ticket
 	rd    Ready                   // reused by every take (Coordinator.ReadyInto)
+	rej   *rejCache               // view rejections answered without mu (rejcache.go)
+	drops uint64                  // coord.Drops() when mu was last released by DecideAt
 	_     [40]byte                // keeps neighbouring shards' mutexes off one cache line
+}
+
+// lock takes the shard's mutex to change its coordinator's state other than
+// by Decide: cached view rejections are stale from now on.
+func (sh *shard) lock() {
+	sh.mu.Lock()
+	sh.rej.invalidate()
 }
 
 // minShardSketchWidth is the narrowest a shard's share of a sketch gets.
@@ -186,6 +198,7 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	}
 	for i := range s.shards {
 		s.shards[i].coord = NewCoordinator(cfg.Coordinator)
+		s.shards[i].rej = &rejCache{}
 		s.shards[i].waits = map[uint64]chan Outcome{}
 	}
 	if s.log == nil {
@@ -213,7 +226,7 @@ func (s *Shell) SetRules(rules []RuleParams) {
 	}
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.mu.Lock()
+		sh.lock()
 		sh.coord.SetRules(rules)
 		sh.mu.Unlock()
 	}
@@ -250,7 +263,7 @@ func (s *Shell) SetRing(r *Ring) {
 // what each has ready, unlocks, and returns the messages merged per peer.
 func (s *Shell) withAll(f func(now int64, c *Coordinator)) []Envelope {
 	for i := range s.shards {
-		s.shards[i].mu.Lock()
+		s.shards[i].lock()
 	}
 	now := s.now()
 	var out outboxes
@@ -272,7 +285,15 @@ func (s *Shell) shardOf(identity string) int {
 	if s.shift == 0 {
 		return 0
 	}
-	return int(s.cfg.Hasher.Sum(identity) >> (64 - s.shift))
+	return s.shardOfHash(s.cfg.Hasher.Sum(identity))
+}
+
+// shardOfHash is shardOf of an identity whose hash is h.
+func (s *Shell) shardOfHash(h uint64) int {
+	if s.shift == 0 {
+		return 0
+	}
+	return int(h >> (64 - s.shift))
 }
 
 // outboxes collects the shards' messages, merged per destination.
@@ -370,7 +391,7 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 			m = &single
 		}
 		sh := &s.shards[i]
-		sh.mu.Lock()
+		sh.lock()
 		sh.coord.Step(s.now(), from, m)
 		s.take(i, &out)
 		sh.mu.Unlock()
@@ -382,7 +403,7 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 			continue
 		}
 		sh := &s.shards[i]
-		sh.mu.Lock()
+		sh.lock()
 		sh.coord.Step(s.now(), from, &parts[i])
 		s.take(i, &out)
 		sh.mu.Unlock()
@@ -451,9 +472,29 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 // clock (ShellConfig.Clock), so that a request reads the clock once: outside
 // the Shell's lock.
 func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string, cost int64) (Outcome, error) {
-	sh := &s.shards[s.shardOf(identity)]
+	h := s.cfg.Hasher.Sum(identity)
+	sh := &s.shards[s.shardOfHash(h)]
+	// A request the view rejects, as it rejected the last one, is answered
+	// without the mutex (rejcache.go).
+	if d, ok := sh.rej.lookup(h, now, ruleID, identity, cost); ok {
+		s.fastRejects.Add(1)
+		return Outcome{Source: SourceView, Decision: d}, nil
+	}
 	sh.mu.Lock()
 	o, err := sh.coord.Decide(now, ruleID, identity, cost)
+	if d := sh.coord.Drops(); d != sh.drops {
+		sh.drops = d // an entry was dropped to make room: cached views may be of it
+		sh.rej.invalidate()
+	}
+	if err == nil && o.Source == SourceView && o.RetryAfter != bucket.Never {
+		if v := sh.coord.LastViewReject(); v.Rule == ruleID && v.Identity == identity && v.Cost == cost {
+			sh.rej.store(h, v)
+		}
+	} else {
+		// An admission within slack moved this identity's view on: its
+		// cached rejection would still reject, but not say when to retry.
+		sh.rej.forget(h, ruleID, identity)
+	}
 	full := sh.coord.Queued() >= s.cfg.MaxBatch
 	if err != nil || !o.Pending {
 		queued := sh.coord.HasReady()
@@ -500,7 +541,7 @@ var waitPool sync.Pool
 // through after all (see Coordinator.Refund).
 func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
 	sh := &s.shards[s.shardOf(identity)]
-	sh.mu.Lock()
+	sh.lock()
 	sh.coord.Refund(s.now(), ruleID, identity, cost, src)
 	sh.mu.Unlock()
 }
@@ -604,7 +645,7 @@ func (s *Shell) ticker() {
 		case <-t.C:
 			for i := range s.shards {
 				sh := &s.shards[i]
-				sh.mu.Lock()
+				sh.lock()
 				sh.coord.Tick(s.now())
 				sh.mu.Unlock()
 			}
@@ -892,7 +933,7 @@ func (s *Shell) retryBreakers(now int64) {
 func (s *Shell) setPeerDown(now int64, peer string, down bool) {
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.mu.Lock()
+		sh.lock()
 		sh.coord.SetPeerDown(now, peer, down)
 		sh.mu.Unlock()
 	}
@@ -912,6 +953,7 @@ func (s *Shell) Stats() (Stats, uint64, uint64) {
 		sh.mu.Unlock()
 		sum.add(&st)
 	}
+	sum.ViewRejects += s.fastRejects.Load()
 	return sum, s.sent.Load(), s.failed.Load()
 }
 
