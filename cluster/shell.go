@@ -42,7 +42,7 @@ type Shell struct {
 	// never taken while one is held.
 	mu     sync.Mutex
 	breaks map[string]*breaker
-	busy   map[string]*queued // peers with an exchange in flight, and what waits for the next
+	busy   map[string]*Backlog // peers with an exchange in flight, and what waits for the next
 	// inflight is len(busy), readable without mu; pending is set when a
 	// shard queued work while an exchange was in flight, for the sender
 	// to collect when its exchange returns (see nudge).
@@ -192,7 +192,7 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		shards: make([]shard, cfg.Shards),
 		shift:  uint(bits.TrailingZeros(uint(cfg.Shards))),
 		breaks: map[string]*breaker{},
-		busy:   map[string]*queued{},
+		busy:   map[string]*Backlog{},
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
@@ -759,10 +759,10 @@ func (s *Shell) send(env Envelope) {
 	s.mu.Lock()
 	if q, inflight := s.busy[env.To]; inflight {
 		if q == nil {
-			q = &queued{}
+			q = &Backlog{}
 			s.busy[env.To] = q
 		}
-		q.add(&env.Msg)
+		q.Add(&env.Msg)
 		s.mu.Unlock()
 		return
 	}
@@ -803,60 +803,7 @@ func (s *Shell) run(to, addr string, msg Message) {
 		}
 		s.busy[to] = nil
 		s.mu.Unlock()
-		msg = q.msg
-	}
-}
-
-// queued is what waits for a peer while an exchange with it is in flight.
-// Syncs are cumulative, so a newer report of an identity's generation
-// replaces the one queued instead of joining it: under overload the queue
-// grows with the identities that have spend to report, not with the
-// reports (each item keeps its place, so the order of the rest holds).
-type queued struct {
-	msg   Message
-	syncs map[syncKey]int // index in msg.Syncs
-}
-
-type syncKey struct {
-	rule, identity string
-	gen            uint64
-}
-
-// add queues m's items after those already queued.
-func (q *queued) add(m *Message) {
-	syncs := m.Syncs
-	m.Syncs = nil
-	q.msg.merge(m)
-	m.Syncs = syncs
-	if q.syncs == nil {
-		q.syncs = make(map[syncKey]int, len(q.msg.Syncs)+len(syncs))
-		for i, it := range q.msg.Syncs {
-			q.syncs[syncKey{it.Rule, it.Identity, it.Gen}] = i
-		}
-	}
-	for _, it := range syncs {
-		k := syncKey{it.Rule, it.Identity, it.Gen}
-		if i, ok := q.syncs[k]; ok {
-			if old := &q.msg.Syncs[i]; it.Total >= old.Total {
-				*old = it
-			}
-			continue
-		}
-		q.syncs[k] = len(q.msg.Syncs)
-		q.msg.Syncs = append(q.msg.Syncs, it)
-	}
-}
-
-// merge appends n's items to m's, keeping their order; n is the newer.
-func (m *Message) merge(n *Message) {
-	m.Epoch = n.Epoch
-	m.Syncs = append(m.Syncs, n.Syncs...)
-	m.Decides = append(m.Decides, n.Decides...)
-	m.Acks = append(m.Acks, n.Acks...)
-	m.Results = append(m.Results, n.Results...)
-	m.Handoffs = append(m.Handoffs, n.Handoffs...)
-	if n.HandedOver != 0 {
-		m.HandedOver = n.HandedOver
+		msg = q.Take()
 	}
 }
 

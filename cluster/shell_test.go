@@ -409,22 +409,3 @@ func TestStatsAddEveryField(t *testing.T) {
 		}
 	}
 }
-
-// TestQueuedCoalescesSyncs: what waits for a busy peer keeps one sync per
-// (rule, identity, generation), the newest total in the place of the first,
-// and every other item in order.
-func TestQueuedCoalescesSyncs(t *testing.T) {
-	var q queued
-	q.add(&Message{Epoch: 1, Syncs: []SyncItem{{Rule: "r", Identity: "a", Gen: 1, Total: 3}, {Rule: "r", Identity: "b", Gen: 1, Total: 1}},
-		Decides: []DecideItem{{Ticket: 7, Rule: "r", Identity: "c", Cost: 1}}})
-	q.add(&Message{Epoch: 2, Syncs: []SyncItem{{Rule: "r", Identity: "a", Gen: 1, Total: 9, Grant: 2, GrantEpoch: 4},
-		{Rule: "r", Identity: "a", Gen: 2, Total: 1}, {Rule: "r", Identity: "b", Gen: 1, Total: 1}},
-		Decides: []DecideItem{{Ticket: 8, Rule: "r", Identity: "c", Cost: 1}}, HandedOver: 42})
-	want := Message{Epoch: 2, HandedOver: 42,
-		Syncs: []SyncItem{{Rule: "r", Identity: "a", Gen: 1, Total: 9, Grant: 2, GrantEpoch: 4}, {Rule: "r", Identity: "b", Gen: 1, Total: 1},
-			{Rule: "r", Identity: "a", Gen: 2, Total: 1}},
-		Decides: []DecideItem{{Ticket: 7, Rule: "r", Identity: "c", Cost: 1}, {Ticket: 8, Rule: "r", Identity: "c", Cost: 1}}}
-	if !reflect.DeepEqual(normal(q.msg), normal(want)) {
-		t.Fatalf("queued\n%+v\nwant\n%+v", q.msg, want)
-	}
-}

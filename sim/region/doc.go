@@ -14,12 +14,20 @@
 // # What is modelled, and the simplifications
 //
 //   - Nodes: the adapter around each coordinator does what cluster.Shell
-//     does (linger batching, one exchange per peer and batch, reply
-//     carrying what the receiver has for the sender, call timeout, circuit
-//     breaker with cooldown and half-open trial, Tick on a ticker). The
-//     Shell's goroutines and mutex are gone: the loop is the only
-//     goroutine, so an exchange's work at the receiver happens at the
-//     instant of its arrival.
+//     does. It sends Nagle's way: what a decision queues leaves at once
+//     when no exchange of the node is in flight, else when one returns,
+//     with a flush one linger later as a backstop. At most one exchange
+//     is in flight per peer; what is due to a busy peer waits in a
+//     cluster.Backlog (the Shell's own type) and leaves as the next
+//     exchange when the one in flight returns or times out. A reply
+//     carries what the receiver has for the sender; the call timeout, the
+//     circuit breaker with cooldown and half-open trial, and Tick on a
+//     ticker are the Shell's. The Shell's goroutines and mutex are gone:
+//     the loop is the only goroutine, so an exchange's work at the
+//     receiver happens at the instant of its arrival. The Shell's
+//     MaxBatch (a batch that reaches it is sent at once, and a larger one
+//     is cut in several exchanges) is not modelled: the simulator has no
+//     batch limit.
 //   - Tick: every node ticks every Config.Tick (10 ms like the Shell by
 //     default). Big runs may tick less often: a tick only sends
 //     interval-due syncs, expires forwarded requests and drops idle

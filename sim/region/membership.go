@@ -97,6 +97,9 @@ func (v *viewCheck) Fire(s *engine.Sim) {
 	if rg.cfg.Log != nil {
 		fmt.Fprintf(rg.cfg.Log, "%v %s: ring epoch %d, %d members\n", rg.elapsed(), n.name, n.epoch, ring.Len())
 	}
+	// Shell.SetRing: what SetTable queued goes at once, and the flusher
+	// is kicked.
+	n.flush()
 	n.kick()
 }
 

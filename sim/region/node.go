@@ -9,19 +9,37 @@ import (
 // that does, under the virtual clock, what cluster.Shell does with
 // goroutines and sockets:
 //
-//   - Decide runs at once; whatever it queues is sent after the linger
-//     (one batch per peer), and Tick runs every tick, followed by a send.
+//   - Sending is Nagle's (Shell.nudge): a Decide that queued something
+//     sends at once when no exchange of this node is in flight (inflight,
+//     the peers with a busy exchange, is 0); otherwise it leaves the work
+//     pending for the next exchange to return, and schedules the linger
+//     flush as a backstop (at most one at a time). Tick runs every tick,
+//     followed by a send.
+//   - At most one exchange is in flight per peer (Shell.send): a message
+//     for a busy peer joins the peer's cluster.Backlog (items appended, a
+//     newer cumulative sync replacing the queued one). When the exchange
+//     returns, by its reply or its call timeout, the node steps the reply
+//     and sends what that readied, collects (flushes if work is pending),
+//     then sends the peer's backlog as the next exchange; once a peer's
+//     exchange returns with nothing queued the peer is no longer busy,
+//     and the node collects once more (Shell.run).
 //   - An exchange is one request carrying one batched Message: the
 //     receiver Steps it and replies with what its Ready has for the
-//     sender; what its Ready has for others it sends at once, as
-//     Shell.Handle does. The sender Steps the reply and sends what its
-//     Ready then has, at once.
+//     sender; what its Ready has for others goes through the same
+//     one-per-peer send, as Shell.Handle does.
 //   - A lost request or reply surfaces as a failed exchange at the call
 //     timeout. BreakerFailures failures in a row open the peer's breaker
-//     (SetPeerDown true); after the cooldown a tick makes it half-open
+//     (SetPeerDown true, and a backstop flush, as Shell.setPeerDown
+//     kicks the flusher); after the cooldown a tick makes it half-open
 //     (one failure reopens it); a success closes it.
+//   - A ring change sends what SetTable queued at once (one per peer as
+//     ever) and schedules a backstop flush (Shell.SetRing); a leave sends
+//     its handoffs and reports outside the one-per-peer rule and drops what
+//     the replies' steps queue (Shell.flushWith).
 //
-// The node's clock is the virtual clock plus its skew.
+// The node's clock is the virtual clock plus its skew. A crash loses the
+// busy peers, their backlogs and the pending flag: a new incarnation starts
+// with none, and exchanges of an old one do not touch its state.
 type node struct {
 	rg   *Region
 	id   int
@@ -35,9 +53,22 @@ type node struct {
 	waits   waitQueue
 	rd      cluster.Ready // reused by every Ready of this node (ReadyInto)
 	breaks  []breaker     // by peer id
-	queued  bool          // a linger flush is scheduled
-	tick    *nodeTick
-	flushEv *nodeFlush
+	// busy[j] is whether an exchange with peer j is in flight; links[j]
+	// what waits for the next one (made at the first wait: most pairs of
+	// a big region never queue, and busy stays a few cache lines).
+	busy  []bool
+	links []*link
+	// backlogged counts the links whose backlog is not empty: while it is
+	// 0, a returning exchange need not look at its link.
+	backlogged int
+	// inflight counts the peers with an exchange in flight (busy links);
+	// pending is set when a Decide queued work while one was, for the
+	// next exchange to return to collect; lingering when the backstop
+	// flush is scheduled.
+	inflight           int
+	pending, lingering bool
+	tick               *nodeTick
+	flushEv            *nodeFlush
 
 	// unclean counts breakers that are not closed with no failure, open
 	// those open: a reply or a tick with none skips the walk.
@@ -109,6 +140,22 @@ func (wq *waitQueue) done(w *wait) {
 	}
 }
 
+// link is what waits for a busy peer.
+type link struct {
+	q cluster.Backlog
+	// readyAt is the virtual time of the earliest flush whose items wait
+	// in q (valid while q is not empty); runs gives, in order, how many of
+	// q's results each flush added and when (the owner's decision times).
+	readyAt int64
+	runs    []resultRun
+}
+
+// resultRun is count results of a message decided at virtual time at.
+type resultRun struct {
+	count int
+	at    int64
+}
+
 type breaker struct {
 	failures int
 	openAt   int64 // node clock; 0 when closed
@@ -142,8 +189,10 @@ func (n *node) start(view []bool) {
 	n.waits = waitQueue{}
 	n.rd = cluster.Ready{}
 	n.breaks = make([]breaker, len(n.rg.nodes))
+	n.busy = make([]bool, len(n.rg.nodes))
+	n.links = make([]*link, len(n.rg.nodes))
 	n.unclean, n.open = 0, 0
-	n.queued = false
+	n.inflight, n.pending, n.lingering, n.backlogged = 0, false, false, 0
 	n.member = view
 	n.epoch = 0
 	n.coord.SetTable(n.now(), n.rg.tableOf(n, n.epoch))
@@ -160,6 +209,7 @@ func (n *node) stop() {
 	n.addPast()
 	n.up, n.serving = false, false
 	n.coord, n.waits = nil, waitQueue{}
+	n.busy, n.links, n.inflight, n.pending, n.backlogged = nil, nil, 0, false, 0
 }
 
 func (n *node) addPast() {
@@ -199,27 +249,69 @@ func (n *node) request(ident int, cost int64) {
 	} else {
 		n.rg.outcome(n, ident, vnow, o, cost)
 	}
-	if n.coord.HasReady() {
-		n.kick()
+	// Shell.DecideAt nudges after a pending decision, and after any other
+	// that queued something.
+	if o.Pending || n.coord.HasReady() {
+		n.nudge()
 	}
 }
 
-// kick schedules a send after the linger.
-func (n *node) kick() {
-	if n.queued {
+// nudge sends what the coordinator has queued, Nagle's way (Shell.nudge):
+// at once when no exchange of this node is in flight, else when one
+// returns (collect), with the linger flush as a backstop.
+func (n *node) nudge() {
+	n.pending = true
+	if n.inflight == 0 {
+		n.pending = false
+		n.flush()
 		return
 	}
-	n.queued = true
+	n.kick()
+}
+
+// collect flushes when nudge left work pending for a returning exchange
+// (Shell.collect).
+func (n *node) collect() {
+	if n.pending {
+		n.pending = false
+		n.flush()
+	}
+}
+
+// kick schedules the backstop flush after the linger, unless one is
+// scheduled already (Shell.kick and its flusher).
+func (n *node) kick() {
+	if n.lingering {
+		return
+	}
+	n.lingering = true
 	n.rg.sim.AfterIn(n.rg.flushLane, int64(n.rg.cfg.Linger), n.flushEv)
 }
 
 // flush hands out completions and sends every queued batch.
 func (n *node) flush() {
+	if !n.coord.HasReady() {
+		return // Ready would hand out nothing
+	}
 	rd := &n.rd
 	n.coord.ReadyInto(rd)
 	n.complete(rd.Completions)
 	for i := range rd.Messages {
 		n.send(&rd.Messages[i])
+	}
+}
+
+// flushDirect is Shell.flushWith's sending, for a leave: every queued
+// batch goes at once as an exchange of its own, whether or not one with
+// its peer is in flight.
+func (n *node) flushDirect() {
+	rd := &n.rd
+	n.coord.ReadyInto(rd)
+	n.complete(rd.Completions)
+	for i := range rd.Messages {
+		if to, ok := n.rg.nodeIndex(rd.Messages[i].To); ok {
+			n.exchange(to, rd.Messages[i].Msg, nil, n.rg.sim.Now(), true)
+		}
 	}
 }
 
@@ -244,7 +336,9 @@ func (n *node) complete(cs []cluster.Completion) {
 	}
 }
 
-// send starts one exchange with env.To.
+// send starts an exchange with env.To, or queues env.Msg for the next one
+// if one with that peer is in flight (Shell.send). The message's items were
+// taken from the coordinator now (by a flush, or by a Step's Ready).
 func (n *node) send(env *cluster.Envelope) {
 	rg := n.rg
 	to, ok := rg.nodeIndex(env.To)
@@ -252,11 +346,63 @@ func (n *node) send(env *cluster.Envelope) {
 		return
 	}
 	now := rg.sim.Now()
+	if n.busy[to] {
+		l := n.links[to]
+		if l == nil {
+			l = &link{}
+			n.links[to] = l
+		}
+		if l.q.Empty() {
+			l.readyAt = now
+			n.backlogged++
+		}
+		if k := len(env.Msg.Results); k > 0 {
+			l.runs = append(l.runs, resultRun{count: k, at: now})
+		}
+		l.q.Add(&env.Msg)
+		n.coord.Recycle(&env.Msg) // the backlog copied the items
+		return
+	}
+	n.busy[to] = true
+	n.inflight++
+	n.exchange(to, env.Msg, nil, now, false)
+}
+
+// exchange starts one exchange of msg with peer to. readyAt is when its
+// earliest items were taken from the coordinator, runs when its results
+// were decided (nil: all at the send); direct exchanges (a leave's) are
+// outside the one-per-peer rule and its breaker.
+func (n *node) exchange(to int, msg cluster.Message, runs []resultRun, readyAt int64, direct bool) {
+	rg := n.rg
+	now := rg.sim.Now()
 	x := rg.newExchange()
-	x.rg, x.from, x.fromInc, x.to, x.recv, x.msg, x.sentAt, x.deadline = rg, n, n.inc, to, rg.nodes[to], env.Msg, now, now+int64(rg.cfg.CallTimeout)
+	x.rg, x.from, x.fromInc, x.to, x.recv, x.msg, x.sentAt, x.deadline = rg, n, n.inc, to, rg.nodes[to], msg, now, now+int64(rg.cfg.CallTimeout)
+	x.readyAt, x.direct = readyAt, direct
+	x.runs = append(x.runs[:0], runs...)
 	x.stepper = n.coord
 	rg.exchanges++
 	x.transmit(n.id, to)
+}
+
+// finish ends the exchange with peer that just returned (its reply was
+// stepped, or it failed), as Shell.run does: collect, then send the peer's
+// backlog as the next exchange, or mark the peer idle and collect again.
+func (n *node) finish(peer int) {
+	n.collect()
+	var l *link
+	if n.backlogged > 0 {
+		l = n.links[peer]
+	}
+	if l == nil || l.q.Empty() {
+		n.busy[peer] = false
+		n.inflight--
+		n.collect()
+		return
+	}
+	msg := l.q.Take()
+	n.backlogged--
+	n.exchange(peer, msg, l.runs, l.readyAt, false)
+	l.runs = l.runs[:0]
 }
 
 // transmit hands the exchange to the network, from a to b, and arms the
@@ -304,7 +450,7 @@ func (x *exchange) release() {
 		return
 	}
 	rg := x.rg
-	*x = exchange{next: rg.freeX}
+	*x = exchange{next: rg.freeX, runs: x.runs[:0]}
 	rg.freeX = x
 }
 
@@ -325,6 +471,12 @@ type exchange struct {
 	next     *exchange            // free list
 	sentAt   int64
 	deadline int64 // sentAt + the call timeout
+	// readyAt is when the request's earliest items were taken from the
+	// sender's coordinator (sentAt, unless they waited in a backlog);
+	// runs says when its results were decided, if not all at sentAt.
+	readyAt  int64
+	runs     []resultRun
+	direct   bool // a leave's exchange (Shell.flushWith): no busy link, no breaker
 	timerSet bool
 	phase    uint8
 	done     bool // the sender has seen the reply or the timeout
@@ -355,7 +507,7 @@ func (x *exchange) Fire(s *engine.Sim) {
 			x.release()
 			return
 		}
-		recv.noteResults(&x.msg, x.sentAt)
+		recv.noteResults(&x.msg, x.runs, x.sentAt)
 		recv.coord.Step(recv.now(), x.from.name, &x.msg)
 		// Stepped: nothing reads the request's items any more.
 		x.stepper.Recycle(&x.msg)
@@ -395,29 +547,65 @@ func (x *exchange) Fire(s *engine.Sim) {
 		return
 	}
 	x.done = true
-	if rtt := s.Now() - x.sentAt; rtt > rg.maxRTT {
-		rg.maxRTT = rtt
+	// ℓ's term: from when the request's items were ready to the reply.
+	if late := s.Now() - x.readyAt; late > rg.maxLate {
+		rg.maxLate = late
 	}
-	n.peerOK(x.to)
-	n.noteResults(&x.msg, x.replyAt)
+	if !x.direct {
+		n.peerOK(x.to)
+	}
+	n.noteResults(&x.msg, nil, x.replyAt)
 	if !x.msg.Empty() {
 		n.coord.Step(n.now(), rg.names[x.to], &x.msg)
 	}
 	x.stepper.Recycle(&x.msg)
 	x.msg = cluster.Message{}
-	n.flush()
+	if x.direct {
+		n.dropReady()
+	} else {
+		n.flush()
+		n.finish(x.to)
+	}
 	x.release()
 }
 
-// noteResults notes when the owner decided the results in m: when it sent
-// m. The coordinator puts a result in its outbox while it Steps the
-// request, and every Step is followed by a send at the same instant, so the
-// send time is the decision time, whether the result rides in a reply or in
-// a request of the owner's own.
-func (n *node) noteResults(m *cluster.Message, sentAt int64) {
+// dropReady hands out the completions the coordinator has and drops its
+// messages, as Shell.flushWith does with what stepping a leave's reply
+// readies.
+func (n *node) dropReady() {
+	if !n.coord.HasReady() {
+		return
+	}
+	rd := &n.rd
+	n.coord.ReadyInto(rd)
+	n.complete(rd.Completions)
+	for i := range rd.Messages {
+		n.coord.Recycle(&rd.Messages[i].Msg)
+	}
+}
+
+// noteResults notes when the owner decided the results in m. The
+// coordinator puts a result in its outbox while it Steps the request, and
+// every Step is followed by a Ready at the same instant, whose messages are
+// sent or queued for their peer then: so a result was decided when the
+// message that carries it left the coordinator. That is sentAt for a reply
+// and for a request sent at once (runs nil); a request that waited in a
+// backlog carries the time of each flush's results in runs, in order.
+func (n *node) noteResults(m *cluster.Message, runs []resultRun, sentAt int64) {
+	k, left, at := 0, 0, sentAt
+	if len(runs) > 0 {
+		left, at = runs[0].count, runs[0].at
+	}
 	for i := range m.Results {
+		if len(runs) > 0 {
+			for left == 0 {
+				k++
+				left, at = runs[k].count, runs[k].at
+			}
+			left--
+		}
 		if w := n.waits.get(m.Results[i].Ticket); w != nil {
-			w.ownerAt = sentAt
+			w.ownerAt = at
 		}
 	}
 }
@@ -434,8 +622,11 @@ func (t *exchangeTimer) Fire(*engine.Sim) {
 	}
 	x.done = true
 	n.rg.failedExchanges++
+	if x.direct {
+		return // Shell.flushWith: a failure ends the batch and feeds no breaker
+	}
 	n.peerFailed(x.to)
-	n.flush()
+	n.finish(x.to)
 }
 
 func (n *node) peerFailed(peer int) {
@@ -449,6 +640,7 @@ func (n *node) peerFailed(peer int) {
 		n.open++
 		n.coord.SetPeerDown(n.now(), n.rg.names[peer], true)
 		n.rg.breakerOpens++
+		n.kick() // Shell.setPeerDown: the on_failure completions go at the backstop flush
 	}
 }
 
@@ -521,6 +713,9 @@ func (f *nodeFlush) Fire(*engine.Sim) {
 	if !n.up || n.inc != f.inc {
 		return
 	}
-	n.queued = false
+	// The Shell's flusher leaves pending as it is: a stale one costs the
+	// next collect an empty flush, or sends early what came without a
+	// nudge.
+	n.lingering = false
 	n.flush()
 }

@@ -46,7 +46,9 @@ type Result struct {
 	// Shortfall is the worst r·Δ − admitted over fault-free intervals for
 	// a saturating client (NaN when the traffic does not saturate);
 	// BoundShortfall is S + c + ⌈r·ℓ⌉ with Ell, ℓ, the linger plus the
-	// longest exchange round trip of the run.
+	// longest time from when a request's items were taken from the
+	// coordinator (the earliest flush, for a batch that waited behind an
+	// exchange in flight) to its reply (derived where result sets it).
 	Shortfall, BoundShortfall float64
 	Ell                       time.Duration
 	// ShortfallFrom and ShortfallTo bound the interval of the worst
@@ -145,7 +147,21 @@ func (rg *Region) result() *Result {
 			res.BoundAccounted += t.Tokens
 		}
 	}
-	res.Ell = c.Linger + time.Duration(rg.maxRTT)
+	// ℓ bounds how late an item (a report, a forwarded request) reaches
+	// its owner and the answer comes back, from when the coordinator
+	// queued it. The node takes it from the coordinator at the latest
+	// one linger later: a Decide that queues work flushes at once when no
+	// exchange is in flight, else schedules the backstop flush a linger
+	// ahead unless one is scheduled already (which fires sooner), and
+	// every other producer (Step, Tick, a ring change) is followed by a
+	// Ready at once. From that flush the item leaves at once, or waits in
+	// its peer's backlog for the exchange in flight (and leaves with the
+	// backlog, whose readyAt is its earliest flush, so no later than its
+	// own); the reply to the exchange that carries it is then measured
+	// from that readyAt (maxLate). Hence queued-to-answer ≤ linger +
+	// maxLate. (The old model flushed a linger after every Decide and
+	// sent at once, so maxLate was the longest round trip.)
+	res.Ell = c.Linger + time.Duration(rg.maxLate)
 	if c.saturating() && len(ch.segs) > 0 {
 		res.Shortfall = ch.worstLow
 		res.ShortfallFrom, res.ShortfallTo = time.Duration(ch.lowFrom), time.Duration(ch.lowTo)

@@ -52,7 +52,7 @@ type Region struct {
 	bySource                                  [cluster.NumSources]int64
 	exchanges, replies, failedExchanges       uint64
 	breakerOpens, ringChanges                 uint64
-	maxRTT                                    int64
+	maxLate                                   int64 // the longest ready-to-reply time (Result.Ell)
 	binsCluster, binsRef                      []int64
 	windows                                   []segment
 	terms                                     []Term
@@ -103,7 +103,12 @@ func newRegion(c Config) *Region {
 	rg.tickLane, rg.flushLane = rg.sim.Lane(), rg.sim.Lane()
 	rg.trafficEnd = T0 + int64(c.Duration)
 	rg.end = rg.trafficEnd + int64(c.CallTimeout+c.DecideTimeout+c.Linger) + 2*int64(c.Tick)
-	rg.horizon = int64(c.CallTimeout+c.Linger) + int64(time.Millisecond)
+	// An admission is recorded when its result reaches the asking node,
+	// at the time the owner decided it: at most two call timeouts later (a
+	// result may wait in a backlog behind an exchange in flight, which
+	// returns within its call timeout, then makes its own trip, which
+	// arrives within its call timeout or not at all).
+	rg.horizon = int64(2*c.CallTimeout+c.Linger) + int64(time.Millisecond)
 	rg.params, _ = bucketFor(c)
 	rg.ref, _ = bucket.NewGCRA(c.Limit, c.Window, c.Burst)
 	total := c.Nodes + countJoins(c.Faults)
@@ -258,7 +263,7 @@ func (rg *Region) scheduleFault(f Fault) {
 			} else {
 				n.coord.FlushAll(n.now())
 			}
-			n.flush()
+			n.flushDirect()
 			n.serving = false
 			rg.topologyChanged(true)
 			// It stops once the leave has spread (memberlist's Leave
