@@ -716,7 +716,12 @@ func (s *Shell) flushWith(queue func(now int64, c *Coordinator)) {
 					return
 				}
 				if reply != nil && !reply.Empty() {
-					s.step(env.To, reply)
+					// What stepping the reply readied (acknowledgements,
+					// results of decides forwarded here, other
+					// requests' work taken with it) goes as any send.
+					for _, e := range s.step(env.To, reply) {
+						s.send(e)
+					}
 				}
 			}
 		}()

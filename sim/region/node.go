@@ -34,8 +34,8 @@ import (
 //     (one failure reopens it); a success closes it.
 //   - A ring change sends what SetTable queued at once (one per peer as
 //     ever) and schedules a backstop flush (Shell.SetRing); a leave sends
-//     its handoffs and reports outside the one-per-peer rule and drops what
-//     the replies' steps queue (Shell.flushWith).
+//     its handoffs and reports outside the one-per-peer rule, and what
+//     stepping their replies readies goes as any send (Shell.flushWith).
 //
 // The node's clock is the virtual clock plus its skew. A crash loses the
 // busy peers, their backlogs and the pending flag: a new incarnation starts
@@ -561,27 +561,12 @@ func (x *exchange) Fire(s *engine.Sim) {
 	x.stepper.Recycle(&x.msg)
 	x.msg = cluster.Message{}
 	if x.direct {
-		n.dropReady()
+		n.flush() // what the reply's step readied goes as any send (Shell.flushWith)
 	} else {
 		n.flush()
 		n.finish(x.to)
 	}
 	x.release()
-}
-
-// dropReady hands out the completions the coordinator has and drops its
-// messages, as Shell.flushWith does with what stepping a leave's reply
-// readies.
-func (n *node) dropReady() {
-	if !n.coord.HasReady() {
-		return
-	}
-	rd := &n.rd
-	n.coord.ReadyInto(rd)
-	n.complete(rd.Completions)
-	for i := range rd.Messages {
-		n.coord.Recycle(&rd.Messages[i].Msg)
-	}
 }
 
 // noteResults notes when the owner decided the results in m. The
