@@ -116,7 +116,7 @@ func distSystems(cfg runConfig, logf func(string, ...any)) ([]distSystem, func()
 	systems := []distSystem{
 		{name: "weir shared", note: "3 nodes; admits within slack locally, syncs batched", envelope: sharedSlack(), start: weirMode("shared")},
 		{name: "weir exact", note: "3 nodes; the owner decides (one batched hop from a non-owner)", envelope: 0, start: weirMode("exact")},
-		{name: "weir shared + sketch", note: "3 nodes; shared, identities tracked in a count-min sketch until one passes θ = 8 on a node (the configuration for many one-shot identities)", envelope: sketchedSlack(), start: weirMode("sketched")},
+		{name: "weir shared + sketch", note: "3 nodes; shared, identities tracked in a count-min sketch (2²⁰ × 2, sized to the stream as docs/rules.md says) until one passes θ = 8 on a node (the configuration for many one-shot identities)", envelope: sketchedSlack(), start: weirMode("sketched")},
 		{name: "x/time/rate keyed (1 process)", note: "reference: unshared map + mutex, not distributed", envelope: 0,
 			start: func() (*instance, error) { return &instance{sys: newXRateSystem(), stop: func() {}}, nil }},
 		{name: "gubernator batching", note: "LEAKY_BUCKET; forwarded to the owner in batches", envelope: -1, start: gub(gubernator.Behavior_BATCHING)},

@@ -40,7 +40,7 @@ rules:
     window: 1s
     burst: 100
     mode: shared
-    sketch: {threshold: 8}
+    sketch: {threshold: 8, width: 1048576, depth: 2}
 `
 
 // weirCluster is three weir nodes of one region, joined by memberlist and
@@ -132,7 +132,12 @@ func sharedSlack() float64 {
 }
 
 // sketchThreshold is the sketched rule's θ (sketch: {threshold: 8}, at most
-// the node's slack ⌊0.05·1000 ÷ 3⌋ = 16).
+// the node's slack ⌊0.05·1000 ÷ 3⌋ = 16). The sketch is sized as
+// docs/rules.md says, to the stream: a node sees about a million one-token
+// identities per period (the rule's window, 1 s) at saturation, so width
+// 2²⁰; the default 65 536 would track a large share of them by mistake
+// (each a bucket and a sync), and two rows suffice at that width (each row
+// is a cache miss per decision).
 const sketchThreshold = 8
 
 // sketchedSlack is what the sketched rule may admit beyond B + r·Δ over one
