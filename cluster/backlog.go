@@ -15,9 +15,8 @@ package cluster
 // The zero value is an empty Backlog. A Backlog is not safe for concurrent
 // use; Take empties it for reuse.
 type Backlog struct {
-	msg    Message
-	syncs  map[syncKey]int // index in msg.Syncs
-	filled bool            // something was added since the last Take
+	msg   Message
+	syncs map[syncKey]int // index in msg.Syncs
 }
 
 // syncKey names one cumulative report: an identity's generation under a
@@ -32,7 +31,6 @@ type syncKey struct {
 // is not below the queued one's). The Backlog copies the items: m's arrays
 // stay the caller's.
 func (b *Backlog) Add(m *Message) {
-	b.filled = true
 	syncs := m.Syncs
 	m.Syncs = nil
 	b.msg.merge(m)
@@ -56,9 +54,8 @@ func (b *Backlog) Add(m *Message) {
 	}
 }
 
-// Empty reports whether nothing was added since the Backlog was made or
-// last taken.
-func (b *Backlog) Empty() bool { return !b.filled }
+// Empty reports whether nothing waits: no item and no handed-over marker.
+func (b *Backlog) Empty() bool { return b.msg.Empty() }
 
 // Take returns what is queued, as one message, and empties the Backlog. The
 // message's arrays become the caller's.
@@ -66,7 +63,6 @@ func (b *Backlog) Take() Message {
 	m := b.msg
 	b.msg = Message{}
 	clear(b.syncs)
-	b.filled = false
 	return m
 }
 

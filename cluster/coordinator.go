@@ -691,19 +691,17 @@ type Coordinator struct {
 // ViewReject is the state behind a rejection by a node's view (SourceView):
 // what Decide's arithmetic needs to decide the same request again. While
 // nothing else changes the coordinator (no Step, Tick, SetTable, SetRules,
-// Refund, SetPeerDown, FlushAll or HandoffAll, and no entry dropped:
-// Drops), a request of the same rule and identity costing at least Cost is
-// decided by Reject exactly as Decide would decide it, so that an adapter
-// may answer it without the coordinator's lock (the Shell's reject cache).
+// Refund, SetPeerDown, FlushAll or HandoffAll, no other decision of the
+// identity, and no entry dropped: Drops), a request of the same rule and
+// identity costing at least Cost is decided by Reject exactly as Decide
+// would decide it, so that an adapter may answer it without the
+// coordinator's lock (the Shell's reject cache).
 type ViewReject struct {
 	Rule, Identity string
 	Cost           int64
 	// View is the owner's TAT as the node saw it, Unconfirmed its spend
 	// not yet acknowledged; Interval (T) and Tau (T·B) are in nanoseconds.
 	View, Unconfirmed, Interval, Tau, Burst int64
-	// Drops is the coordinator's count of dropped entries when it was
-	// recorded (Coordinator.Drops).
-	Drops uint64
 }
 
 // Reject decides a request of cost tokens at now from the state in v, as
@@ -914,13 +912,15 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	// every entry to the new epoch): no need to score the ring again.
 	e := c.entries.get(k)
 	var oe *ownerEntry
+	looked := false // oe is this node's bucket of k, or nil for none
 	scored := false // owner came from scoring the table now
 	if e != nil && c.table != nil && e.epoch == c.epoch {
 		owner = e.owner
 	} else if c.table != nil {
 		// The owner of an identity whose bucket is here, found under the
 		// table in force, is this node: no need to score the ring again.
-		if oe = c.owned.get(k); oe == nil || oe.mineIn != c.tables {
+		oe, looked = c.owned.get(k), true
+		if oe == nil || oe.mineIn != c.tables {
 			scored = true
 			if o := c.table.OwnerName(identity); o != "" {
 				owner = o
@@ -928,13 +928,16 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		}
 	}
 	if owner == c.cfg.Self {
-		if r.sk != nil && oe == nil && c.owned.get(k) == nil {
+		if !looked {
+			oe = c.owned.get(k)
+		}
+		if r.sk != nil && oe == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
 		}
 		d, oe := c.ownerStep(now, r, k, cost, oe)
-		if scored && c.table != nil {
+		if scored {
 			oe.mineIn = c.tables
 		}
 		return Outcome{Decision: d, Source: SourceOwner}, nil
@@ -970,7 +973,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	if v-now > tau && r.Mode != quota.ModeExact {
 		c.stats.ViewRejects++
 		c.watch(e)
-		c.lastView = ViewReject{Rule: ruleID, Identity: identity, Cost: cost, View: e.view, Unconfirmed: unconf, Interval: t, Tau: tau, Burst: r.Burst, Drops: c.drops}
+		c.lastView = ViewReject{Rule: ruleID, Identity: identity, Cost: cost, View: e.view, Unconfirmed: unconf, Interval: t, Tau: tau, Burst: r.Burst}
 		return Outcome{Source: SourceView, Decision: bucket.Decision{
 			Limit:      r.Burst,
 			Remaining:  max((tau-(v-cost*t-now))/t, 0),

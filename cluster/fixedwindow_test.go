@@ -118,12 +118,7 @@ func TestFixedWindowRollover(t *testing.T) {
 // previous owner hands the window over (HandoffItem.Count), so the new owner
 // admits only what is left of it, then a full limit in the next window.
 func TestFixedWindowHandoffOnJoin(t *testing.T) {
-	rule := fixedRule("fw", 10, time.Second)
-	h, next := joinHarness(t)
-	p := ruleParams(t, []quota.Rule{rule})
-	for _, n := range h.names {
-		h.nodes[n].SetRules(p)
-	}
+	h, next := joinHarness(t, fixedRule("fw", 10, time.Second))
 	ids, from := movedTo(next, 1)
 	id, prev := ids[0], from[0]
 	for range 7 {

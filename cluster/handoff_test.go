@@ -9,11 +9,15 @@ import (
 )
 
 // joinHarness is a 3-node harness with a fourth node started on a ring of
-// itself, as a joining gateway starts, and the 4-member ring it will join.
-func joinHarness(t *testing.T) (*harness, *Ring) {
-	h := newHarness(t, 3, time.Millisecond, gcraRule("api", quota.ModeShared, 10, time.Second, 10))
+// itself, as a joining gateway starts, and the 4-member ring it will join;
+// every node has rules (the shared rule "api" when none are given).
+func joinHarness(t *testing.T, rules ...quota.Rule) (*harness, *Ring) {
+	if len(rules) == 0 {
+		rules = []quota.Rule{gcraRule("api", quota.ModeShared, 10, time.Second, 10)}
+	}
+	h := newHarness(t, 3, time.Millisecond, rules...)
 	c := NewCoordinator(CoordinatorConfig{Self: "node-3", SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
-	c.SetRules(ruleParams(t, []quota.Rule{gcraRule("api", quota.ModeShared, 10, time.Second, 10)}))
+	c.SetRules(ruleParams(t, rules))
 	self, _ := NewRing(0, []Member{{Name: "node-3"}})
 	c.SetTable(h.now, self)
 	h.nodes["node-3"] = c
@@ -224,12 +228,7 @@ func TestSyncDuringWarmUpKeepsTheBucketShut(t *testing.T) {
 // yet still forwards to the old owner; the old owner decides on the bucket
 // it handed over, not on a fresh one.
 func TestLaggingPeerDecidedOnHandedBucket(t *testing.T) {
-	rule := gcraRule("api", quota.ModeExact, 10, time.Minute, 5)
-	h, next := joinHarness(t)
-	p := ruleParams(t, []quota.Rule{rule})
-	for _, n := range h.names {
-		h.nodes[n].SetRules(p)
-	}
+	h, next := joinHarness(t, gcraRule("api", quota.ModeExact, 10, time.Minute, 5))
 	ids, from := movedTo(next, 1)
 	id, prev := ids[0], from[0]
 	for range 5 {

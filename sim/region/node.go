@@ -560,10 +560,8 @@ func (x *exchange) Fire(s *engine.Sim) {
 	}
 	x.stepper.Recycle(&x.msg)
 	x.msg = cluster.Message{}
-	if x.direct {
-		n.flush() // what the reply's step readied goes as any send (Shell.flushWith)
-	} else {
-		n.flush()
+	n.flush() // a leave's too: what its reply's step readied goes as any send (Shell.flushWith)
+	if !x.direct {
 		n.finish(x.to)
 	}
 	x.release()
