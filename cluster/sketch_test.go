@@ -664,27 +664,7 @@ func BenchmarkSketchDecide(b *testing.B) {
 		{"sketch", &quota.Sketch{Threshold: 4}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			rule := gatedRule("r", 1<<29, time.Second, 1<<20, c.sk)
-			p, err := NewRuleParams(&rule, 1)
-			if err != nil {
-				b.Fatal(err)
-			}
-			co := NewCoordinator(CoordinatorConfig{Self: "a"})
-			co.SetRules([]RuleParams{p})
-			now := t0
-			for _, id := range ids {
-				co.Decide(now, "r", id, 1)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				now += int64(16 * time.Microsecond)
-				o, _ := co.Decide(now, "r", ids[i&(len(ids)-1)], 1)
-				if !o.Allowed {
-					b.Fatalf("rejected: %+v", o)
-				}
-			}
-			b.StopTimer()
+			co := benchDecide(b, gatedRule("r", 1<<29, time.Second, 1<<20, c.sk), ids, 16*time.Microsecond)
 			if st := co.Stats(); c.sk != nil && st.Owned != 0 {
 				b.Fatalf("%d identities promoted", st.Owned)
 			}
