@@ -57,3 +57,98 @@ func benchDecide(b *testing.B, r quota.Rule, ids []string, step time.Duration) *
 	b.StopTimer()
 	return co
 }
+
+// BenchmarkForwardRoundTrip measures one forwarded decision through the
+// coordinators alone, no transport: Decide on a node that does not own the
+// identity, the owner's Step of that message, the asker's Step of the reply
+// and the completion taken, with every message recycled as the simulator
+// does. An exact rule that never rejects, so that every decision is a round
+// trip; 1 000 identities drawn uniformly, and the asker drawn among the
+// other nodes. With 2 coordinators everything stays in the CPU's caches;
+// with 100 each decision touches coordinators the last ones did not, as in
+// the simulator's 100-node measure (docs/performance.md, Simulator): the
+// difference is what memory costs.
+func BenchmarkForwardRoundTrip(b *testing.B) {
+	for _, nodes := range []int{2, 100} {
+		b.Run("coordinators="+strconv.Itoa(nodes), func(b *testing.B) {
+			r := quota.Rule{ID: "r", Algorithm: quota.AlgorithmGCRA, Mode: quota.ModeExact, Limit: 1 << 30, Window: 100 * time.Second, Burst: 1 << 20}
+			p, err := NewRuleParams(&r, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ms := make([]Member, nodes)
+			idx := map[string]int{}
+			for i := range ms {
+				name := "n" + strconv.Itoa(i)
+				ms[i] = Member{Name: name, Addr: name}
+				idx[name] = i
+			}
+			ring, err := NewRing(1, ms)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cs := make([]*Coordinator, nodes)
+			for i := range cs {
+				cs[i] = NewCoordinator(CoordinatorConfig{Self: ms[i].Name, SyncInterval: 100 * time.Millisecond})
+				cs[i].SetRules([]RuleParams{p})
+				cs[i].SetTable(t0, ring)
+			}
+			ids := make([]string, 1000)
+			owner := make([]int, len(ids))
+			for i := range ids {
+				ids[i] = "identity-" + strconv.Itoa(i)
+				owner[i] = idx[ring.OwnerName(ids[i])]
+			}
+			// A fixed sequence of (identity, asker), so that drawing costs
+			// nothing in the loop.
+			type req struct{ id, at int }
+			seq := make([]req, 1<<16)
+			x := uint64(0x9e3779b97f4a7c15)
+			for i := range seq {
+				x ^= x << 13
+				x ^= x >> 7
+				x ^= x << 17
+				id := int(x % uint64(len(ids)))
+				at := int(x>>32) % nodes
+				if at == owner[id] {
+					at = (at + 1) % nodes
+				}
+				seq[i] = req{id, at}
+			}
+			now := t0
+			var rd, rd2 Ready
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				now += int64(10 * time.Microsecond)
+				q := seq[i&(len(seq)-1)]
+				a, o := cs[q.at], cs[owner[q.id]]
+				out, err := a.Decide(now, "r", ids[q.id], 1)
+				if err != nil || !out.Pending {
+					b.Fatalf("decision %d: %+v, %v: want a forward", i, out, err)
+				}
+				a.ReadyInto(&rd)
+				for j := range rd.Messages {
+					m := &rd.Messages[j].Msg
+					o.Step(now+100_000, a.cfg.Self, m)
+					a.Recycle(m)
+				}
+				o.ReadyInto(&rd2)
+				for j := range rd2.Messages {
+					m := &rd2.Messages[j].Msg
+					cs[idx[rd2.Messages[j].To]].Step(now+200_000, o.cfg.Self, m)
+					o.Recycle(m)
+				}
+				a.ReadyInto(&rd)
+				if len(rd.Completions) != 1 || !rd.Completions[0].Outcome.Allowed {
+					b.Fatalf("decision %d: completions %+v: want one admission", i, rd.Completions)
+				}
+				if i%1024 == 0 {
+					for _, c := range cs {
+						c.Tick(now)
+					}
+				}
+			}
+		})
+	}
+}
