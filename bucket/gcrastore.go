@@ -167,50 +167,11 @@ func NewGCRAStore(cfg StoreConfig) (*GCRAStore, error) {
 }
 
 // Apply steps g with cost at now on key's TAT (a full bucket if absent) and
-// returns the decision, as Store[TAT].Apply(key, now, g, cost) does. For a
-// key already present it takes no lock and allocates nothing. Safe for
-// concurrent use. It returns g.Decision(st.Allow(key, now, g, cost)); its
-// lock-free path is Allow's, written out again so that the Decision is
-// built where the step is (one call, no Verdict in between): the two are
-// twins, and a change to one is made to both (TestGCRAStoreDifferential
-// checks Apply, TestGCRAStoreAllow Allow, against Store[TAT]).
+// returns the decision, as Store[TAT].Apply(key, now, g, cost) does: it is
+// g.Decision(st.Allow(key, now, g, cost)). For a key already present it
+// takes no lock and allocates nothing. Safe for concurrent use.
 func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision {
-	h := mix(key)
-	sh := &st.shards[h>>st.shardShift]
-	if t := sh.table.Load(); t != nil {
-		s := t.slots
-		mask := len(s) - 1
-		i := int((h << (st.shardBits & 63)) >> (t.shift & 63)) // both < 64: no shift-overflow fixup
-		for {
-			e := &s[i&mask]
-			k := e.key.Load()
-			if k == h {
-				v := e.tat.Load()
-				for v >= 0 { // live: step it, CAS the change in
-					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
-						n := satAdd(max(v, now), cost*g.t)
-						if used := n - now; used <= g.tau {
-							if e.tat.CompareAndSwap(v, n) {
-								return Decision{Allowed: true, Limit: g.burst, Remaining: g.tokens(g.tau - used), Reset: time.Duration(used)}
-							}
-							v = e.tat.Load()
-							continue
-						}
-					}
-					// A rejection or cost <= 0: the state does not change.
-					d, _ := g.decide(v, now, cost)
-					return d
-				}
-				if v != tombTAT {
-					break // sealed: rebuild or Update in progress
-				}
-			} else if k == 0 {
-				break // absent here: insert under the mutex
-			}
-			i++
-		}
-	}
-	return g.Decision(st.allowSlow(sh, h, now, g, cost))
+	return g.Decision(st.Allow(key, now, g, cost))
 }
 
 // Allow is Apply for callers that need only whether the request passed and
