@@ -169,6 +169,7 @@ type pending struct {
 	c     *crule
 	spec  *limitSpec
 	id    string
+	idh   uint64 // n.hasher.Sum(id), 0 when not computed (the cluster's Shell hashes id then)
 	key   uint64
 	cost  int64
 }
@@ -233,7 +234,11 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		if cost <= 0 {
 			cost = c.r.CostFor(req.Method)
 		}
-		ps = append(ps, pending{order: len(ps), c: c, spec: c.specFor(id, req.Tier), id: id, key: bucket.Mix(c.salt, n.hasher.Sum(id)), cost: cost})
+		idh := n.hasher.Sum(id)
+		ps = append(ps, pending{order: len(ps), c: c, spec: c.specFor(id, req.Tier), id: id, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost})
+		if cid := ps[len(ps)-1].spec.cid; cid != "" {
+			n.cluster.shell.Prefetch(idh, cid, id) // a gated rule's counters, while the rest is prepared
+		}
 		if !c.r.Shadow {
 			enforced++
 			if ps[len(ps)-1].remote() {
@@ -471,7 +476,11 @@ func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (Check
 	if cost <= 0 {
 		cost = c.r.Cost
 	}
-	p := pending{c: c, spec: c.specFor(key, ""), id: key, key: bucket.Mix(c.salt, n.hasher.Sum(key)), cost: cost}
+	idh := n.hasher.Sum(key)
+	p := pending{c: c, spec: c.specFor(key, ""), id: key, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost}
+	if p.spec.cid != "" {
+		n.cluster.shell.Prefetch(idh, p.spec.cid, key) // a gated rule's counters load during the clock read
+	}
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now}
 	n.record(ctx, &d, &p, now)

@@ -112,7 +112,7 @@ func weirRule() bucket.GCRA {
 // reference of every ratio).
 func localSystems() []localSystem {
 	return []localSystem{
-		{name: "weir GCRAStore", note: "hash + lock-free keyed GCRA, time passed in", keyed: true, build: weirStore, fill: weirStoreFill},
+		{name: "weir GCRAStore", note: "hash + lock-free keyed GCRA (Allow: allowed and retry-after, as AllowN's bool), time passed in", keyed: true, build: weirStore, fill: weirStoreFill},
 		{name: "weir Node.Allow", note: "end to end: rule match, clock read, metrics, Decision", keyed: true, build: weirNode},
 		{name: "x/time/rate AllowN(now,1)", note: "one limiter, no key, time passed in", keyed: false, build: xrateUnkeyed},
 		{name: "x/time/rate keyed", note: "map[string]*rate.Limiter under a mutex, time passed in", keyed: true, build: keyedXRateBench, fill: keyedXRateFill},
@@ -157,7 +157,7 @@ func weirStore(ids []string) benchPair {
 	g := weirRule()
 	h := bucket.NewHasher()
 	for _, id := range ids {
-		st.Apply(h.Sum(id), t0, &g, 1)
+		st.Allow(h.Sum(id), t0, &g, 1)
 	}
 	mask := len(ids) - 1
 	clk := newFakeClock()
@@ -168,7 +168,7 @@ func weirStore(ids []string) benchPair {
 			now := clk.now.Load()
 			for i := 0; b.Loop(); i++ {
 				now += 1000
-				st.Apply(h.Sum(ids[i&mask]), now, &g, 1)
+				st.Allow(h.Sum(ids[i&mask]), now, &g, 1)
 			}
 			clk.advanceTo(now)
 		},
@@ -180,7 +180,7 @@ func weirStore(ids []string) benchPair {
 				now := start
 				for pb.Next() {
 					now += 1000
-					st.Apply(h.Sum(ids[i&mask]), now, &g, 1)
+					st.Allow(h.Sum(ids[i&mask]), now, &g, 1)
 					i++
 				}
 				clk.advanceTo(now)

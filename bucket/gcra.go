@@ -104,26 +104,54 @@ func (g *GCRA) Charge(s *TAT, now, cost int64) {
 }
 
 func (g *GCRA) decide(tat, now, cost int64) (Decision, int64) {
+	v, n := g.verdict(tat, now, cost)
+	return g.Decision(v), n
+}
+
+// verdict is decide in two words: the Verdict of a request of cost at now
+// on tat, and the TAT after it (tat unchanged when it is rejected).
+func (g *GCRA) verdict(tat, now, cost int64) (Verdict, int64) {
 	base := max(tat, now)
-	d := Decision{Limit: g.burst}
 	cost = max(cost, 0)
 	if cost > g.burst {
-		d.Remaining = g.remaining(base - now)
-		d.Reset = time.Duration(base - now)
-		d.RetryAfter = Never
-		return d, tat
+		return Verdict{Reset: time.Duration(base - now), RetryAfter: Never}, tat
 	}
 	n := satAdd(base, cost*g.t)
 	if n-now > g.tau {
-		d.Remaining = g.remaining(base - now)
-		d.Reset = time.Duration(base - now)
-		d.RetryAfter = time.Duration(n - now - g.tau)
-		return d, tat
+		return Verdict{Reset: time.Duration(base - now), RetryAfter: time.Duration(n - now - g.tau)}, tat
 	}
-	d.Allowed = true
-	d.Remaining = g.remaining(n - now)
-	d.Reset = time.Duration(n - now)
-	return d, n
+	return Verdict{Reset: time.Duration(n - now)}, n
+}
+
+// Verdict is a GCRA decision in two words, for callers that need to know
+// whether a request passed and when to retry (GCRAStore.Allow returns it in
+// two registers, where a Decision is six words). GCRA.Decision turns it into
+// the Decision that Step would have returned: for a GCRA, Allowed, Remaining
+// and Limit follow from Reset, RetryAfter and the rule. The zero Verdict is
+// an admission that leaves the bucket full (a cost 0 peek of a full bucket).
+type Verdict struct {
+	// Reset is the time until the bucket is full again after the decision
+	// (Decision.Reset).
+	Reset time.Duration
+	// RetryAfter is 0 when the request was admitted (and charged);
+	// otherwise > 0: the time until the same cost would fit, or Never when
+	// it never can (Decision.RetryAfter).
+	RetryAfter time.Duration
+}
+
+// Allowed reports whether the request was admitted (and charged).
+func (v Verdict) Allowed() bool { return v.RetryAfter == 0 }
+
+// Decision returns the whole Decision of a Verdict that g gave: what Step
+// returns for the same request.
+func (g *GCRA) Decision(v Verdict) Decision {
+	return Decision{
+		Allowed:    v.RetryAfter == 0,
+		Limit:      g.burst,
+		Remaining:  g.remaining(int64(v.Reset)),
+		Reset:      v.Reset,
+		RetryAfter: v.RetryAfter,
+	}
 }
 
 // remaining is the whole number of tokens left when the bucket is spent by

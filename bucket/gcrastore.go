@@ -167,10 +167,19 @@ func NewGCRAStore(cfg StoreConfig) (*GCRAStore, error) {
 }
 
 // Apply steps g with cost at now on key's TAT (a full bucket if absent) and
-// returns the decision, as Store[TAT].Apply(key, now, g, cost) does. For a
-// key already present it takes no lock and allocates nothing. Safe for
-// concurrent use.
+// returns the decision, as Store[TAT].Apply(key, now, g, cost) does: it is
+// g.Decision(st.Allow(key, now, g, cost)). For a key already present it
+// takes no lock and allocates nothing. Safe for concurrent use.
 func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision {
+	return g.Decision(st.Allow(key, now, g, cost))
+}
+
+// Allow is Apply for callers that need only whether the request passed and
+// when to retry: it makes the same decision with the same effect on the
+// store, and returns it as a Verdict (two words in registers, with no token
+// count to compute). GCRA.Decision gives the whole Decision from it. Safe
+// for concurrent use.
+func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 	h := mix(key)
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
@@ -187,14 +196,14 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 						n := satAdd(max(v, now), cost*g.t)
 						if used := n - now; used <= g.tau {
 							if e.tat.CompareAndSwap(v, n) {
-								return Decision{Allowed: true, Limit: g.burst, Remaining: g.tokens(g.tau - used), Reset: time.Duration(used)}
+								return Verdict{Reset: time.Duration(used)}
 							}
 							v = e.tat.Load()
 							continue
 						}
 					}
 					// A rejection or cost <= 0: the state does not change.
-					d, _ := g.decide(v, now, cost)
+					d, _ := g.verdict(v, now, cost)
 					return d
 				}
 				if v != tombTAT {
@@ -206,11 +215,11 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 			i++
 		}
 	}
-	return st.applySlow(sh, h, now, g, cost)
+	return st.allowSlow(sh, h, now, g, cost)
 }
 
-// applySlow is Apply under the shard mutex.
-func (st *GCRAStore) applySlow(sh *gshard, h uint64, now int64, g *GCRA, cost int64) Decision {
+// allowSlow is Allow under the shard mutex.
+func (st *GCRAStore) allowSlow(sh *gshard, h uint64, now int64, g *GCRA, cost int64) Verdict {
 	sh.mu.Lock()
 	t := sh.table.Load()
 	i, ok := st.find(t, h)
@@ -218,9 +227,10 @@ func (st *GCRAStore) applySlow(sh *gshard, h uint64, now int64, g *GCRA, cost in
 		e := &t.slots[i]
 		for {
 			v := e.tat.Load() // unsealed (I3), may still change under fast paths
-			s := TAT(v)
-			d := g.Step(&s, now, cost)
-			n := int64(s)
+			d, n := g.verdict(v, now, cost)
+			if cost <= 0 {
+				n = v // a peek never charges (Step)
+			}
 			if n <= now { // idle after the step: drop it, as Store does
 				if !e.tat.CompareAndSwap(v, tombTAT) {
 					continue
@@ -235,10 +245,9 @@ func (st *GCRAStore) applySlow(sh *gshard, h uint64, now int64, g *GCRA, cost in
 			return d
 		}
 	}
-	var s TAT
-	d := g.Step(&s, now, cost)
-	if int64(s) > now && s > 0 {
-		st.insert(sh, t, h, i, int64(s), now)
+	d, n := g.verdict(0, now, cost)
+	if cost > 0 && n > now && n > 0 {
+		st.insert(sh, t, h, i, n, now)
 	}
 	sh.mu.Unlock()
 	return d

@@ -66,11 +66,12 @@ type Shell struct {
 type shard struct {
 	mu    sync.Mutex // guards coord and waits
 	coord *Coordinator
-	waits map[uint64]chan Outcome // by the coordinator's own ticket
-	rd    Ready                   // reused by every take (Coordinator.ReadyInto)
-	rej   *rejCache               // view rejections answered without mu (rejcache.go)
-	drops uint64                  // coord.Drops() when mu was last released by DecideAt
-	_     [40]byte                // keeps neighbouring shards' mutexes off one cache line
+	waits map[uint64]chan Outcome    // by the coordinator's own ticket
+	rd    Ready                      // reused by every take (Coordinator.ReadyInto)
+	rej   *rejCache                  // view rejections answered without mu (rejcache.go)
+	drops uint64                     // coord.Drops() when mu was last released by DecideAt
+	hint  atomic.Pointer[sketchHint] // the last gated rule decided here, for Prefetch
+	_     [32]byte                   // keeps neighbouring shards' mutexes off one cache line
 }
 
 // lock takes the shard's mutex to change its coordinator's state other than
@@ -474,7 +475,41 @@ func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64)
 // clock (ShellConfig.Clock), so that a request reads the clock once: outside
 // the Shell's lock.
 func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string, cost int64) (Outcome, error) {
-	h := s.cfg.Hasher.Sum(identity)
+	return s.DecideHashedAt(ctx, now, s.cfg.Hasher.Sum(identity), ruleID, identity, cost)
+}
+
+// Prefetch starts loading into the CPU's cache the sketch counters that a
+// decision of identity under ruleID will read, when the rule is gated
+// (quota.Sketch) and was last decided through its sketch in identity's
+// shard; h is ShellConfig.Hasher.Sum(identity). It takes no lock, changes
+// nothing and decides nothing: a caller that will call DecideHashedAt calls
+// it first, before its other work for the request (the clock read), so
+// that the sketch's cache miss (megabytes of counters read at random)
+// overlaps that work instead of stalling the gate under the lock.
+func (s *Shell) Prefetch(h uint64, ruleID, identity string) {
+	if hp := s.shards[s.shardOfHash(h)].hint.Load(); hp != nil && hp.rule == ruleID {
+		hp.prefetch(identity)
+	}
+}
+
+// publishHint records, under sh.mu, where ruleID's sketch counters are for
+// Prefetch, when they moved since the last time.
+func (sh *shard) publishHint(ruleID string) {
+	hi, ok := sh.coord.sketchHint(ruleID)
+	if !ok {
+		return
+	}
+	if hp := sh.hint.Load(); hp == nil || *hp != hi {
+		sh.hint.Store(&hi)
+	}
+}
+
+// DecideHashedAt is DecideAt for a caller that has already hashed the
+// identity with the Shell's Hasher: h must be ShellConfig.Hasher.Sum(identity)
+// (it picks the shard and the reject cache's slot, so another value would
+// split one identity's state over shards). It saves the second hash of the
+// identity on the decision path.
+func (s *Shell) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID, identity string, cost int64) (Outcome, error) {
 	sh := &s.shards[s.shardOfHash(h)]
 	// A request the view rejects, as it rejected the last one, is answered
 	// without the mutex (rejcache.go).
@@ -485,6 +520,9 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 	}
 	sh.mu.Lock()
 	o, err := sh.coord.Decide(now, ruleID, identity, cost)
+	if o.Source == SourceSketch {
+		sh.publishHint(ruleID)
+	}
 	if d := sh.coord.Drops(); d != sh.drops {
 		sh.drops = d // an entry was dropped to make room: cached views may be of it
 		sh.rej.invalidate()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -143,12 +144,48 @@ func (s *countMin) roll(now int64) {
 
 // slots computes the identity's counter index in each row.
 func (s *countMin) slots(identity string, idx *[quota.MaxSketchDepth]int) {
-	h := bucket.Splitmix64(xxhash.Sum64String(identity) ^ bucket.Splitmix64(s.seed+sketchGolden))
-	w := uint64(s.p.Width)
-	for i := range s.p.Depth {
+	sketchSlots(s.seed, s.p.Width, s.p.Depth, identity, idx)
+}
+
+// sketchSlots is slots for a sketch of the given seed and layout.
+func sketchSlots(seed uint64, width, depth int, identity string, idx *[quota.MaxSketchDepth]int) {
+	h := bucket.Splitmix64(xxhash.Sum64String(identity) ^ bucket.Splitmix64(seed+sketchGolden))
+	w := uint64(width)
+	for i := range depth {
 		x := bucket.Splitmix64(h + uint64(i+1)*sketchGolden)
 		hi, _ := bits.Mul64(x, w) // x·w ÷ 2⁶⁴: uniform in [0, w) for any w
-		idx[i] = i*s.p.Width + int(hi)
+		idx[i] = i*width + int(hi)
+	}
+}
+
+// sketchHint is where a gated rule's counters live, published by the Shell
+// for Prefetch: read without the Shell's lock, so it holds plain values
+// (base is an address, not a pointer: it keeps nothing alive, and a
+// prefetch of memory since freed is harmless, it never faults).
+type sketchHint struct {
+	rule         string
+	seed         uint64
+	base         uintptr // &counts[0]
+	width, depth int
+}
+
+// hint returns the hint for ruleID's sketch on this coordinator, or false
+// when the rule is not gated or its sketch holds no counters now.
+func (c *Coordinator) sketchHint(ruleID string) (sketchHint, bool) {
+	r, ok := c.rule(ruleID)
+	if !ok || r.sk == nil || r.sk.counts == nil {
+		return sketchHint{}, false
+	}
+	s := r.sk
+	return sketchHint{rule: ruleID, seed: s.seed, base: uintptr(unsafe.Pointer(&s.counts[0])), width: s.p.Width, depth: s.p.Depth}, true
+}
+
+// prefetch starts loading identity's counters into the cache.
+func (h *sketchHint) prefetch(identity string) {
+	var idx [quota.MaxSketchDepth]int
+	sketchSlots(h.seed, h.width, h.depth, identity, &idx)
+	for i := range h.depth {
+		prefetch(h.base + uintptr(idx[i]))
 	}
 }
 

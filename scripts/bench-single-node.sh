@@ -13,7 +13,7 @@ trap 'rm -f "$out"' EXIT
 
 # Interleave the families round by round so that load changes hit all alike.
 for _ in $(seq "$count"); do
-	go test -run '^$' -bench 'GCRAStoreLF|XRate|KeyedXRate|Floor' -benchmem -benchtime "$benchtime" ./bucket/ >>"$out"
+	go test -run '^$' -bench 'GCRAStoreLF|GCRAStoreAllow|XRate|KeyedXRate|Floor' -benchmem -benchtime "$benchtime" ./bucket/ >>"$out"
 	go test -run '^$' -bench 'NodeAllow|BareKeyed' -benchmem -benchtime "$benchtime" . >>"$out"
 done
 go test -run '^$' -bench 'StoreMemory' -benchtime 1x ./bucket/ >>"$out"
@@ -45,13 +45,17 @@ END {
 	print ""
 	print "| target | ratio | goal |"
 	print "|---|---:|---|"
+	# The keyed decision is GCRAStore.Allow (allowed and retry-after, as
+	# AllowN returns a bool; Node.Allow uses it too); GCRAStoreLF, Apply with
+	# the whole Decision, is listed beside it.
 	x = m["BenchmarkXRate/AllowN"]
-	printf "| keyed GCRA at 1k keys ÷ x/time/rate AllowN(now,1) | %.2f | ≤ 0.5 |\n", m["BenchmarkGCRAStoreLF/keys=1k/serial"] / x
-	printf "| keyed GCRA at 1M keys ÷ map floor | %.2f | ≤ 1.5 |\n", m["BenchmarkGCRAStoreLF/keys=1M/serial"] / m["BenchmarkFloor/keys=1M/serial"]
-	printf "| keyed x/time/rate at 1M keys ÷ keyed GCRA | %.2f | ≥ 3 |\n", m["BenchmarkKeyedXRate/keys=1M/serial"] / m["BenchmarkGCRAStoreLF/keys=1M/serial"]
-	printf "| parallel speed-up, GCRA 1k (serial ÷ parallel) | %.2f | ≥ floor |\n", m["BenchmarkGCRAStoreLF/keys=1k/serial"] / m["BenchmarkGCRAStoreLF/keys=1k/parallel"]
+	printf "| keyed GCRA (Allow) at 1k keys ÷ x/time/rate AllowN(now,1) | %.2f | ≤ 0.5 |\n", m["BenchmarkGCRAStoreAllow/keys=1k/serial"] / x
+	printf "| keyed GCRA (Apply, whole Decision) at 1k keys ÷ AllowN(now,1) | %.2f | |\n", m["BenchmarkGCRAStoreLF/keys=1k/serial"] / x
+	printf "| keyed GCRA at 1M keys ÷ map floor | %.2f | ≤ 1.5 |\n", m["BenchmarkGCRAStoreAllow/keys=1M/serial"] / m["BenchmarkFloor/keys=1M/serial"]
+	printf "| keyed x/time/rate at 1M keys ÷ keyed GCRA | %.2f | ≥ 3 |\n", m["BenchmarkKeyedXRate/keys=1M/serial"] / m["BenchmarkGCRAStoreAllow/keys=1M/serial"]
+	printf "| parallel speed-up, GCRA 1k (serial ÷ parallel) | %.2f | ≥ floor |\n", m["BenchmarkGCRAStoreAllow/keys=1k/serial"] / m["BenchmarkGCRAStoreAllow/keys=1k/parallel"]
 	printf "| parallel speed-up, floor 1k | %.2f | |\n", m["BenchmarkFloor/keys=1k/serial"] / m["BenchmarkFloor/keys=1k/parallel"]
-	printf "| parallel speed-up, GCRA 1M | %.2f | ≥ floor |\n", m["BenchmarkGCRAStoreLF/keys=1M/serial"] / m["BenchmarkGCRAStoreLF/keys=1M/parallel"]
+	printf "| parallel speed-up, GCRA 1M | %.2f | ≥ floor |\n", m["BenchmarkGCRAStoreAllow/keys=1M/serial"] / m["BenchmarkGCRAStoreAllow/keys=1M/parallel"]
 	printf "| parallel speed-up, floor 1M | %.2f | |\n", m["BenchmarkFloor/keys=1M/serial"] / m["BenchmarkFloor/keys=1M/parallel"]
 	printf "| node.Allow at 1k ÷ bare keyed decision | %.2f | ≤ 3 |\n", m["BenchmarkNodeAllow/keys=1k/serial"] / m["BenchmarkBareKeyed"]
 }' "$out"
