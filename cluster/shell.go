@@ -500,7 +500,11 @@ func (sh *shard) publishHint(ruleID string) {
 		return
 	}
 	if hp := sh.hint.Load(); hp == nil || *hp != hi {
-		sh.hint.Store(&hi)
+		// A copy made only here: storing &hi would put hi on the heap on
+		// every call, changed or not.
+		fresh := new(sketchHint)
+		*fresh = hi
+		sh.hint.Store(fresh)
 	}
 }
 
