@@ -239,6 +239,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		if cid := ps[len(ps)-1].spec.cid; cid != "" {
 			n.cluster.shell.Prefetch(idh, cid, id) // a gated rule's counters, while the rest is prepared
 		}
+		n.ops.recent.prefetch(ps[len(ps)-1].key)
 		if !c.r.Shadow {
 			enforced++
 			if ps[len(ps)-1].remote() {
@@ -481,6 +482,7 @@ func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (Check
 	if p.spec.cid != "" {
 		n.cluster.shell.Prefetch(idh, p.spec.cid, key) // a gated rule's counters load during the clock read
 	}
+	n.ops.recent.prefetch(p.key) // and the recent counts' cells, added to after the decision
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now}
 	n.record(ctx, &d, &p, now)

@@ -3,8 +3,10 @@ package weir
 import (
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/prefetch"
 )
 
 // Recent per-identity counts: a count-min sketch of allowed and rejected
@@ -45,6 +47,9 @@ type recentSlot struct {
 // recentCounts is the sketch. The zero value is ready to use.
 type recentCounts struct {
 	slots [2]recentSlot
+	// cur is the slot the latest period claimed (its period's parity), for
+	// prefetch: set when a period takes its slot over, read without order.
+	cur atomic.Int32
 }
 
 // cells returns the cell indices of key, one per row.
@@ -65,6 +70,7 @@ func (rc *recentCounts) add(key uint64, now int64, rejected bool) {
 			for i := range s.cells {
 				s.cells[i].Store(0)
 			}
+			rc.cur.Store(int32(p & 1))
 		}
 	}
 	d := uint64(1)
@@ -74,6 +80,17 @@ func (rc *recentCounts) add(key uint64, now int64, rejected bool) {
 	a, b := recentCells(key)
 	s.cells[a].Add(d)
 	s.cells[b].Add(d)
+}
+
+// prefetch starts loading key's cells in the current period's slot into the
+// CPU's cache, so that add, after the decision, finds them there: a hint
+// that changes nothing (the slot may have turned over in between; add is
+// right either way).
+func (rc *recentCounts) prefetch(key uint64) {
+	s := &rc.slots[rc.cur.Load()&1]
+	a, b := recentCells(key)
+	prefetch.Line(uintptr(unsafe.Pointer(&s.cells[a])))
+	prefetch.Line(uintptr(unsafe.Pointer(&s.cells[b])))
 }
 
 // estimate returns key's allowed and rejected counts over the current and

@@ -115,3 +115,33 @@ func BenchmarkRecentCounts(b *testing.B) {
 		}
 	})
 }
+
+// TestRecentCountsPrefetch: prefetching a key's cells changes no count, in
+// any period and across turnovers, and follows the slot the latest period
+// claimed.
+func TestRecentCountsPrefetch(t *testing.T) {
+	var with, without recentCounts
+	rnd := rand.New(rand.NewPCG(3, 4))
+	now := int64(7 * recentPeriod)
+	for i := range 20000 {
+		key := rnd.Uint64() % 300
+		rejected := rnd.IntN(3) == 0
+		with.prefetch(key)
+		with.add(key, now, rejected)
+		without.add(key, now, rejected)
+		if i%5000 == 4999 {
+			now += int64(recentPeriod) // a turnover every 5 000 adds
+			if got, want := with.cur.Load(), int32((now/int64(recentPeriod)-1)&1); got != want {
+				t.Fatalf("after %d adds: prefetching from slot %d, the latest period's is %d", i+1, got, want)
+			}
+		}
+		now += int64(time.Microsecond)
+	}
+	for key := range uint64(300) {
+		a1, r1, s1 := with.estimate(key, now)
+		a2, r2, s2 := without.estimate(key, now)
+		if a1 != a2 || r1 != r2 || s1 != s2 {
+			t.Fatalf("key %d: %d/%d over %v with prefetching, %d/%d over %v without", key, a1, r1, s1, a2, r2, s2)
+		}
+	}
+}

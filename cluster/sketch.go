@@ -9,6 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/prefetch"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -185,7 +186,7 @@ func (h *sketchHint) prefetch(identity string) {
 	var idx [quota.MaxSketchDepth]int
 	sketchSlots(h.seed, h.width, h.depth, identity, &idx)
 	for i := range h.depth {
-		prefetch(h.base + uintptr(idx[i]))
+		prefetch.Line(h.base + uintptr(idx[i]))
 	}
 }
 

@@ -1,7 +1,7 @@
 #include "textflag.h"
 
-// func prefetch(addr uintptr)
-TEXT ·prefetch(SB), NOSPLIT, $0-8
+// func Line(addr uintptr)
+TEXT ·Line(SB), NOSPLIT, $0-8
 	MOVD addr+0(FP), R0
 	PRFM (R0), PLDL1KEEP
 	RET
