@@ -914,12 +914,27 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	var oe *ownerEntry
 	looked := false // oe is this node's bucket of k, or nil for none
 	scored := false // owner came from scoring the table now
+	gated := false  // the gate was asked (and promoted the identity)
+	if e == nil && r.sk != nil && len(c.down) == 0 {
+		// A gated rule's identity with no entry here, bucket or node
+		// entry, goes to the gate whoever owns it (no peer is down), so
+		// the ring need not be scored unless the gate promotes it.
+		oe, looked = c.owned.get(k), true
+		if oe == nil {
+			if o, ok := c.gate(now, r, identity, cost); ok {
+				return o, nil
+			}
+			gated = true
+		}
+	}
 	if e != nil && c.table != nil && e.epoch == c.epoch {
 		owner = e.owner
 	} else if c.table != nil {
 		// The owner of an identity whose bucket is here, found under the
 		// table in force, is this node: no need to score the ring again.
-		oe, looked = c.owned.get(k), true
+		if !looked {
+			oe, looked = c.owned.get(k), true
+		}
 		if oe == nil || oe.mineIn != c.tables {
 			scored = true
 			if o := c.table.OwnerName(identity); o != "" {
@@ -931,7 +946,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		if !looked {
 			oe = c.owned.get(k)
 		}
-		if r.sk != nil && oe == nil {
+		if r.sk != nil && oe == nil && !gated {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
@@ -944,7 +959,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	}
 	down := len(c.down) > 0 && c.down[owner]
 	if e == nil {
-		if r.sk != nil && !down {
+		if r.sk != nil && !down && !gated {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
