@@ -12,8 +12,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/prefetch"
 )
 
 // Shell is the thin adapter around one node's decision core: it serialises
@@ -478,16 +480,21 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 	return s.DecideHashedAt(ctx, now, s.cfg.Hasher.Sum(identity), ruleID, identity, cost)
 }
 
-// Prefetch starts loading into the CPU's cache the sketch counters that a
-// decision of identity under ruleID will read, when the rule is gated
-// (quota.Sketch) and was last decided through its sketch in identity's
-// shard; h is ShellConfig.Hasher.Sum(identity). It takes no lock, changes
-// nothing and decides nothing: a caller that will call DecideHashedAt calls
-// it first, before its other work for the request (the clock read), so
-// that the sketch's cache miss (megabytes of counters read at random)
-// overlaps that work instead of stalling the gate under the lock.
+// Prefetch starts loading into the CPU's cache what a decision of identity
+// under ruleID will read first at random: the entry in its slot of the
+// reject cache, and, when the rule is gated (quota.Sketch) and was last
+// decided through its sketch in identity's shard, the sketch counters; h is
+// ShellConfig.Hasher.Sum(identity). It takes no lock, changes nothing and
+// decides nothing: a caller that will call DecideHashedAt calls it first,
+// before its other work for the request (the clock read), so that those
+// cache misses (the sketch's megabytes of counters are read at random)
+// overlap that work instead of stalling the decision under the lock.
 func (s *Shell) Prefetch(h uint64, ruleID, identity string) {
-	if hp := s.shards[s.shardOfHash(h)].hint.Load(); hp != nil && hp.rule == ruleID {
+	sh := &s.shards[s.shardOfHash(h)]
+	if e := sh.rej.slot(h).Load(); e != nil {
+		prefetch.Line(uintptr(unsafe.Pointer(e)))
+	}
+	if hp := sh.hint.Load(); hp != nil && hp.rule == ruleID {
 		hp.prefetch(identity)
 	}
 }
