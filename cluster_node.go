@@ -466,13 +466,8 @@ func (n *Node) clusterRules(e *engine) {
 
 // decideCluster asks the coordinator for a cluster rule's decision.
 func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket.Decision, bool) {
-	var o cluster.Outcome
-	var err error
-	if p.idh != 0 { // the Shell's Hasher is n.hasher (startCluster): no second hash of the identity
-		o, err = n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.id, p.cost)
-	} else {
-		o, err = n.cluster.shell.DecideAt(ctx, now, p.spec.cid, p.id, p.cost)
-	}
+	// The Shell's Hasher is n.hasher (startCluster): p.idh is its hash.
+	o, err := n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.id, p.cost)
 	if err != nil {
 		// The caller gave up (ctx) or the rule is unknown mid-reload: the
 		// rule's local fallback decides, degraded.

@@ -169,9 +169,29 @@ type pending struct {
 	c     *crule
 	spec  *limitSpec
 	id    string
-	idh   uint64 // n.hasher.Sum(id), 0 when not computed (the cluster's Shell hashes id then)
+	idh   uint64 // n.hasher.Sum(id): the cluster's Shell picks its shard by it
 	key   uint64
 	cost  int64
+}
+
+// newPending returns rule c's part of a request of identity id under spec,
+// idh being n.hasher.Sum(id): the identity is hashed once, for its key and
+// for the cluster's shard. (The caller hashes, so that this inlines on the
+// decision path.)
+func newPending(order int, c *crule, spec *limitSpec, id string, idh uint64, cost int64) pending {
+	return pending{order: order, c: c, spec: spec, id: id, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost}
+}
+
+// prefetch starts loading what deciding p will read first at random (a
+// gated rule's sketch counters and the reject cache's entry in the
+// cluster's Shell, and the recent counts' cells it adds to after), so that
+// those cache misses overlap the rest of the request's preparation (the
+// clock read) instead of stalling the decision. It changes nothing.
+func (n *Node) prefetch(p *pending) {
+	if p.spec.cid != "" {
+		n.cluster.shell.Prefetch(p.idh, p.spec.cid, p.id)
+	}
+	n.ops.recent.prefetch(p.key)
 }
 
 // remote reports whether p is decided over the network (by the identity's
@@ -234,12 +254,8 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		if cost <= 0 {
 			cost = c.r.CostFor(req.Method)
 		}
-		idh := n.hasher.Sum(id)
-		ps = append(ps, pending{order: len(ps), c: c, spec: c.specFor(id, req.Tier), id: id, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost})
-		if cid := ps[len(ps)-1].spec.cid; cid != "" {
-			n.cluster.shell.Prefetch(idh, cid, id) // a gated rule's counters, while the rest is prepared
-		}
-		n.ops.recent.prefetch(ps[len(ps)-1].key)
+		ps = append(ps, newPending(len(ps), c, c.specFor(id, req.Tier), id, n.hasher.Sum(id), cost))
+		n.prefetch(&ps[len(ps)-1])
 		if !c.r.Shadow {
 			enforced++
 			if ps[len(ps)-1].remote() {
@@ -477,12 +493,8 @@ func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (Check
 	if cost <= 0 {
 		cost = c.r.Cost
 	}
-	idh := n.hasher.Sum(key)
-	p := pending{c: c, spec: c.specFor(key, ""), id: key, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost}
-	if p.spec.cid != "" {
-		n.cluster.shell.Prefetch(idh, p.spec.cid, key) // a gated rule's counters load during the clock read
-	}
-	n.ops.recent.prefetch(p.key) // and the recent counts' cells, added to after the decision
+	p := newPending(0, c, c.specFor(key, ""), key, n.hasher.Sum(key), cost)
+	n.prefetch(&p)
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now}
 	n.record(ctx, &d, &p, now)

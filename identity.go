@@ -162,8 +162,7 @@ func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 		if len(ir.Key) == 0 {
 			ir.Key = []string{"global"}
 		}
-		idh := n.hasher.Sum(bid)
-		p := pending{c: c, spec: spec, id: bid, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost}
+		p := newPending(0, c, spec, bid, n.hasher.Sum(bid), cost)
 		ir.Bucket = n.bucketReport(ctx, &p, now)
 		var a, r uint64
 		a, r, since = n.ops.recent.estimate(p.key, now)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/weir-dev/weir/bucket"
 )
 
 // KeyCheck is one charge of Node.CheckKeys: Cost tokens of Rule for Key.
@@ -47,8 +45,7 @@ func (n *Node) CheckKeys(ctx context.Context, checks []KeyCheck) (Decision, erro
 			return Decision{}, fmt.Errorf("weir: CheckKeys: checks[%d].Cost: must not be negative, got %d", i, kc.Cost)
 		}
 		c := &e.rules[ri]
-		ps = append(ps, pending{order: i, c: c, spec: c.specFor(kc.Key, ""), id: kc.Key,
-			key: bucket.Mix(c.salt, n.hasher.Sum(kc.Key)), cost: kc.Cost})
+		ps = append(ps, newPending(i, c, c.specFor(kc.Key, ""), kc.Key, n.hasher.Sum(kc.Key), kc.Cost))
 	}
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now, At: time.Unix(0, now)}

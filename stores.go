@@ -51,7 +51,7 @@ type gcraLimiter struct {
 }
 
 func (l *gcraLimiter) take(key uint64, now, cost int64) bucket.Decision {
-	return l.g.Decision(l.st.Allow(key, now, &l.g, cost))
+	return l.st.Apply(key, now, &l.g, cost)
 }
 
 func (l *gcraLimiter) peek(key uint64, now, cost int64) bucket.Decision {

@@ -101,14 +101,7 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	ctx := context.Background()
 
 	// b's exchange with c: in flight until the end.
-	slowDone := make(chan Outcome, 1)
-	go func() {
-		o, err := b.Decide(ctx, "e", z, 1)
-		if err != nil {
-			t.Error(err)
-		}
-		slowDone <- o
-	}()
+	slowDone := decideAsync(t, b, "e", z)
 	// Only exchanges with c are in flight, on a and on b, and c's own have
 	// returned (the ring's first exchanges), so that nothing returning
 	// collects what b queues next, and no reply of b's (nor anything b's
@@ -127,14 +120,7 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	c := shells["gw-c"]
 	waitFor(t, func() bool { return onlyC(a) && onlyC(b) && idle(c) })
 	// b's decision for x now waits in its outbox: an exchange is in flight.
-	xDone := make(chan Outcome, 1)
-	go func() {
-		o, err := b.Decide(ctx, "e", x, 1)
-		if err != nil {
-			t.Error(err)
-		}
-		xDone <- o
-	}()
+	xDone := decideAsync(t, b, "e", x)
 	waitFor(t, func() bool {
 		st, _, _ := b.Stats()
 		return st.Forwarded >= 2
@@ -168,6 +154,20 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 }
 
 // waitFor polls cond for up to ten seconds.
+// decideAsync decides one token of identity under rule on sh in a
+// goroutine of its own and hands the outcome to the channel it returns.
+func decideAsync(t *testing.T, sh *Shell, rule, identity string) <-chan Outcome {
+	done := make(chan Outcome, 1)
+	go func() {
+		o, err := sh.Decide(context.Background(), rule, identity, 1)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- o
+	}()
+	return done
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); {

@@ -170,7 +170,7 @@ type sketchHint struct {
 	width, depth int
 }
 
-// hint returns the hint for ruleID's sketch on this coordinator, or false
+// sketchHint returns the hint for ruleID's sketch on this coordinator, or false
 // when the rule is not gated or its sketch holds no counters now.
 func (c *Coordinator) sketchHint(ruleID string) (sketchHint, bool) {
 	r, ok := c.rule(ruleID)
