@@ -569,13 +569,19 @@ func TestChaos(t *testing.T) {
 		time.Sleep(quiet)
 	}
 
-	// Leases are held again (under load), rules are all there.
-	// Leases are held again: at least as many identities on a lease as
-	// after the warm-up, before any fault (under load).
+	// Leases are held again (under load): of the global identities the
+	// nodes hold, the share on a lease is at least 4/5 of the share after
+	// the warm-up, before any fault. Shares, not counts: how many
+	// identities a node holds at a moment follows how many calls the
+	// clients made lately, which a loaded machine slows.
 	endLeased, endFallback := leases()
-	for deadline := time.Now().Add(30 * time.Second); endLeased < max(warmLeased, 1); endLeased, endFallback = leases() {
+	leasedAgain := func(leased, fallback int) bool {
+		return leased >= 1 && leased*(warmLeased+warmFallback)*5 >= warmLeased*(leased+fallback)*4
+	}
+	for deadline := time.Now().Add(30 * time.Second); !leasedAgain(endLeased, endFallback); endLeased, endFallback = leases() {
 		if time.Now().After(deadline) {
-			t.Errorf("after 30s, %d global identities are leased, %d at warm-up:%s", endLeased, warmLeased, leaseState)
+			t.Errorf("after 30s, %d global identities are leased and %d on the fallback, against %d and %d at warm-up:%s",
+				endLeased, endFallback, warmLeased, warmFallback, leaseState)
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
