@@ -84,6 +84,18 @@ func (g *GCRA) Step(s *TAT, now, cost int64) Decision {
 	return d
 }
 
+// Allow decides and charges exactly as Step does, and returns the decision
+// as a two-word Verdict (Decision(v) is what Step returns): for callers that
+// need only whether a request passed, such as the simulator's reference
+// bucket, without building the six-word Decision.
+func (g *GCRA) Allow(s *TAT, now, cost int64) Verdict {
+	v, n := g.verdict(int64(*s), now, cost)
+	if v.RetryAfter == 0 && cost > 0 {
+		*s = TAT(n)
+	}
+	return v
+}
+
 // Peek reports what Step with cost 0 would: Allowed is false only when the
 // bucket is in debt (then RetryAfter is the time until it is out of debt).
 func (g *GCRA) Peek(s TAT, now int64) Decision {

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// TestVerdictDecision checks GCRA.Decision(verdict) against Step over random
-// states, times and costs, edge cases included (cost 0, negative, above the
+// TestVerdictDecision checks GCRA.Decision(verdict) and GCRA.Allow against
+// Step over random states, times and costs, edge cases included (cost 0, negative, above the
 // burst; a TAT in debt; a clock behind the TAT), and that Allowed agrees.
 func TestVerdictDecision(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
@@ -39,9 +39,65 @@ func TestVerdictDecision(t *testing.T) {
 		if cost > 0 && int64(s) != next {
 			t.Fatalf("tat after: verdict %d, Step %d", next, int64(s))
 		}
+		// Allow: the same verdict, the same state after as Step.
+		a := TAT(tat)
+		if av := g.Allow(&a, now, cost); av != v || a != s {
+			t.Fatalf("tat %d now %d cost %d: Allow %+v leaves %d, Step %+v leaves %d", tat, now, cost, av, a, want, s)
+		}
 	}
 	if (Verdict{}) != (Verdict{Reset: 0, RetryAfter: 0}) || !(Verdict{}).Allowed() {
 		t.Fatal("the zero Verdict is an admission")
+	}
+}
+
+// TestGCRAAllowSequences: Allow admits and charges exactly as Step does
+// along sequences of requests, over random rules, costs (within the burst,
+// beyond it, zero and negative), times (forward, repeated, backward) and
+// TATs near saturation.
+func TestGCRAAllowSequences(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 5))
+	for rule := range 200 {
+		limit := 1 + r.Int64N(1000)
+		window := time.Duration(limit + r.Int64N(int64(10*time.Second)))
+		burst := 1 + r.Int64N(200)
+		g, err := NewGCRA(limit, window, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, b TAT
+		now := int64(1 << 40)
+		if rule%10 == 0 {
+			a = TAT(int64(^uint64(0)>>1) - r.Int64N(int64(window)))
+			b = a
+		}
+		allowed := 0
+		for i := range 2000 {
+			switch r.IntN(4) {
+			case 0: // the same instant
+			case 1:
+				now -= r.Int64N(int64(window) / 4) // a step back
+			default:
+				now += r.Int64N(int64(window) / 50)
+			}
+			cost := 1 + r.Int64N(burst)
+			switch r.IntN(20) {
+			case 0:
+				cost = burst + 1 + r.Int64N(5)
+			case 1:
+				cost = -r.Int64N(2)
+			}
+			want := g.Step(&a, now, cost).Allowed
+			if got := g.Allow(&b, now, cost).Allowed(); got != want || a != b {
+				t.Fatalf("rule %d (limit %d, window %v, burst %d), step %d, cost %d: Allow %v tat %d, Step %v tat %d",
+					rule, limit, window, burst, i, cost, got, b, want, a)
+			}
+			if want {
+				allowed++
+			}
+		}
+		if allowed == 0 && rule%10 != 0 {
+			t.Fatalf("rule %d admitted nothing", rule)
+		}
 	}
 }
 

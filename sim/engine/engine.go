@@ -38,6 +38,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"strings"
@@ -224,7 +225,9 @@ func (w *wheel) pop(b int) item {
 	if nd.next < 0 {
 		w.bits[b>>6] &^= 1 << (b & 63)
 	}
-	nd.it, nd.next, w.free = item{}, w.free, k
+	// The node keeps its item until it is reused: its event is one
+	// the caller holds anyway, and clearing it cost a write per event.
+	nd.next, w.free = w.free, k
 	w.n--
 	return it
 }
@@ -244,12 +247,25 @@ type Sim struct {
 	// wheel holds the other events due within about a millisecond; the
 	// heap those further ahead.
 	wheel *wheel
-	rng   *rand.Rand
+	rng   *rand.Rand // pcg.Std()
+	pcg   *PCG
 	fired uint64
 	// lanes are FIFO queues of events scheduled a fixed delay ahead (see
 	// Lane): their items arrive in (at, seq) order, so each is kept in
 	// order by appending, without the heap.
 	lanes []*Lane
+	// laneMin is the lane whose first item is the earliest of all the
+	// lanes' (nil: all are empty), unless laneStale: a pop from it may
+	// have changed that, and Step looks at every lane again.
+	laneMin   *Lane
+	laneStale bool
+	// laneAt is the time of laneMin's first item (math.MaxInt64 when
+	// every lane is empty), so that Step compares one integer while the
+	// lanes' next event lies ahead of the others.
+	laneAt int64
+	// none is the sentinel Step starts from: nothing, due at the end of
+	// time.
+	none item
 }
 
 // Lane is a FIFO queue of events for a Sim, for a kind of event that is
@@ -282,7 +298,14 @@ func (s *Sim) AtIn(l *Lane, at int64, ev Event) {
 		return
 	}
 	s.seq++
-	l.q = append(l.q, item{at: at, seq: s.seq, ev: ev})
+	it := item{at: at, seq: s.seq, ev: ev}
+	if len(l.q) == l.head && !s.laneStale {
+		// l's first item: it may precede the other lanes' first.
+		if m := s.laneMin; m == nil || it.before(&m.q[m.head]) {
+			s.laneMin, s.laneAt = l, at
+		}
+	}
+	l.q = append(l.q, it)
 }
 
 // AfterIn schedules ev d nanoseconds from now, in lane l when that keeps it
@@ -309,7 +332,9 @@ func (l *Lane) pop() item {
 // random source is PCG seeded with seed (the second PCG word is fixed, so a
 // single integer names a run).
 func New(start int64, seed uint64) *Sim {
-	return &Sim{now: start, wheel: newWheel(), rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))}
+	p := NewPCG(seed, 0x9e3779b97f4a7c15)
+	return &Sim{now: start, wheel: newWheel(), rng: p.Std(), pcg: p,
+		laneAt: math.MaxInt64, none: item{at: math.MaxInt64, seq: math.MaxUint64}}
 }
 
 // Now returns the virtual time in nanoseconds.
@@ -319,6 +344,11 @@ func (s *Sim) Now() int64 { return s.now }
 // come from it, in loop order, for the run to be reproducible.
 func (s *Sim) Rand() *rand.Rand { return s.rng }
 
+// PCG returns the run's random source itself: its draws and those of
+// Rand come from one stream, in loop order, and each of its methods draws
+// what Rand's method of that name would.
+func (s *Sim) PCG() *PCG { return s.pcg }
+
 // At schedules ev at virtual time at. A time in the past fires at the
 // current time, after the events already due then.
 func (s *Sim) At(at int64, ev Event) {
@@ -327,17 +357,24 @@ func (s *Sim) At(at int64, ev Event) {
 	}
 	s.seq++
 	it := item{at: at, seq: s.seq, ev: ev}
-	switch {
-	case s.hasFront && it.before(&s.front):
-		s.place(s.front)
-		s.front = it
-	case s.hasFront:
-		s.place(it)
-	case len(s.q) == 0 || it.before(&s.q[0]):
-		s.front, s.hasFront = it, true
-	default:
-		s.place(it)
+	if s.hasFront {
+		if it.before(&s.front) {
+			it, s.front = s.front, it
+		}
+		// it follows the front: the wheel's if it fits there (inline,
+		// as the common case of a message delivery), else the heap's.
+		if w := s.wheel; w.fits(s.now, it.at) {
+			w.push(it)
+			return
+		}
+		s.q.push(it)
+		return
 	}
+	if len(s.q) == 0 || it.before(&s.q[0]) {
+		s.front, s.hasFront = it, true
+		return
+	}
+	s.place(it)
 }
 
 // place queues it, which follows the front: in the wheel if it fits there,
@@ -373,28 +410,33 @@ func (s *Sim) Fired() uint64 { return s.fired }
 // whether it did.
 func (s *Sim) Step(until int64) bool {
 	// The earliest event is the front (which precedes the heap), else the
-	// heap's top, unless a lane's first or the wheel's is earlier still.
-	var best *item
+	// heap's top, unless the earliest lane's first or the wheel's is
+	// earlier still. The lanes keep the time of their first item at
+	// hand: while it is later, they cost one comparison.
+	best := &s.none
 	switch {
 	case s.hasFront:
 		best = &s.front
 	case len(s.q) > 0:
 		best = &s.q[0]
 	}
+	if s.laneStale {
+		s.findLaneMin()
+	}
 	var lane *Lane
-	for _, l := range s.lanes {
-		if l.head < len(l.q) && (best == nil || l.q[l.head].before(best)) {
-			best, lane = &l.q[l.head], l
+	if l := s.laneMin; s.laneAt <= best.at && l != nil {
+		if it := &l.q[l.head]; it.before(best) {
+			best, lane = it, l
 		}
 	}
 	wb := -1 // the wheel's bucket, when its first item is the earliest
 	if w := s.wheel; w.n > 0 {
 		b := w.first(s.now)
-		if it := &w.nodes[w.heads[b]].it; best == nil || it.before(best) {
+		if it := &w.nodes[w.heads[b]].it; it.before(best) {
 			best, lane, wb = it, nil, b
 		}
 	}
-	if best == nil || best.at > until {
+	if best.at > until || best == &s.none {
 		return false
 	}
 	var it item
@@ -403,8 +445,9 @@ func (s *Sim) Step(until int64) bool {
 		it = s.wheel.pop(wb)
 	case lane != nil:
 		it = lane.pop()
+		s.laneStale = true
 	case s.hasFront:
-		it, s.front, s.hasFront = s.front, item{}, false
+		it, s.hasFront = s.front, false // the stale front is overwritten before it is read
 	default:
 		it = s.q.pop()
 	}
@@ -412,6 +455,18 @@ func (s *Sim) Step(until int64) bool {
 	s.fired++
 	it.ev.Fire(s)
 	return true
+}
+
+// findLaneMin sets laneMin to the lane whose first item is the earliest.
+func (s *Sim) findLaneMin() {
+	var m *Lane
+	at := int64(math.MaxInt64)
+	for _, l := range s.lanes {
+		if l.head < len(l.q) && (m == nil || l.q[l.head].before(&m.q[m.head])) {
+			m, at = l, l.q[l.head].at
+		}
+	}
+	s.laneMin, s.laneAt, s.laneStale = m, at, false
 }
 
 // Run fires events in order until none is due at or before until, then sets

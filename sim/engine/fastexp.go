@@ -35,8 +35,12 @@ const (
 // expFast returns e^x for |x| ≤ expMaxArg with a relative error below 2⁻⁵⁰.
 func expFast(x float64) float64 {
 	const n = 1 << expTableBits
-	k := int64(math.Round(x * (n / math.Ln2)))
-	kf := float64(k)
+	// k is x·n/ln2 rounded to an integer by the add-and-subtract of
+	// 1.5·2⁵² (to nearest, ties to even; exact for |x·n/ln2| < 2⁵¹):
+	// cheaper than math.Round, and any integer within ½ of it will do.
+	const shifter = 0x1.8p52
+	kf := (x*(n/math.Ln2) + shifter) - shifter
+	k := int64(kf)
 	r := (x - kf*(ln2Hi/n)) - kf*(ln2Lo/n)
 	// e^r for |r| ≤ ln2/128: Taylor to r⁵ (the next term is below 2⁻⁵⁷).
 	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120)))))
@@ -58,7 +62,11 @@ func lognormalNS(median, x, cap float64) int64 {
 			return int64(cap)
 		case cap > 0 && hi >= cap:
 			// The cap is within the margin: decide exactly.
-		case math.Floor(lo) == math.Floor(hi):
+		case lo >= 0 && hi < 0x1p62 && int64(lo) == int64(hi):
+			// Truncation, as int64(d) does it, gives one integer over
+			// the whole margin (math.Floor(lo) == math.Floor(hi) for
+			// these, without the calls; anything else is decided
+			// exactly below).
 			return int64(d)
 		}
 	}

@@ -74,6 +74,12 @@ type Network struct {
 	nextID  int
 	free    *delivery
 
+	// logn is whether latency is a LogNormal (the common case), drawn
+	// without the interface call from its median, sigma and cap as
+	// float64s.
+	logn                     bool
+	lnMedian, lnSigma, lnCap float64
+
 	// Sent, Lost and Cut count messages handed to Send, lost on the way,
 	// and dropped by a partition.
 	Sent, Lost, Cut uint64
@@ -82,7 +88,9 @@ type Network struct {
 // NewNetwork returns a network of n nodes on s with the given latency and no
 // loss.
 func NewNetwork(s *Sim, n int, latency Latency) *Network {
-	return &Network{sim: s, n: n, latency: latency, parts: map[int][]int{}}
+	nw := &Network{sim: s, n: n, parts: map[int][]int{}}
+	nw.SetLatency(latency)
+	return nw
 }
 
 // Nodes returns the number of nodes.
@@ -104,7 +112,13 @@ func (nw *Network) Grow(n int) {
 }
 
 // SetLatency replaces the latency distribution.
-func (nw *Network) SetLatency(l Latency) { nw.latency = l }
+func (nw *Network) SetLatency(l Latency) {
+	nw.latency, nw.logn = l, false
+	if ln, ok := l.(LogNormal); ok {
+		nw.logn = true
+		nw.lnMedian, nw.lnSigma, nw.lnCap = float64(ln.Median), ln.Sigma, float64(ln.Cap)
+	}
+}
 
 // Latency returns the latency distribution in force.
 func (nw *Network) Latency() Latency { return nw.latency }
@@ -198,13 +212,18 @@ func (nw *Network) SendDirect(a, b int, ev Event) (int64, bool) {
 // once, or arriving at the returned time.
 func (nw *Network) carry(a, b int) (int64, bool) {
 	nw.Sent++
-	if nw.loss > 0 && nw.sim.rng.Float64() < nw.loss {
+	if nw.loss > 0 && nw.sim.pcg.Float64() < nw.loss {
 		nw.Lost++
 		return 0, false
 	}
-	if !nw.Reachable(a, b) {
+	if len(nw.partIDs) > 0 && !nw.Reachable(a, b) {
 		nw.Cut++
 		return 0, false
+	}
+	if nw.logn {
+		// LogNormal.Draw(nw.sim.rng), without the calls through the
+		// interface and rand.Rand.
+		return nw.sim.now + lognormalNS(nw.lnMedian, nw.lnSigma*nw.sim.pcg.NormFloat64(), nw.lnCap), true
 	}
 	return nw.sim.now + nw.latency.Draw(nw.sim.rng), true
 }

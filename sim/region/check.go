@@ -114,6 +114,7 @@ type checker struct {
 	segs      []segment
 	lowEnd    int64 // the lower bound is checked up to here (end of traffic)
 	saturated bool
+	lastSeg   int // the segment segOf found last (a hint)
 	ids       []idCheck
 	seq       uint64
 	// fresh holds the admissions recorded since the last drain, in
@@ -280,6 +281,10 @@ func sortAdmissions(a []admission) {
 
 // segOf returns the index of the clean segment holding t, or -1.
 func (c *checker) segOf(t int64) int {
+	// Admissions are fed in time order: mostly the last segment found.
+	if k := c.lastSeg; k < len(c.segs) && c.segs[k].from <= t && t < c.segs[k].to {
+		return k
+	}
 	i, found := slices.BinarySearchFunc(c.segs, t, func(s segment, t int64) int {
 		switch {
 		case s.to <= t:
@@ -292,6 +297,7 @@ func (c *checker) segOf(t int64) int {
 	if !found {
 		return -1
 	}
+	c.lastSeg = i
 	return i
 }
 

@@ -117,8 +117,10 @@ type ownerCache struct {
 
 // OwnerName returns the ring's owner of identity.
 func (o *ownerCache) OwnerName(identity string) string {
+	// parseIndex accepts only the canonical name of an index, so an
+	// identity it parses to i < len(o.ids) is o.ids[i].
 	i, ok := parseIndex(identity, "id-")
-	if !ok || i >= len(o.ids) || o.ids[i] != identity {
+	if !ok || i >= len(o.ids) {
 		return o.Ring.OwnerName(identity)
 	}
 	if n := o.owner[i]; n != "" {

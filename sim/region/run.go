@@ -304,19 +304,42 @@ func (rg *Region) scheduleFault(f Fault) {
 
 // nodeIndex returns the index of the node named name ("n" and its index,
 // nodeName): parsed, not looked up in a map, as every exchange needs it.
+// A name parseIndex accepts is the canonical decimal, so it is
+// nodeName(i) itself: no comparison with rg.names[i] is needed.
 func (rg *Region) nodeIndex(name string) (int, bool) {
+	// The common names, "n" and one or two digits, without a loop.
+	if len(name) == 2 && name[0] == 'n' {
+		if d := name[1] - '0'; d <= 9 && int(d) < len(rg.names) {
+			return int(d), true
+		}
+		return 0, false
+	}
+	if len(name) == 3 && name[0] == 'n' {
+		d1, d2 := name[1]-'0', name[2]-'0'
+		if i := int(d1)*10 + int(d2); d1 >= 1 && d1 <= 9 && d2 <= 9 && i < len(rg.names) {
+			return i, true
+		}
+		return 0, false
+	}
 	i, ok := parseIndex(name, "n")
-	if !ok || i >= len(rg.names) || rg.names[i] != name {
+	if !ok || i >= len(rg.names) {
 		return 0, false
 	}
 	return i, true
 }
 
 // parseIndex parses the decimal index after prefix in s (at most 9
-// digits, no sign, no leading zero unless it is 0).
+// digits, no sign, no leading zero unless it is 0). What it accepts is
+// prefix and strconv.Itoa of the index, nothing else: a name it parses to
+// i is the name made for i.
 func parseIndex(s, prefix string) (int, bool) {
-	if len(s) <= len(prefix) || len(s) > len(prefix)+9 || s[:len(prefix)] != prefix {
+	if len(s) <= len(prefix) || len(s) > len(prefix)+9 {
 		return 0, false
+	}
+	for j := 0; j < len(prefix); j++ { // byte by byte: no call for a short prefix
+		if s[j] != prefix[j] {
+			return 0, false
+		}
 	}
 	d := s[len(prefix):]
 	if len(d) > 1 && d[0] == '0' {
@@ -356,7 +379,7 @@ func (rg *Region) arrive(ident, k int) {
 	vnow := rg.sim.Now()
 	cost := rg.cfg.Cost
 	rg.requests++
-	if rg.ref.Step(&rg.refTAT[ident], vnow, cost).Allowed {
+	if rg.ref.Allow(&rg.refTAT[ident], vnow, cost).Allowed() {
 		rg.refAdmitted += cost
 		rg.binsRef[(vnow-rg.t0)/int64(rg.cfg.Bin)] += cost
 	}
@@ -374,8 +397,8 @@ func (rg *Region) arrive(ident, k int) {
 	rg.unserved++
 }
 
-// outcome records a decision of node n for ident made at virtual time at.
-func (rg *Region) outcome(n *node, ident int, at int64, o cluster.Outcome, cost int64) {
+// outcome records a decision for ident made at virtual time at.
+func (rg *Region) outcome(ident int, at int64, o *cluster.Outcome, cost int64) {
 	if o.Degraded {
 		rg.degraded++
 	}

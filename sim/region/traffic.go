@@ -93,7 +93,7 @@ type poisson struct {
 }
 
 func (p *poisson) Fire(s *engine.Sim) {
-	r := s.Rand()
+	r := s.PCG()
 	id := p.ident
 	if p.zipf != nil {
 		id = int(p.zipf.Uint64())
@@ -176,7 +176,7 @@ func (rg *Region) startTraffic() {
 			}
 		}
 	case TrafficZipf:
-		z := newZipf(s.Rand(), c.ZipfS, 1, uint64(c.IDs-1))
+		z := newZipf(s.PCG(), c.ZipfS, 1, uint64(c.IDs-1))
 		mean := 1e9 / c.Rate
 		s.At(rg.t0, &poisson{rg: rg, ident: -1, mean: mean, zipf: z})
 	}

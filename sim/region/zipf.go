@@ -2,7 +2,8 @@ package region
 
 import (
 	"math"
-	"math/rand/v2"
+
+	"github.com/weir-dev/weir/sim/engine"
 )
 
 // zipf draws exactly what math/rand/v2's Zipf draws from the same source,
@@ -23,7 +24,7 @@ import (
 // Other cells hold zipfNone and their draws run the exact arithmetic
 // (as do values from zipfNone up, which the table does not hold).
 type zipf struct {
-	r            *rand.Rand
+	r            *engine.PCG
 	imax         float64
 	v            float64
 	q            float64
@@ -46,9 +47,9 @@ const (
 	zipfNone   = math.MaxUint16
 )
 
-// newZipf returns a generator of the values rand.NewZipf(r, s, v, imax)
-// generates, or nil where that returns nil.
-func newZipf(r *rand.Rand, s, v float64, imax uint64) *zipf {
+// newZipf returns a generator of the values rand.NewZipf(r.Std(), s, v,
+// imax) generates, or nil where that returns nil.
+func newZipf(r *engine.PCG, s, v float64, imax uint64) *zipf {
 	if s <= 1.0 || v < 1 {
 		return nil
 	}
