@@ -198,6 +198,9 @@ type RuleParams struct {
 	// plain: a gcra rule that is not leased, decided on the owner by
 	// gcra.Step alone (SetRules sets it): ownerStep's one test.
 	plain bool
+	// slackN and slackS cache Slack(slackN) for Coordinator.slack (0: none).
+	slackN int
+	slackS int64
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
@@ -358,7 +361,10 @@ type Message struct {
 }
 
 // Empty reports whether m carries nothing.
-func (m *Message) Empty() bool { return m.Items() == 0 && m.HandedOver == 0 }
+func (m *Message) Empty() bool {
+	return len(m.Decides) == 0 && len(m.Results) == 0 && len(m.Syncs) == 0 && len(m.Acks) == 0 &&
+		len(m.Handoffs) == 0 && m.HandedOver == 0
+}
 
 // Items returns the number of items of all kinds in m.
 func (m *Message) Items() int {
@@ -577,12 +583,6 @@ type pendingReq struct {
 	live     bool // false once a result, a timeout or a down peer decided it
 }
 
-// outbox is the message queued for one destination in this round.
-type outbox struct {
-	to string
-	m  *Message
-}
-
 // smallOutboxes is how many destinations a round looks up by a linear scan
 // before it indexes them in a map: most rounds have one or two.
 const smallOutboxes = 8
@@ -628,6 +628,7 @@ type Coordinator struct {
 	interval int64
 	timeout  int64
 	table    OwnerTable
+	live     int    // max(table.Len(), 1): a table does not change once installed
 	epoch    uint64 // table.Epoch(): a table does not change once installed
 	tables   uint64 // SetTable calls so far: the table in force is the tables-th
 	rules    map[string]*RuleParams
@@ -644,16 +645,16 @@ type Coordinator struct {
 	pend     []pendingReq
 	pendHead int
 	nextScan int64
-	// outs are this round's outboxes in the order they were added, outIdx
-	// indexes them by destination once there are more than smallOutboxes,
-	// and lastOut is the one used last (-1 none): a round mostly adds to
-	// one destination several times.
-	outs    []outbox
+	// outs are this round's messages in the order they were started (the
+	// envelopes Ready hands out: outbox.go), outIdx indexes them by
+	// destination once there are more than smallOutboxes, and lastOut is
+	// the one used last (-1 none): a round mostly adds to one destination
+	// several times.
+	outs    []Envelope
 	lastOut int
 	indexed bool // outIdx indexes outs (it is kept, cleared, between rounds)
 	outIdx  map[string]int
-	spare   []*Message // outbox structs to reuse
-	reuse   []Message  // item arrays handed back by Recycle
+	pools   itemPools // item arrays handed back by Recycle (outbox.go)
 	done    []Completion
 	// keys holds each rule's entry count and wake heaps (keycap.go),
 	// keyList the same in the order they were made, lastKeys the one used
@@ -769,6 +770,7 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 		r := rules[i]
 		r.leased = c.cfg.Shares != nil && r.Algorithm == quota.AlgorithmGCRA && c.cfg.Shares.Leases(r.ID)
 		r.plain = r.Algorithm == quota.AlgorithmGCRA && !r.leased
+		r.slackN = 0
 		next[r.ID] = &r
 	}
 	var changed []entryKey
@@ -800,8 +802,9 @@ func (c *Coordinator) dropRetyped(next map[string]*RuleParams) {
 	var drop []entryKey
 	for id, old := range c.rules {
 		if r, ok := next[id]; ok && r.Algorithm != old.Algorithm {
-			if ids := c.owned.of(id, false); ids != nil {
-				for identity := range ids.m {
+			if t := c.owned.of(id, false); t != nil {
+				ids, _ := t.appendAll(nil, nil)
+				for _, identity := range ids {
 					drop = append(drop, entryKey{id, identity})
 				}
 			}
@@ -826,75 +829,19 @@ func (c *Coordinator) Stats() Stats {
 	return s
 }
 
-// outbox returns the message of this round for to, starting one.
-func (c *Coordinator) outbox(to string) *Message {
-	if i := c.lastOut; i >= 0 && c.outs[i].to == to {
-		return c.outs[i].m
-	}
-	if c.indexed {
-		if i, ok := c.outIdx[to]; ok {
-			c.lastOut = i
-			return c.outs[i].m
-		}
-	} else {
-		for i := range c.outs {
-			if c.outs[i].to == to {
-				c.lastOut = i
-				return c.outs[i].m
-			}
-		}
-	}
-	epoch := c.epoch
-	var m *Message
-	if n := len(c.spare); n > 0 {
-		m, c.spare = c.spare[n-1], c.spare[:n-1]
-		*m = Message{Epoch: epoch}
-	} else {
-		m = &Message{Epoch: epoch}
-	}
-	if n := len(c.reuse); n > 0 {
-		r := &c.reuse[n-1]
-		m.Syncs, m.Decides, m.Acks, m.Results, m.Handoffs = r.Syncs, r.Decides, r.Acks, r.Results, r.Handoffs
-		*r = Message{}
-		c.reuse = c.reuse[:n-1]
-	}
-	c.outs = append(c.outs, outbox{to: to, m: m})
-	c.lastOut = len(c.outs) - 1
-	switch {
-	case c.indexed:
-		c.outIdx[to] = c.lastOut
-	case len(c.outs) > smallOutboxes:
-		if c.outIdx == nil {
-			c.outIdx = make(map[string]int, 2*len(c.outs))
-		}
-		for i := range c.outs {
-			c.outIdx[c.outs[i].to] = i
-		}
-		c.indexed = true
-	}
-	return m
-}
-
-// Recycle hands back the item arrays of a message that Ready or ReadyInto
-// returned, once nothing reads it any more, so that later outboxes reuse
-// them instead of allocating. It is optional, and only for a caller that
-// knows the message is done with: the Shell never calls it (its sends run
-// on goroutines of their own and the transport may still hold the
-// message); the simulator does once the receiver has stepped it. m's items
-// must not be read after the call.
-func (c *Coordinator) Recycle(m *Message) {
-	if len(c.reuse) >= maxReuse {
-		return
-	}
-	c.reuse = append(c.reuse, Message{Syncs: m.Syncs[:0], Decides: m.Decides[:0], Acks: m.Acks[:0],
-		Results: m.Results[:0], Handoffs: m.Handoffs[:0]})
-}
-
 func (c *Coordinator) n() int {
 	if c.table == nil {
 		return 1
 	}
-	return max(c.table.Len(), 1)
+	return c.live
+}
+
+// slack is r.Slack(c.n()), computed once per rule and ring size.
+func (c *Coordinator) slack(r *RuleParams) int64 {
+	if n := c.n(); r.slackN != n {
+		r.slackN, r.slackS = n, r.Slack(n)
+	}
+	return r.slackS
 }
 
 // Decide decides a request of cost tokens by identity under a shared or
@@ -927,8 +874,11 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 			gated = true
 		}
 	}
+	mine := true // owner is c.cfg.Self
 	if e != nil && c.table != nil && e.epoch == c.epoch {
-		owner = e.owner
+		// A node entry's owner is another node: Decide makes one only
+		// then, and SetTable drops those whose owner becomes this node.
+		owner, mine = e.owner, false
 	} else if c.table != nil {
 		// The owner of an identity whose bucket is here, found under the
 		// table in force, is this node: no need to score the ring again.
@@ -941,8 +891,9 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 				owner = o
 			}
 		}
+		mine = sameString(owner, c.cfg.Self)
 	}
-	if owner == c.cfg.Self {
+	if mine {
 		if !looked {
 			oe = c.owned.get(k)
 		}
@@ -996,7 +947,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 			RetryAfter: time.Duration(v - now - tau),
 		}}, nil
 	}
-	s := r.Slack(c.n())
+	s := c.slack(r)
 	if r.Scheme == SlackDemand {
 		s += e.grant.extraAt(now)
 	}
@@ -1024,11 +975,15 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		c.sync(now, k, e)
 	}
 	c.ticket++
-	c.pend = append(c.pend, pendingReq{ticket: c.ticket, key: k, e: e, owner: owner, cost: cost, deadline: now + c.timeout, live: true})
+	c.pendAppend(k, e, owner, cost, now+c.timeout)
 	e.pending++
 	c.watch(e)
 	m := c.outbox(owner)
-	m.Decides = append(m.Decides, DecideItem{Ticket: c.ticket, Rule: ruleID, Identity: identity, Cost: cost})
+	m.Decides = addItem(m.Decides, &c.pools.decides)
+	it := &m.Decides[len(m.Decides)-1] // cleared, then written field by field
+	*it = DecideItem{}
+	it.Ticket, it.Cost = c.ticket, cost
+	it.Rule, it.Identity = ruleID, identity
 	c.stats.Forwarded++
 	return Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}, nil
 }
@@ -1047,7 +1002,7 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64
 		oe = c.ownedEntry(now, k)
 	}
 	if c.warming(now, oe) {
-		if oe.warmSpent+cost > r.Slack(c.n()) {
+		if oe.warmSpent+cost > c.slack(r) {
 			d := r.peek(now, oe)
 			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
 			c.stats.ViewRejects++
@@ -1153,7 +1108,7 @@ func (c *Coordinator) entry(now int64, k entryKey, r *RuleParams, owner string) 
 // rule returns the rule id, as c.rules[id] does; the rule used last is
 // kept at hand.
 func (c *Coordinator) rule(id string) (*RuleParams, bool) {
-	if r := c.lastRule; r != nil && r.ID == id {
+	if r := c.lastRule; r != nil && sameString(r.ID, id) {
 		return r, true
 	}
 	r, ok := c.rules[id]
@@ -1166,7 +1121,7 @@ func (c *Coordinator) rule(id string) (*RuleParams, bool) {
 // sync queues a cumulative report of k's spend to its owner.
 func (c *Coordinator) sync(now int64, k entryKey, e *nodeEntry) {
 	m := c.outbox(e.owner)
-	m.Syncs = append(m.Syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent,
+	m.Syncs = appendItem(m.Syncs, &c.pools.syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent,
 		GrantEpoch: e.grant.epoch, Grant: e.grant.extra})
 	e.grant.repEpoch, e.grant.repExtra = e.grant.epoch, e.grant.extra
 	e.sent = e.spent
@@ -1201,7 +1156,29 @@ func (c *Coordinator) failure(now int64, r *RuleParams, e *nodeEntry, cost int64
 
 // Step processes one message from peer `from` received at now.
 func (c *Coordinator) Step(now int64, from string, m *Message) {
-	for _, h := range m.Handoffs {
+	if len(m.Handoffs) > 0 {
+		c.takeHandoffs(now, m.Handoffs)
+	}
+	if m.HandedOver != 0 {
+		c.handedOver[from] = m.HandedOver
+	}
+	for i := range m.Syncs {
+		c.charge(now, from, &m.Syncs[i])
+	}
+	for i := range m.Decides {
+		c.decideFor(now, from, &m.Decides[i])
+	}
+	for i := range m.Acks {
+		c.ack(now, &m.Acks[i])
+	}
+	for i := range m.Results {
+		c.result(now, &m.Results[i])
+	}
+}
+
+// takeHandoffs is Step taking the buckets a previous owner handed over.
+func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
+	for _, h := range hs {
 		k := entryKey{h.Rule, h.Identity}
 		oe := c.owned.get(k)
 		if oe == nil || oe.handed {
@@ -1225,21 +1202,6 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 		}
 		oe.warming = false
 		c.watchOwned(oe)
-	}
-	if m.HandedOver != 0 {
-		c.handedOver[from] = m.HandedOver
-	}
-	for _, s := range m.Syncs {
-		c.charge(now, from, s)
-	}
-	for _, d := range m.Decides {
-		c.decideFor(now, from, d)
-	}
-	for _, a := range m.Acks {
-		c.ack(now, a)
-	}
-	for _, r := range m.Results {
-		c.result(now, r)
 	}
 }
 
@@ -1310,7 +1272,7 @@ func ownerDebt(now int64, r *RuleParams, oe *ownerEntry) int64 {
 }
 
 // charge is the owner's side of a sync: charge what is new, acknowledge.
-func (c *Coordinator) charge(now int64, from string, s SyncItem) {
+func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 	k := entryKey{s.Rule, s.Identity}
 	r, ok := c.rule(s.Rule)
 	if !ok {
@@ -1369,69 +1331,85 @@ func (c *Coordinator) charge(now int64, from string, s SyncItem) {
 	}
 	a := AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt}
 	if s.Gen == p.gen && r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
-		c.regrant(now, r, oe, i, s, spent)
+		c.regrant(now, r, oe, i, *s, spent)
 		a.GrantEpoch, a.Grant = p.grant.epoch, p.grant.extra
 	}
 	m := c.outbox(from)
-	m.Acks = append(m.Acks, a)
+	m.Acks = appendItem(m.Acks, &c.pools.acks, a)
 	c.stats.AcksSent++
 }
 
 // decideFor is the owner deciding a forwarded request.
-func (c *Coordinator) decideFor(now int64, from string, d DecideItem) {
-	res := ResultItem{Ticket: d.Ticket}
+func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
+	var bd bucket.Decision
+	var debt int64
 	if r, ok := c.rule(d.Rule); ok {
 		k := entryKey{d.Rule, d.Identity}
-		bd, oe := c.ownerStep(now, r, k, d.Cost, nil)
+		var oe *ownerEntry
+		bd, oe = c.ownerStep(now, r, k, d.Cost, nil)
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 			c.noteDemand(now, oe, from, d.Cost)
 		}
-		res = ResultItem{Ticket: d.Ticket, Allowed: bd.Allowed, Remaining: bd.Remaining,
-			Reset: int64(bd.Reset), RetryAfter: int64(bd.RetryAfter), Debt: ownerDebt(now, r, oe), Delay: int64(bd.Delay)}
+		debt = ownerDebt(now, r, oe)
 	} else {
 		// The owner does not know the rule (rule sets converging):
 		// admit, as a node without the rule would.
-		res.Allowed = true
+		bd.Allowed = true
 	}
 	m := c.outbox(from)
-	m.Results = append(m.Results, res)
+	m.Results = addItem(m.Results, &c.pools.results)
+	// Cleared, then written field by field: no copy of a whole item.
+	it := &m.Results[len(m.Results)-1]
+	*it = ResultItem{}
+	it.Ticket, it.Allowed, it.Remaining, it.Debt = d.Ticket, bd.Allowed, bd.Remaining, debt
+	it.Reset, it.RetryAfter, it.Delay = int64(bd.Reset), int64(bd.RetryAfter), int64(bd.Delay)
 }
 
 // ack is a node receiving an acknowledgement.
-func (c *Coordinator) ack(now int64, a AckItem) {
+func (c *Coordinator) ack(now int64, a *AckItem) {
 	e := c.entries.get(entryKey{a.Rule, a.Identity})
 	if e == nil || a.Gen != e.gen || a.Total < e.acked {
 		return // stale: another generation, or older than what we know
 	}
 	e.acked = min(a.Total, e.spent)
 	e.view = max(e.view, now+a.Debt)
-	e.grant.onAck(now, GrantLifetime(c.interval), a)
+	e.grant.onAck(now, GrantLifetime(c.interval), *a)
 	c.watch(e)
 }
 
 // result is a node receiving the owner's decision of a forwarded request.
-func (c *Coordinator) result(now int64, r ResultItem) {
+func (c *Coordinator) result(now int64, r *ResultItem) {
 	pp := c.pendingOf(r.Ticket)
 	if pp == nil {
 		return // timed out already and decided by on_failure
 	}
-	p := *pp
-	c.settle(pp) // may move the queue: only the copy is read below
-	if e := c.entryOf(&p); e != nil {
+	key, pe := pp.key, pp.e
+	c.settle(pp) // may move the queue: only the copies are read below
+	if e := c.entryOfKey(key, pe); e != nil {
 		e.pending--
 		e.view = max(e.view, now+r.Debt)
 		c.watch(e)
 	}
 	c.stats.RemoteResults++
-	rp, _ := c.rule(p.key.rule)
+	rp, _ := c.rule(key.rule)
 	var limit int64
 	if rp != nil {
 		limit = rp.Burst
 	}
-	c.done = append(c.done, Completion{Ticket: r.Ticket, Outcome: Outcome{Source: SourceRemote, Decision: bucket.Decision{
-		Allowed: r.Allowed, Limit: limit, Remaining: r.Remaining,
-		Reset: time.Duration(r.Reset), RetryAfter: time.Duration(r.RetryAfter), Delay: time.Duration(r.Delay),
-	}}})
+	// Written in place: cleared, then field by field (no copy of a whole
+	// completion; it holds no pointers, so no write barriers either).
+	n := len(c.done)
+	if n < cap(c.done) {
+		c.done = c.done[:n+1]
+	} else {
+		c.done = append(c.done, Completion{})
+	}
+	cp := &c.done[n]
+	*cp = Completion{}
+	cp.Ticket, cp.Outcome.Source = r.Ticket, SourceRemote
+	d := &cp.Outcome.Decision
+	d.Allowed, d.Limit, d.Remaining = r.Allowed, limit, r.Remaining
+	d.Reset, d.RetryAfter, d.Delay = time.Duration(r.Reset), time.Duration(r.RetryAfter), time.Duration(r.Delay)
 }
 
 // Tick advances time: it sends reports whose interval passed, decides
@@ -1563,11 +1541,28 @@ func (c *Coordinator) expire(now int64, p *pendingReq) {
 // entryOf returns the entry of p's key, as c.entries.get(p.key) does: the
 // entry p was forwarded from while it is still that key's (a dropped entry
 // is dead until it is reused, and a reused one has its new key).
-func (c *Coordinator) entryOf(p *pendingReq) *nodeEntry {
-	if e := p.e; e != nil && !e.dead && e.key == p.key {
+func (c *Coordinator) entryOf(p *pendingReq) *nodeEntry { return c.entryOfKey(p.key, p.e) }
+
+// entryOfKey is entryOf of a request of key k forwarded from entry e.
+func (c *Coordinator) entryOfKey(k entryKey, e *nodeEntry) *nodeEntry {
+	if e != nil && !e.dead && sameString(e.key.identity, k.identity) && sameString(e.key.rule, k.rule) {
 		return e
 	}
-	return c.entries.get(p.key)
+	return c.entries.get(k)
+}
+
+// pendAppend queues a forwarded request with the next ticket (c.ticket),
+// written in place: the slots past the queue's length are zero.
+func (c *Coordinator) pendAppend(k entryKey, e *nodeEntry, owner string, cost, deadline int64) {
+	n := len(c.pend)
+	if n < cap(c.pend) {
+		c.pend = c.pend[:n+1]
+	} else {
+		c.pend = append(c.pend, pendingReq{})
+	}
+	p := &c.pend[n]
+	p.ticket, p.cost, p.deadline, p.live = c.ticket, cost, deadline, true
+	p.key, p.e, p.owner = k, e, owner
 }
 
 func cmpKey(a, b entryKey) int {
@@ -1637,7 +1632,7 @@ func (c *Coordinator) handOff(now int64, to string, oe *ownerEntry) {
 		return
 	}
 	m := c.outbox(to)
-	m.Handoffs = append(m.Handoffs, HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now, Count: oe.count})
+	m.Handoffs = appendItem(m.Handoffs, &c.pools.handoffs, HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now, Count: oe.count})
 }
 
 // markHandedOver tells every other member of t that this node has queued
@@ -1697,6 +1692,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		c.warmUntil = now + c.handoff
 	}
 	c.table = t
+	c.live = max(t.Len(), 1)
 	epoch := t.Epoch()
 	c.epoch = epoch
 	c.tables++
@@ -1773,71 +1769,6 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 
 // HasReady reports whether Ready would return anything.
 func (c *Coordinator) HasReady() bool { return len(c.outs) > 0 || len(c.done) > 0 }
-
-// Queued returns the largest number of items queued for one peer: the
-// adapter sends at once, without waiting for its linger, when it reaches the
-// batch size.
-func (c *Coordinator) Queued() int {
-	most := 0
-	for i := range c.outs {
-		most = max(most, c.outs[i].m.Items())
-	}
-	return most
-}
-
-// Ready returns, and forgets, the messages to send (one per destination,
-// sorted by name) and the completions to hand out (in ticket order of
-// arrival).
-func (c *Coordinator) Ready() Ready {
-	var rd Ready
-	if len(c.outs) > 0 {
-		rd.Messages = c.takeOutboxes(make([]Envelope, 0, len(c.outs)))
-	}
-	rd.Completions, c.done = c.done, nil
-	return rd
-}
-
-// ReadyInto is Ready for an adapter that reuses memory: it fills rd with
-// what Ready would return, reusing the arrays of rd.Messages and
-// rd.Completions. Those arrays become the coordinator's again at the next
-// call (the completions' array is swapped with the coordinator's own), so
-// the caller must be done with rd by then. The items of each message are
-// new arrays, or ones handed back with Recycle.
-func (c *Coordinator) ReadyInto(rd *Ready) {
-	clear(rd.Messages)
-	rd.Messages = c.takeOutboxes(rd.Messages[:0])
-	clear(rd.Completions)
-	rd.Completions, c.done = c.done, rd.Completions[:0]
-}
-
-// takeOutboxes appends this round's non-empty messages to msgs, sorted by
-// destination, and forgets them.
-func (c *Coordinator) takeOutboxes(msgs []Envelope) []Envelope {
-	if len(c.outs) == 0 {
-		return msgs
-	}
-	if len(c.outs) > 1 {
-		slices.SortFunc(c.outs, func(a, b outbox) int { return cmp.Compare(a.to, b.to) })
-	}
-	for i := range c.outs {
-		o := &c.outs[i]
-		if !o.m.Empty() {
-			msgs = append(msgs, Envelope{To: o.to, Msg: *o.m})
-		}
-		*o.m = Message{} // its slices now belong to the envelope
-		c.spare = append(c.spare, o.m)
-		*o = outbox{}
-	}
-	c.outs = c.outs[:0]
-	if c.indexed {
-		// Kept: its size follows the most destinations of a round, at
-		// most the ring's members.
-		clear(c.outIdx)
-		c.indexed = false
-	}
-	c.lastOut = -1
-	return msgs
-}
 
 // OwnerName returns the name of identity's owner, "" on an empty ring. It
 // makes *Ring an OwnerTable.

@@ -95,7 +95,7 @@ type ruleKeys struct {
 
 // keysOf returns the per-rule state of rule, creating it.
 func (c *Coordinator) keysOf(rule string) *ruleKeys {
-	if rk := c.lastKeys; rk != nil && rk.rule == rule {
+	if rk := c.lastKeys; rk != nil && sameString(rk.rule, rule) {
 		return rk
 	}
 	rk := c.keys[rule]
@@ -460,35 +460,27 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 	c.dropEntry(e)
 }
 
-// keyMap maps entry keys to entries of type V: one map by identity per
-// rule, so that a lookup hashes and compares the identity alone (the rule
-// is found by a comparison with the rule used last, mostly), and a slot
-// holds one string, not two. Its zero value is empty and ready to use.
+// keyMap maps entry keys to entries of type V: one table by identity per
+// rule (strtable.go), so that a lookup hashes and compares the identity
+// alone (the rule is found by a comparison with the rule used last, mostly),
+// and a slot holds one string, not two. Its zero value is empty and ready
+// to use.
 //
 // Under churn (identities that come and go, as with an attacker rotating
-// keys against the key cap) a Go map never gives back what deleted slots
-// held, so a rule's map is rebuilt at its live size once it has seen more
-// deletions than rebuildAfter(live): amortised, one copy per deletion.
+// keys against the key cap) a rule's table does not grow: a deletion leaves
+// no tombstone, and the table is made again at its live size once it has
+// seen more deletions than rebuildAfter(live) (amortised, one copy per
+// deletion), which gives back what a peak took.
 type keyMap[V any] struct {
-	byRule map[string]*idMap[V]
-	rule   string    // the rule of last, the map used last
-	last   *idMap[V] // nil: none yet
-	n      int       // entries over all rules
+	byRule map[string]*strTable[V]
+	rule   string       // the rule of last, the table used last
+	last   *strTable[V] // nil: none yet
+	n      int          // entries over all rules
 }
 
-// idMap is one rule's map and its deletions since it was built.
-type idMap[V any] struct {
-	m    map[string]*V
-	dels int
-}
-
-// rebuildAfter is how many deletions a map of live entries takes before it
-// is rebuilt.
-func rebuildAfter(live int) int { return 2*live + 4096 }
-
-// of returns rule's map, nil if it has none and add is false.
-func (m *keyMap[V]) of(rule string, add bool) *idMap[V] {
-	if m.last != nil && m.rule == rule {
+// of returns rule's table, nil if it has none and add is false.
+func (m *keyMap[V]) of(rule string, add bool) *strTable[V] {
+	if m.last != nil && sameString(m.rule, rule) {
 		return m.last
 	}
 	ids := m.byRule[rule]
@@ -497,9 +489,9 @@ func (m *keyMap[V]) of(rule string, add bool) *idMap[V] {
 			return nil
 		}
 		if m.byRule == nil {
-			m.byRule = map[string]*idMap[V]{}
+			m.byRule = map[string]*strTable[V]{}
 		}
-		ids = &idMap[V]{m: map[string]*V{}}
+		ids = &strTable[V]{}
 		m.byRule[rule] = ids
 	}
 	m.rule, m.last = rule, ids
@@ -512,36 +504,21 @@ func (m *keyMap[V]) get(k entryKey) *V {
 	if ids == nil {
 		return nil
 	}
-	return ids.m[k.identity]
+	return ids.get(k.identity)
 }
 
 // set makes v k's entry.
 func (m *keyMap[V]) set(k entryKey, v *V) {
-	ids := m.of(k.rule, true)
-	if _, ok := ids.m[k.identity]; !ok {
+	if m.of(k.rule, true).set(k.identity, v) {
 		m.n++
 	}
-	ids.m[k.identity] = v
 }
 
-// del deletes k's entry, if any. A rule's map stays when it empties: the
+// del deletes k's entry, if any. A rule's table stays when it empties: the
 // rules are few, and their entries come back.
 func (m *keyMap[V]) del(k entryKey) {
-	ids := m.of(k.rule, false)
-	if ids == nil {
-		return
-	}
-	if _, ok := ids.m[k.identity]; !ok {
-		return
-	}
-	delete(ids.m, k.identity)
-	m.n--
-	if ids.dels++; ids.dels > rebuildAfter(len(ids.m)) {
-		fresh := make(map[string]*V, len(ids.m))
-		for id, v := range ids.m {
-			fresh[id] = v
-		}
-		ids.m, ids.dels = fresh, 0
+	if ids := m.of(k.rule, false); ids != nil && ids.del(k.identity) {
+		m.n--
 	}
 }
 
@@ -550,11 +527,18 @@ func (m *keyMap[V]) len() int { return m.n }
 
 // all calls f for every entry, in no particular order (callers that need an
 // order collect the keys and sort them); f may delete the entry it is
-// given.
+// given. It walks a copy of the entries taken first.
 func (m *keyMap[V]) all(f func(k entryKey, v *V)) {
-	for rule, ids := range m.byRule {
-		for id, v := range ids.m {
-			f(entryKey{rule, id}, v)
+	var keys []entryKey
+	var vs []*V
+	var ids []string
+	for rule, t := range m.byRule {
+		ids, vs = t.appendAll(ids[:0], vs)
+		for _, id := range ids {
+			keys = append(keys, entryKey{rule, id})
 		}
+	}
+	for i, k := range keys {
+		f(k, vs[i])
 	}
 }
