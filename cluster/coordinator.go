@@ -201,6 +201,11 @@ type RuleParams struct {
 	// slackN and slackS cache Slack(slackN) for Coordinator.slack (0: none).
 	slackN int
 	slackS int64
+	// nodesT and ownedT are this rule's tables in the coordinator's
+	// entries and owned (nil: not looked up yet), so that a lookup of a
+	// rule at hand goes straight to them (Coordinator.nodesOf, ownedOf).
+	nodesT *strTable[nodeEntry]
+	ownedT *strTable[ownerEntry]
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
@@ -510,6 +515,7 @@ type entryKey struct{ rule, identity string }
 // which is all the wake heaps and the key cap read of it (keycap.go).
 type ownerEntry struct {
 	key       entryKey
+	h         uint64    // hashID(key.identity)
 	rk        *ruleKeys // its rule's keys (keycap.go)
 	heapAt    int64     // the earliest time it is queued at in rk.owners (never: not queued)
 	tat       bucket.TAT
@@ -561,7 +567,8 @@ type nodeEntry struct {
 	gen      uint64
 	rk       *ruleKeys // its rule's keys (keycap.go)
 	key      entryKey
-	dead     bool // dropped: items left in the heap are stale
+	h        uint64 // hashID(key.identity)
+	dead     bool   // dropped: items left in the heap are stale
 }
 
 // idle reports whether e equals no entry at now and may be dropped: its
@@ -771,6 +778,7 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 		r.leased = c.cfg.Shares != nil && r.Algorithm == quota.AlgorithmGCRA && c.cfg.Shares.Leases(r.ID)
 		r.plain = r.Algorithm == quota.AlgorithmGCRA && !r.leased
 		r.slackN = 0
+		r.nodesT, r.ownedT = nil, nil
 		next[r.ID] = &r
 	}
 	var changed []entryKey
@@ -844,6 +852,24 @@ func (c *Coordinator) slack(r *RuleParams) int64 {
 	return r.slackS
 }
 
+// nodesOf returns r's table of node entries, as c.entries.of(r.ID, true)
+// does: the tables of a keyMap stay once made.
+func (c *Coordinator) nodesOf(r *RuleParams) *strTable[nodeEntry] {
+	if r.nodesT == nil {
+		r.nodesT = c.entries.of(r.ID, true)
+	}
+	return r.nodesT
+}
+
+// ownedOf returns r's table of owner entries, as c.owned.of(r.ID, true)
+// does.
+func (c *Coordinator) ownedOf(r *RuleParams) *strTable[ownerEntry] {
+	if r.ownedT == nil {
+		r.ownedT = c.owned.of(r.ID, true)
+	}
+	return r.ownedT
+}
+
 // Decide decides a request of cost tokens by identity under a shared or
 // exact rule at now. It returns a decision at once, or Pending with a ticket
 // whose Completion comes out of Ready once the owner answers (or the decide
@@ -857,7 +883,8 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	owner := c.cfg.Self
 	// An entry made in this ring epoch knows its owner (SetTable moves
 	// every entry to the new epoch): no need to score the ring again.
-	e := c.entries.get(k)
+	h := hashID(identity) // one hash for every lookup of k
+	e := c.nodesOf(r).getH(h, identity)
 	var oe *ownerEntry
 	looked := false // oe is this node's bucket of k, or nil for none
 	scored := false // owner came from scoring the table now
@@ -866,7 +893,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		// A gated rule's identity with no entry here, bucket or node
 		// entry, goes to the gate whoever owns it (no peer is down), so
 		// the ring need not be scored unless the gate promotes it.
-		oe, looked = c.owned.get(k), true
+		oe, looked = c.ownedOf(r).getH(h, identity), true
 		if oe == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
@@ -883,7 +910,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		// The owner of an identity whose bucket is here, found under the
 		// table in force, is this node: no need to score the ring again.
 		if !looked {
-			oe, looked = c.owned.get(k), true
+			oe, looked = c.ownedOf(r).getH(h, identity), true
 		}
 		if oe == nil || oe.mineIn != c.tables {
 			scored = true
@@ -895,14 +922,14 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	}
 	if mine {
 		if !looked {
-			oe = c.owned.get(k)
+			oe = c.ownedOf(r).getH(h, identity)
 		}
 		if r.sk != nil && oe == nil && !gated {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				return o, nil
 			}
 		}
-		d, oe := c.ownerStep(now, r, k, cost, oe)
+		d, oe := c.ownerStep(now, r, k, h, cost, oe)
 		if scored {
 			oe.mineIn = c.tables
 		}
@@ -915,7 +942,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 				return o, nil
 			}
 		}
-		e = c.entry(now, k, r, owner)
+		e = c.entry(now, k, h, r, owner)
 	}
 	if down {
 		o := c.failure(now, r, e, cost)
@@ -996,10 +1023,10 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 // handoff). Until that owner's marker says it has handed over everything
 // for this ring, or the handoff timeout passes, the bucket admits only
 // within this node's slack, so that no free window is handed out. It
-// returns the bucket's entry too.
-func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, cost int64, oe *ownerEntry) (bucket.Decision, *ownerEntry) {
+// returns the bucket's entry too; h is k's identity's hashID.
+func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, cost int64, oe *ownerEntry) (bucket.Decision, *ownerEntry) {
 	if oe == nil {
-		oe = c.ownedEntry(now, k)
+		oe = c.ownedEntry(now, r, k, h)
 	}
 	if c.warming(now, oe) {
 		if oe.warmSpent+cost > c.slack(r) {
@@ -1072,18 +1099,18 @@ func (c *Coordinator) shareStep(now int64, r *RuleParams, k entryKey, oe *ownerE
 	return d
 }
 
-// ownedEntry returns this node's bucket of k, creating it: right after a
-// ring change, as a warming one (see ownerStep).
-func (c *Coordinator) ownedEntry(now int64, k entryKey) *ownerEntry {
-	oe := c.owned.get(k)
+// ownedEntry returns this node's bucket of k, whose identity's hashID is h,
+// under r (whose ID is k.rule), creating it: right after a ring change, as a warming one (see ownerStep).
+func (c *Coordinator) ownedEntry(now int64, r *RuleParams, k entryKey, h uint64) *ownerEntry {
+	oe := c.ownedOf(r).getH(h, k.identity)
 	if oe == nil {
-		oe = c.newOwnerEntry(now, k)
+		oe = c.newOwnerEntry(now, k, h)
 		if now < c.warmUntil && c.table != nil {
 			if from := c.table.OwnerNameExcept(k.identity, c.cfg.Self); from != "" && c.handedOver[from] != c.table.Digest() {
 				oe.warming, oe.from = true, from
 			}
 		}
-		c.owned.set(k, oe)
+		c.owned.setH(k, h, oe)
 	}
 	return oe
 }
@@ -1096,12 +1123,13 @@ func (c *Coordinator) warming(now int64, oe *ownerEntry) bool {
 	return oe.warming
 }
 
-// entry returns a new node entry of k (which has none) for owner.
-func (c *Coordinator) entry(now int64, k entryKey, r *RuleParams, owner string) *nodeEntry {
+// entry returns a new node entry of k (which has none), whose identity's
+// hashID is h, for owner.
+func (c *Coordinator) entry(now int64, k entryKey, h uint64, r *RuleParams, owner string) *nodeEntry {
 	c.gen++
-	e := c.newNodeEntry(now, k)
+	e := c.newNodeEntry(now, k, h)
 	e.owner, e.epoch, e.version, e.gen = owner, c.epoch, r.Version, c.gen
-	c.entries.set(k, e)
+	c.entries.setH(k, h, e)
 	return e
 }
 
@@ -1180,15 +1208,16 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 	for _, h := range hs {
 		k := entryKey{h.Rule, h.Identity}
-		oe := c.owned.get(k)
+		hk := hashID(k.identity)
+		oe := c.owned.getH(k, hk)
 		if oe == nil || oe.handed {
 			// What we kept after handing it over is in the state
 			// coming back.
 			if oe != nil {
 				c.dropOwned(oe)
 			}
-			oe = c.newOwnerEntry(now, k)
-			c.owned.set(k, oe)
+			oe = c.newOwnerEntry(now, k, hk)
+			c.owned.setH(k, hk, oe)
 		}
 		// What this node charged since the ring change and what the old
 		// owner charged before it are separate spend: they add. (Spend a
@@ -1278,7 +1307,7 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 	if !ok {
 		return
 	}
-	oe := c.ownedEntry(now, k)
+	oe := c.ownedEntry(now, r, k, hashID(k.identity))
 	i := slices.IndexFunc(oe.reports, func(p report) bool { return p.node == from })
 	if i < 0 {
 		if n := len(c.spareReports); oe.reports == nil && n > 0 {
@@ -1346,7 +1375,7 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 	if r, ok := c.rule(d.Rule); ok {
 		k := entryKey{d.Rule, d.Identity}
 		var oe *ownerEntry
-		bd, oe = c.ownerStep(now, r, k, d.Cost, nil)
+		bd, oe = c.ownerStep(now, r, k, hashID(k.identity), d.Cost, nil)
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 			c.noteDemand(now, oe, from, d.Cost)
 		}
@@ -1717,10 +1746,11 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		if owner == c.cfg.Self || owner == "" {
 			c.dropEntry(e)
 			if r := c.rules[k.rule]; r != nil && unconf > 0 {
-				oe := c.owned.get(k)
+				hk := hashID(k.identity)
+				oe := c.owned.getH(k, hk)
 				if oe == nil {
-					oe = c.newOwnerEntry(now, k)
-					c.owned.set(k, oe)
+					oe = c.newOwnerEntry(now, k, hk)
+					c.owned.setH(k, hk, oe)
 				}
 				if r.fixed {
 					chargeFixed(now, r, oe, unconf)
@@ -1732,7 +1762,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 			continue
 		}
 		c.gen++
-		*e = nodeEntry{key: e.key, rk: e.rk, heapAt: e.heapAt, owner: owner, epoch: epoch, version: e.version, gen: c.gen, spent: unconf,
+		*e = nodeEntry{key: e.key, h: e.h, rk: e.rk, heapAt: e.heapAt, owner: owner, epoch: epoch, version: e.version, gen: c.gen, spent: unconf,
 			view: e.view, fallback: e.fallback, pending: e.pending}
 		if unconf > 0 {
 			c.sync(now, k, e)

@@ -526,8 +526,56 @@ func TestRestartedNodeIsCharged(t *testing.T) {
 	}
 	c := NewCoordinator(CoordinatorConfig{Self: "gw", Incarnation: 2000})
 	c.SetRules([]RuleParams{p})
-	e := c.entry(now, entryKey{"r", "x"}, &p, "owner")
+	e := c.entry(now, entryKey{"r", "x"}, hashID("x"), &p, "owner")
 	if e.gen <= 2000 {
 		t.Fatalf("generation %d does not start above the incarnation", e.gen)
+	}
+}
+
+// TestRuleTablesAcrossSetRules: a rule's tables found once (nodesOf,
+// ownedOf) stay its tables when SetRules brings the rule anew, and a
+// RuleParams handed from one coordinator to another carries no table of
+// the first.
+func TestRuleTablesAcrossSetRules(t *testing.T) {
+	rule := gcraRule("r", quota.ModeShared, 600, time.Second, 10)
+	p, err := NewRuleParams(&rule, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCoordinator(CoordinatorConfig{Self: "a"})
+	c.SetRules([]RuleParams{p})
+	now := t0
+	for i := range 10 {
+		if o, _ := c.Decide(now, "r", "x", 1); !o.Allowed || o.Source != SourceOwner {
+			t.Fatalf("decision %d: %+v", i, o)
+		}
+	}
+	p2, err := NewRuleParams(&rule, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetRules([]RuleParams{p2})
+	if o, _ := c.Decide(now, "r", "x", 1); o.Allowed {
+		t.Fatal("the bucket spent before SetRules admitted an 11th request of a burst of 10")
+	}
+	if got := c.Stats().Owned; got != 1 {
+		t.Fatalf("%d owner entries, want 1 (the same bucket across SetRules)", got)
+	}
+	// The first coordinator's own RuleParams, its tables found, given to
+	// a second: that one decides on buckets of its own.
+	inner := *c.rules["r"]
+	if inner.ownedT == nil {
+		t.Fatal("the setup needs the rule's table of owner entries found")
+	}
+	d := NewCoordinator(CoordinatorConfig{Self: "b"})
+	d.SetRules([]RuleParams{inner})
+	if o, _ := d.Decide(now, "r", "x", 1); !o.Allowed {
+		t.Fatalf("a fresh coordinator rejected: %+v", o)
+	}
+	if got := c.Stats().Owned + d.Stats().Owned; got != 2 {
+		t.Fatalf("%d owner entries over both, want 2", got)
+	}
+	if c.Stats().Degraded+d.Stats().Degraded != 0 {
+		t.Fatal("degraded decisions without a fault")
 	}
 }

@@ -142,9 +142,10 @@ func (c *Coordinator) watchOwned(oe *ownerEntry) {
 	}
 }
 
-// newNodeEntry returns a zeroed node entry of k, from the spares if any,
-// and counts it, making room at the key cap first.
-func (c *Coordinator) newNodeEntry(now int64, k entryKey) *nodeEntry {
+// newNodeEntry returns a zeroed node entry of k, whose identity's hashID is
+// h, from the spares if any, and counts it, making room at the key cap
+// first.
+func (c *Coordinator) newNodeEntry(now int64, k entryKey, h uint64) *nodeEntry {
 	rk := c.keysOf(k.rule)
 	c.makeRoom(now, rk)
 	var e *nodeEntry
@@ -153,7 +154,7 @@ func (c *Coordinator) newNodeEntry(now int64, k entryKey) *nodeEntry {
 	} else {
 		e = &nodeEntry{}
 	}
-	*e = nodeEntry{key: k, rk: rk, heapAt: never}
+	*e = nodeEntry{key: k, h: h, rk: rk, heapAt: never}
 	rk.n++
 	return e
 }
@@ -161,7 +162,7 @@ func (c *Coordinator) newNodeEntry(now int64, k entryKey) *nodeEntry {
 // dropEntry deletes the node entry e.
 func (c *Coordinator) dropEntry(e *nodeEntry) {
 	c.drops++
-	c.entries.del(e.key)
+	c.entries.delH(e.key, e.h)
 	e.rk.n--
 	e.dead = true
 	// Stale heap items may still point at e: it is reused only through
@@ -172,9 +173,9 @@ func (c *Coordinator) dropEntry(e *nodeEntry) {
 	}
 }
 
-// newOwnerEntry returns a new owner entry of k, counted, making room at
-// the key cap first.
-func (c *Coordinator) newOwnerEntry(now int64, k entryKey) *ownerEntry {
+// newOwnerEntry returns a new owner entry of k, whose identity's hashID is
+// h, counted, making room at the key cap first.
+func (c *Coordinator) newOwnerEntry(now int64, k entryKey, h uint64) *ownerEntry {
 	rk := c.keysOf(k.rule)
 	c.makeRoom(now, rk)
 	rk.n++
@@ -184,14 +185,14 @@ func (c *Coordinator) newOwnerEntry(now int64, k entryKey) *ownerEntry {
 	} else {
 		oe = &ownerEntry{}
 	}
-	*oe = ownerEntry{key: k, rk: rk, heapAt: never}
+	*oe = ownerEntry{key: k, h: h, rk: rk, heapAt: never}
 	c.watchOwned(oe) // an empty bucket is full: dropped at the next scan unless charged
 	return oe
 }
 
 // dropOwned deletes the owner entry oe (c.owned.get(oe.key) must be oe).
 func (c *Coordinator) dropOwned(oe *ownerEntry) {
-	c.owned.del(oe.key)
+	c.owned.delH(oe.key, oe.h)
 	oe.rk.n--
 	oe.dead = true
 	if oe.reports != nil && len(c.spareReports) < maxSpareReports {
@@ -507,17 +508,30 @@ func (m *keyMap[V]) get(k entryKey) *V {
 	return ids.get(k.identity)
 }
 
+// getH is get of k whose identity's hashID is h.
+func (m *keyMap[V]) getH(k entryKey, h uint64) *V {
+	ids := m.of(k.rule, false)
+	if ids == nil {
+		return nil
+	}
+	return ids.getH(h, k.identity)
+}
+
 // set makes v k's entry.
-func (m *keyMap[V]) set(k entryKey, v *V) {
-	if m.of(k.rule, true).set(k.identity, v) {
+func (m *keyMap[V]) set(k entryKey, v *V) { m.setH(k, hashID(k.identity), v) }
+
+// setH is set of k whose identity's hashID is h.
+func (m *keyMap[V]) setH(k entryKey, h uint64, v *V) {
+	if m.of(k.rule, true).setH(h, k.identity, v) {
 		m.n++
 	}
 }
 
-// del deletes k's entry, if any. A rule's table stays when it empties: the
-// rules are few, and their entries come back.
-func (m *keyMap[V]) del(k entryKey) {
-	if ids := m.of(k.rule, false); ids != nil && ids.del(k.identity) {
+// delH deletes k, whose identity's hashID is h, if it has an entry. A
+// rule's table stays when it empties: the rules are few, and their entries
+// come back.
+func (m *keyMap[V]) delH(k entryKey, h uint64) {
+	if ids := m.of(k.rule, false); ids != nil && ids.delH(h, k.identity) {
 		m.n--
 	}
 }

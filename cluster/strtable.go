@@ -94,11 +94,13 @@ func (t *strTable[V]) setH(h uint64, id string, v *V) bool {
 }
 
 // del deletes id's entry and reports whether it had one.
-func (t *strTable[V]) del(id string) bool {
+func (t *strTable[V]) del(id string) bool { return t.delH(hashID(id), id) }
+
+// delH is del of id whose hashID is h.
+func (t *strTable[V]) delH(h uint64, id string) bool {
 	if t.n == 0 {
 		return false
 	}
-	h := hashID(id)
 	mask := uint64(len(t.slots) - 1)
 	i := h & mask
 	for ; ; i = (i + 1) & mask {
