@@ -4,18 +4,20 @@ import "math"
 
 // A log-normal delay is Median·exp(Sigma·Z) truncated to whole
 // nanoseconds, and math.Exp is the costliest part of a draw. expFast
-// computes exp far faster with a relative error below 2⁻⁵⁰ (a table of
-// 2^(j/64) and a short polynomial); LogNormal.Draw uses it only when the
+// computes exp far faster with a relative error below 2⁻³⁶ (a table of
+// 2^(j/1024) and a quadratic); LogNormal.Draw uses it only when the
 // truncated delay cannot depend on that error (no whole nanosecond, and not
 // the cap, lies within a margin of 2⁻³² of the delay) and calls math.Exp
 // otherwise. The delays are therefore exactly math.Exp's, draw for draw
 // (TestExpFastExact checks the error bound and the draws).
 
 // expTableBits is log2 of the table size: the reduced argument is at most
-// ln2/2⁷ in magnitude, where a degree-5 polynomial is accurate to 2⁻⁵⁷.
-const expTableBits = 6
+// ln2/2¹¹ in magnitude, where 1 + r + r²/2 is accurate to 2⁻³⁷ (r³/6),
+// well inside the 2⁻³² margin lognormalNS allows. The table (8 KiB) costs
+// less than the polynomial's higher terms did.
+const expTableBits = 10
 
-// expTable[j] is 2^(j/64).
+// expTable[j] is 2^(j/1024).
 var expTable = func() (t [1 << expTableBits]float64) {
 	for j := range t {
 		t[j] = math.Exp2(float64(j) / (1 << expTableBits))
@@ -23,16 +25,10 @@ var expTable = func() (t [1 << expTableBits]float64) {
 	return t
 }()
 
-const (
-	// ln2Hi + ln2Lo = ln 2 (fdlibm's split: ln2Hi has 32 trailing zero
-	// bits, so k·ln2Hi/64 is exact for the |k| < 2²⁰ used here).
-	ln2Hi = 6.93147180369123816490e-01
-	ln2Lo = 1.90821492927058770002e-10
-	// expMaxArg bounds the arguments expFast takes; beyond it, math.Exp.
-	expMaxArg = 700
-)
+// expMaxArg bounds the arguments expFast takes; beyond it, math.Exp.
+const expMaxArg = 700
 
-// expFast returns e^x for |x| ≤ expMaxArg with a relative error below 2⁻⁵⁰.
+// expFast returns e^x for |x| ≤ expMaxArg with a relative error below 2⁻³⁶.
 func expFast(x float64) float64 {
 	const n = 1 << expTableBits
 	// k is x·n/ln2 rounded to an integer by the add-and-subtract of
@@ -41,9 +37,12 @@ func expFast(x float64) float64 {
 	const shifter = 0x1.8p52
 	kf := (x*(n/math.Ln2) + shifter) - shifter
 	k := int64(kf)
-	r := (x - kf*(ln2Hi/n)) - kf*(ln2Lo/n)
-	// e^r for |r| ≤ ln2/128: Taylor to r⁵ (the next term is below 2⁻⁵⁷).
-	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120)))))
+	// One step of reduction: its rounding errs by at most |x|·2⁻⁵² in r,
+	// below 2⁻⁴² for |x| ≤ 700, which the bound above leaves room for
+	// (no fdlibm split of ln 2 is needed at this accuracy).
+	r := x - kf*(math.Ln2/n)
+	// e^r for |r| ≤ ln2/2048: Taylor to r² (the next term is below 2⁻³⁷).
+	p := 1 + r*(1+r*(1.0/2))
 	j, m := k&(n-1), k>>expTableBits
 	// 2^m as a float64 (m is within the normal exponent range for |x| ≤ 700).
 	scale := math.Float64frombits(uint64(m+1023) << 52)

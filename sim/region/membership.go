@@ -111,16 +111,14 @@ func (v *viewCheck) Fire(s *engine.Sim) {
 // cache is a slice by that index rather than a map keyed by strings.
 type ownerCache struct {
 	*cluster.Ring
-	ids   []string // the run's identity names
+	ids   *idNames // the run's identity names
 	owner []string // owner by identity index; "" not yet known
 }
 
 // OwnerName returns the ring's owner of identity.
 func (o *ownerCache) OwnerName(identity string) string {
-	// parseIndex accepts only the canonical name of an index, so an
-	// identity it parses to i < len(o.ids) is o.ids[i].
-	i, ok := parseIndex(identity, "id-")
-	if !ok || i >= len(o.ids) {
+	i, ok := o.ids.index(identity)
+	if !ok {
 		return o.Ring.OwnerName(identity)
 	}
 	if n := o.owner[i]; n != "" {
@@ -151,7 +149,7 @@ func (rg *Region) tableOf(n *node, epoch uint64) cluster.OwnerTable {
 		owners = make([]string, len(rg.idNames))
 		rg.owners[string(key)] = owners
 	}
-	return &ownerCache{Ring: rg.ringOf(n, epoch), ids: rg.idNames, owner: owners}
+	return &ownerCache{Ring: rg.ringOf(n, epoch), ids: rg.ids, owner: owners}
 }
 
 // ringOf builds node n's ring from its view.

@@ -3,7 +3,6 @@ package region
 import (
 	"fmt"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
@@ -35,7 +34,8 @@ type Region struct {
 	pending     [][]pairChange
 	params      cluster.RuleParams
 	ref         bucket.GCRA
-	idNames     []string
+	idNames     []string // ids.names
+	ids         *idNames
 	refTAT      []bucket.TAT
 	initialRing *cluster.Ring
 	chk         *checker
@@ -123,10 +123,8 @@ func newRegion(c Config) *Region {
 		n := &node{rg: rg, id: i, name: rg.names[i]}
 		rg.nodes = append(rg.nodes, n)
 	}
-	rg.idNames = make([]string, c.IDs)
-	for i := range c.IDs {
-		rg.idNames[i] = "id-" + strconv.Itoa(i)
-	}
+	rg.ids = newIDNames(c.IDs)
+	rg.idNames = rg.ids.names
 	rg.refTAT = make([]bucket.TAT, c.IDs)
 	var ms []cluster.Member
 	for i := range c.Nodes {
