@@ -204,8 +204,8 @@ type RuleParams struct {
 	// nodesT and ownedT are this rule's tables in the coordinator's
 	// entries and owned (nil: not looked up yet), so that a lookup of a
 	// rule at hand goes straight to them (Coordinator.nodesOf, ownedOf).
-	nodesT *strTable[nodeEntry]
-	ownedT *strTable[ownerEntry]
+	nodesT *strTable[*nodeEntry]
+	ownedT *strTable[*ownerEntry]
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
@@ -549,6 +549,9 @@ type report struct {
 	grant grantState // demand-following slack only
 }
 
+// tableID returns oe's identity, its key in its strTable.
+func (oe *ownerEntry) tableID() string { return oe.key.identity }
+
 // nodeEntry is what a non-owner knows of an identity it admits for.
 type nodeEntry struct {
 	// What Decide reads first comes first.
@@ -570,6 +573,9 @@ type nodeEntry struct {
 	h        uint64 // hashID(key.identity)
 	dead     bool   // dropped: items left in the heap are stale
 }
+
+// tableID returns e's identity, its key in its strTable.
+func (e *nodeEntry) tableID() string { return e.key.identity }
 
 // idle reports whether e equals no entry at now and may be dropped: its
 // spend is acknowledged, nothing is pending, and its view of the owner's
@@ -639,9 +645,9 @@ type Coordinator struct {
 	epoch    uint64 // table.Epoch(): a table does not change once installed
 	tables   uint64 // SetTable calls so far: the table in force is the tables-th
 	rules    map[string]*RuleParams
-	lastRule *RuleParams        // the rule Decide or Step looked up last (rule)
-	owned    keyMap[ownerEntry] // keycap.go
-	entries  keyMap[nodeEntry]
+	lastRule *RuleParams         // the rule Decide or Step looked up last (rule)
+	owned    keyMap[*ownerEntry] // keycap.go
+	entries  keyMap[*nodeEntry]
 	down     map[string]bool
 	ticket   uint64
 	gen      uint64
@@ -854,7 +860,7 @@ func (c *Coordinator) slack(r *RuleParams) int64 {
 
 // nodesOf returns r's table of node entries, as c.entries.of(r.ID, true)
 // does: the tables of a keyMap stay once made.
-func (c *Coordinator) nodesOf(r *RuleParams) *strTable[nodeEntry] {
+func (c *Coordinator) nodesOf(r *RuleParams) *strTable[*nodeEntry] {
 	if r.nodesT == nil {
 		r.nodesT = c.entries.of(r.ID, true)
 	}
@@ -863,7 +869,7 @@ func (c *Coordinator) nodesOf(r *RuleParams) *strTable[nodeEntry] {
 
 // ownedOf returns r's table of owner entries, as c.owned.of(r.ID, true)
 // does.
-func (c *Coordinator) ownedOf(r *RuleParams) *strTable[ownerEntry] {
+func (c *Coordinator) ownedOf(r *RuleParams) *strTable[*ownerEntry] {
 	if r.ownedT == nil {
 		r.ownedT = c.owned.of(r.ID, true)
 	}

@@ -461,26 +461,26 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 	c.dropEntry(e)
 }
 
-// keyMap maps entry keys to entries of type V: one table by identity per
+// keyMap maps entry keys to entries of type P: one table by identity per
 // rule (strtable.go), so that a lookup hashes and compares the identity
 // alone (the rule is found by a comparison with the rule used last, mostly),
-// and a slot holds one string, not two. Its zero value is empty and ready
-// to use.
+// and no slot holds a string (the entry knows its key). Its zero value is
+// empty and ready to use.
 //
 // Under churn (identities that come and go, as with an attacker rotating
 // keys against the key cap) a rule's table does not grow: a deletion leaves
 // no tombstone, and the table is made again at its live size once it has
 // seen more deletions than rebuildAfter(live) (amortised, one copy per
 // deletion), which gives back what a peak took.
-type keyMap[V any] struct {
-	byRule map[string]*strTable[V]
+type keyMap[P tableEntry] struct {
+	byRule map[string]*strTable[P]
 	rule   string       // the rule of last, the table used last
-	last   *strTable[V] // nil: none yet
+	last   *strTable[P] // nil: none yet
 	n      int          // entries over all rules
 }
 
 // of returns rule's table, nil if it has none and add is false.
-func (m *keyMap[V]) of(rule string, add bool) *strTable[V] {
+func (m *keyMap[P]) of(rule string, add bool) *strTable[P] {
 	if m.last != nil && sameString(m.rule, rule) {
 		return m.last
 	}
@@ -490,9 +490,9 @@ func (m *keyMap[V]) of(rule string, add bool) *strTable[V] {
 			return nil
 		}
 		if m.byRule == nil {
-			m.byRule = map[string]*strTable[V]{}
+			m.byRule = map[string]*strTable[P]{}
 		}
-		ids = &strTable[V]{}
+		ids = &strTable[P]{}
 		m.byRule[rule] = ids
 	}
 	m.rule, m.last = rule, ids
@@ -500,28 +500,30 @@ func (m *keyMap[V]) of(rule string, add bool) *strTable[V] {
 }
 
 // get returns k's entry, or nil.
-func (m *keyMap[V]) get(k entryKey) *V {
+func (m *keyMap[P]) get(k entryKey) P {
 	ids := m.of(k.rule, false)
 	if ids == nil {
-		return nil
+		var none P
+		return none
 	}
 	return ids.get(k.identity)
 }
 
 // getH is get of k whose identity's hashID is h.
-func (m *keyMap[V]) getH(k entryKey, h uint64) *V {
+func (m *keyMap[P]) getH(k entryKey, h uint64) P {
 	ids := m.of(k.rule, false)
 	if ids == nil {
-		return nil
+		var none P
+		return none
 	}
 	return ids.getH(h, k.identity)
 }
 
 // set makes v k's entry.
-func (m *keyMap[V]) set(k entryKey, v *V) { m.setH(k, hashID(k.identity), v) }
+func (m *keyMap[P]) set(k entryKey, v P) { m.setH(k, hashID(k.identity), v) }
 
 // setH is set of k whose identity's hashID is h.
-func (m *keyMap[V]) setH(k entryKey, h uint64, v *V) {
+func (m *keyMap[P]) setH(k entryKey, h uint64, v P) {
 	if m.of(k.rule, true).setH(h, k.identity, v) {
 		m.n++
 	}
@@ -530,21 +532,21 @@ func (m *keyMap[V]) setH(k entryKey, h uint64, v *V) {
 // delH deletes k, whose identity's hashID is h, if it has an entry. A
 // rule's table stays when it empties: the rules are few, and their entries
 // come back.
-func (m *keyMap[V]) delH(k entryKey, h uint64) {
+func (m *keyMap[P]) delH(k entryKey, h uint64) {
 	if ids := m.of(k.rule, false); ids != nil && ids.delH(h, k.identity) {
 		m.n--
 	}
 }
 
 // len returns the number of entries.
-func (m *keyMap[V]) len() int { return m.n }
+func (m *keyMap[P]) len() int { return m.n }
 
 // all calls f for every entry, in no particular order (callers that need an
 // order collect the keys and sort them); f may delete the entry it is
 // given. It walks a copy of the entries taken first.
-func (m *keyMap[V]) all(f func(k entryKey, v *V)) {
+func (m *keyMap[P]) all(f func(k entryKey, v P)) {
 	var keys []entryKey
-	var vs []*V
+	var vs []P
 	var ids []string
 	for rule, t := range m.byRule {
 		ids, vs = t.appendAll(ids[:0], vs)

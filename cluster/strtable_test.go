@@ -7,6 +7,11 @@ import (
 	"testing"
 )
 
+// tent is a table entry for the tests: it knows its identity.
+type tent struct{ id string }
+
+func (e *tent) tableID() string { return e.id }
+
 // TestStrTableMatchesMap runs random sets, deletions and lookups on a
 // strTable and on a Go map side by side (the reference), over key spaces
 // small enough that runs of collisions, deletions inside runs, wrap-around
@@ -15,9 +20,12 @@ import (
 func TestStrTableMatchesMap(t *testing.T) {
 	for _, space := range []int{3, 40, 2000} {
 		rng := rand.New(rand.NewPCG(uint64(space), 7))
-		var tb strTable[int]
-		ref := map[string]*int{}
-		vals := make([]int, space)
+		var tb strTable[*tent]
+		ref := map[string]*tent{}
+		vals := make([]tent, space)
+		for i := range vals {
+			vals[i].id = "id-" + strconv.Itoa(i)
+		}
 		key := func() string { return "id-" + strconv.Itoa(rng.IntN(space)) }
 		for phase := range 6 {
 			// Phases alternate between filling (mostly sets) and draining
@@ -77,11 +85,11 @@ func TestStrTableMatchesMap(t *testing.T) {
 // deleted) leave the table at the size its live entries need, as the key
 // cap's churn requires (keycap.go).
 func TestStrTableChurnStaysSmall(t *testing.T) {
-	var tb strTable[int]
-	v := new(int)
+	var tb strTable[*tent]
+	set := func(id string) { tb.set(id, &tent{id}) }
 	const live = 100
 	for i := range 200_000 {
-		tb.set("k-"+strconv.Itoa(i), v)
+		set("k-" + strconv.Itoa(i))
 		if i >= live {
 			if !tb.del("k-" + strconv.Itoa(i-live)) {
 				t.Fatalf("k-%d missing", i-live)
@@ -97,7 +105,7 @@ func TestStrTableChurnStaysSmall(t *testing.T) {
 	// And it gives memory back after a peak, once the deletions since
 	// pay for the copy.
 	for i := range 100_000 {
-		tb.set("p-"+strconv.Itoa(i), v)
+		set("p-" + strconv.Itoa(i))
 	}
 	peak := len(tb.slots)
 	ids, _ := tb.appendAll(nil, nil)
@@ -106,7 +114,7 @@ func TestStrTableChurnStaysSmall(t *testing.T) {
 		tb.del(id)
 	}
 	for i := range 5000 {
-		tb.set("q-"+strconv.Itoa(i), v)
+		set("q-" + strconv.Itoa(i))
 		tb.del("q-" + strconv.Itoa(i))
 	}
 	if tb.len() != 0 || len(tb.slots) > minTableSlots {
@@ -121,11 +129,10 @@ func BenchmarkStrTable(b *testing.B) {
 	for i := range ids {
 		ids[i] = "identity-" + strconv.Itoa(i)
 	}
-	v := new(int)
 	b.Run("strTable", func(b *testing.B) {
-		var tb strTable[int]
+		var tb strTable[*tent]
 		for _, id := range ids {
-			tb.set(id, v)
+			tb.set(id, &tent{id})
 		}
 		for i := range b.N {
 			if tb.get(ids[i&1023]) == nil {
@@ -134,9 +141,9 @@ func BenchmarkStrTable(b *testing.B) {
 		}
 	})
 	b.Run("map", func(b *testing.B) {
-		m := map[string]*int{}
+		m := map[string]*tent{}
 		for _, id := range ids {
-			m[id] = v
+			m[id] = &tent{id}
 		}
 		for i := range b.N {
 			if m[ids[i&1023]] == nil {
