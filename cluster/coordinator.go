@@ -1434,11 +1434,7 @@ func (c *Coordinator) result(now int64, r *ResultItem) {
 	// Written in place: cleared, then field by field (no copy of a whole
 	// completion; it holds no pointers, so no write barriers either).
 	n := len(c.done)
-	if n < cap(c.done) {
-		c.done = c.done[:n+1]
-	} else {
-		c.done = append(c.done, Completion{})
-	}
+	c.done = grow1(c.done)
 	cp := &c.done[n]
 	*cp = Completion{}
 	cp.Ticket, cp.Outcome.Source = r.Ticket, SourceRemote
@@ -1590,11 +1586,7 @@ func (c *Coordinator) entryOfKey(k entryKey, e *nodeEntry) *nodeEntry {
 // written in place: the slots past the queue's length are zero.
 func (c *Coordinator) pendAppend(k entryKey, e *nodeEntry, owner string, cost, deadline int64) {
 	n := len(c.pend)
-	if n < cap(c.pend) {
-		c.pend = c.pend[:n+1]
-	} else {
-		c.pend = append(c.pend, pendingReq{})
-	}
+	c.pend = grow1(c.pend)
 	p := &c.pend[n]
 	p.ticket, p.cost, p.deadline, p.live = c.ticket, cost, deadline, true
 	p.key, p.e, p.owner = k, e, owner

@@ -34,6 +34,13 @@ func addItem[T any](s []T, pool *[][]T) []T {
 			*pool = (*pool)[:n-1]
 		}
 	}
+	return grow1(s)
+}
+
+// grow1 returns s one element longer, in its own array while it has
+// room: the new last element is whatever the array held there (the
+// caller overwrites it), or zero when the array grew.
+func grow1[T any](s []T) []T {
 	if n := len(s); n < cap(s) {
 		return s[:n+1]
 	}
@@ -78,11 +85,7 @@ func (c *Coordinator) outbox(to string) *Message {
 	// The array's slots past its length may hold envelopes handed out
 	// before (ReadyInto's swap): a new one overwrites the slot whole.
 	n := len(c.outs)
-	if n < cap(c.outs) {
-		c.outs = c.outs[:n+1]
-	} else {
-		c.outs = append(c.outs, Envelope{})
-	}
+	c.outs = grow1(c.outs)
 	env := &c.outs[n]
 	env.Msg = Message{Epoch: c.epoch}
 	env.To = to
