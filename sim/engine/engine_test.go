@@ -129,7 +129,7 @@ func TestSeeded(t *testing.T) {
 		l := LogNormal{Median: time.Millisecond, Sigma: 1}
 		var out []int64
 		for range 10 {
-			out = append(out, l.Draw(s.Rand()))
+			out = append(out, l.Draw(s.PCG()))
 		}
 		return out
 	}

@@ -31,7 +31,7 @@ func TestExpFastExact(t *testing.T) {
 		{Median: 1000, Sigma: 0},
 		{Median: 0, Sigma: 1},
 	} {
-		a := rand.New(rand.NewPCG(7, 9))
+		a := NewPCG(7, 9)
 		b := rand.New(rand.NewPCG(7, 9))
 		for i := range 1_000_000 {
 			got := l.Draw(a)
@@ -66,7 +66,7 @@ func TestExpFastExact(t *testing.T) {
 func BenchmarkLogNormal(b *testing.B) {
 	l := LogNormal{Median: 200 * time.Microsecond, Sigma: 0.5}
 	b.Run("fast", func(b *testing.B) {
-		r := rand.New(rand.NewPCG(1, 2))
+		r := NewPCG(1, 2)
 		var s int64
 		for b.Loop() {
 			s += l.Draw(r)

@@ -2,15 +2,15 @@ package engine
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"time"
 )
 
 // Latency is a one-way message delay distribution. Draw must take all its
 // randomness from r.
 type Latency interface {
-	// Draw returns one delay in nanoseconds (>= 0).
-	Draw(r *rand.Rand) int64
+	// Draw returns one delay in nanoseconds (>= 0), drawing from the
+	// run's source.
+	Draw(r *PCG) int64
 	// String describes the distribution in the fault-spec syntax.
 	String() string
 }
@@ -19,7 +19,7 @@ type Latency interface {
 type Const struct{ D time.Duration }
 
 // Draw returns D.
-func (c Const) Draw(*rand.Rand) int64 { return int64(c.D) }
+func (c Const) Draw(*PCG) int64 { return int64(c.D) }
 
 // String returns "const:D".
 func (c Const) String() string { return fmt.Sprintf("const:%v", c.D) }
@@ -28,11 +28,11 @@ func (c Const) String() string { return fmt.Sprintf("const:%v", c.D) }
 type Uniform struct{ Lo, Hi time.Duration }
 
 // Draw returns a delay in [Lo, Hi].
-func (u Uniform) Draw(r *rand.Rand) int64 {
+func (u Uniform) Draw(r *PCG) int64 {
 	if u.Hi <= u.Lo {
 		return int64(u.Lo)
 	}
-	return int64(u.Lo) + r.Int64N(int64(u.Hi-u.Lo)+1)
+	return int64(u.Lo) + r.Std().Int64N(int64(u.Hi-u.Lo)+1)
 }
 
 // String returns "uniform:LO:HI".
@@ -51,7 +51,7 @@ type LogNormal struct {
 //
 // It is exactly int64(min(Median·math.Exp(Sigma·Z), Cap)), computed
 // through a faster exp where that cannot change the result (fastexp.go).
-func (l LogNormal) Draw(r *rand.Rand) int64 {
+func (l LogNormal) Draw(r *PCG) int64 {
 	return lognormalNS(float64(l.Median), l.Sigma*r.NormFloat64(), float64(l.Cap))
 }
 
@@ -74,12 +74,6 @@ type Network struct {
 	nextID  int
 	free    *delivery
 
-	// logn is whether latency is a LogNormal (the common case), drawn
-	// without the interface call from its median, sigma and cap as
-	// float64s.
-	logn                     bool
-	lnMedian, lnSigma, lnCap float64
-
 	// Sent, Lost and Cut count messages handed to Send, lost on the way,
 	// and dropped by a partition.
 	Sent, Lost, Cut uint64
@@ -88,9 +82,7 @@ type Network struct {
 // NewNetwork returns a network of n nodes on s with the given latency and no
 // loss.
 func NewNetwork(s *Sim, n int, latency Latency) *Network {
-	nw := &Network{sim: s, n: n, parts: map[int][]int{}}
-	nw.SetLatency(latency)
-	return nw
+	return &Network{sim: s, n: n, latency: latency, parts: map[int][]int{}}
 }
 
 // Nodes returns the number of nodes.
@@ -112,13 +104,7 @@ func (nw *Network) Grow(n int) {
 }
 
 // SetLatency replaces the latency distribution.
-func (nw *Network) SetLatency(l Latency) {
-	nw.latency, nw.logn = l, false
-	if ln, ok := l.(LogNormal); ok {
-		nw.logn = true
-		nw.lnMedian, nw.lnSigma, nw.lnCap = float64(ln.Median), ln.Sigma, float64(ln.Cap)
-	}
-}
+func (nw *Network) SetLatency(l Latency) { nw.latency = l }
 
 // Latency returns the latency distribution in force.
 func (nw *Network) Latency() Latency { return nw.latency }
@@ -220,12 +206,10 @@ func (nw *Network) carry(a, b int) (int64, bool) {
 		nw.Cut++
 		return 0, false
 	}
-	if nw.logn {
-		// LogNormal.Draw(nw.sim.rng), without the calls through the
-		// interface and rand.Rand.
-		return nw.sim.now + lognormalNS(nw.lnMedian, nw.lnSigma*nw.sim.pcg.NormFloat64(), nw.lnCap), true
+	if ln, ok := nw.latency.(LogNormal); ok { // the common case, inlined
+		return nw.sim.now + ln.Draw(nw.sim.pcg), true
 	}
-	return nw.sim.now + nw.latency.Draw(nw.sim.rng), true
+	return nw.sim.now + nw.latency.Draw(nw.sim.pcg), true
 }
 
 // Arrives reports whether a message sent from a to b with SendDirect is

@@ -107,7 +107,7 @@ func (v *viewCheck) Fire(s *engine.Sim) {
 // identity's owner remembered for as long as the ring is in force. The
 // coordinator asks for the owner on every decision, and rendezvous hashing
 // costs O(members) (about 90 ns at 100); the answers are the ring's own.
-// The run's identities are "id-" and an index (Region.idNames), so the
+// The run's identities are "id-" and an index (Region.ids), so the
 // cache is a slice by that index rather than a map keyed by strings.
 type ownerCache struct {
 	*cluster.Ring
@@ -146,7 +146,7 @@ func (rg *Region) tableOf(n *node, epoch uint64) cluster.OwnerTable {
 		if rg.owners == nil {
 			rg.owners = map[string][]string{}
 		}
-		owners = make([]string, len(rg.idNames))
+		owners = make([]string, len(rg.ids.names))
 		rg.owners[string(key)] = owners
 	}
 	return &ownerCache{Ring: rg.ringOf(n, epoch), ids: rg.ids, owner: owners}

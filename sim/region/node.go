@@ -237,7 +237,7 @@ func addEvictions(p *cluster.Stats, s cluster.Stats) {
 
 // request is a client request for identity ident arriving at this node.
 func (n *node) request(ident int, cost int64) {
-	o, err := n.coord.Decide(n.now(), ruleID, n.rg.idNames[ident], cost)
+	o, err := n.coord.Decide(n.now(), ruleID, n.rg.ids.names[ident], cost)
 	if err != nil {
 		panic(err) // the only rule is always installed
 	}

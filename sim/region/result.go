@@ -121,8 +121,8 @@ func (rg *Region) result() *Result {
 		Lost: rg.net.Lost, Cut: rg.net.Cut, BreakerOpens: rg.breakerOpens, RingChanges: rg.ringChanges,
 		Bin: c.Bin, Cluster: rg.binsCluster, Reference: rg.binsRef, Events: rg.sim.Fired(),
 	}
-	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.idNames) {
-		res.WorstID = rg.idNames[ch.worstAccID]
+	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.ids.names) {
+		res.WorstID = rg.ids.names[ch.worstAccID]
 	}
 	res.ExcessPlain = res.ExcessAccounted
 	if ch.gated {
@@ -130,11 +130,11 @@ func (rg *Region) result() *Result {
 		res.ExcessAccounted, res.ExcessAll = ch.gAcc-float64(c.Burst), ch.gAll-float64(c.Burst)
 		res.ExcessClean = ch.gClean - float64(c.Burst)
 		res.SketchPerPeriod = ch.gSketch
-		if ch.gAccID >= 0 && ch.gAccID < len(rg.idNames) {
-			res.WorstID = rg.idNames[ch.gAccID]
+		if ch.gAccID >= 0 && ch.gAccID < len(rg.ids.names) {
+			res.WorstID = rg.ids.names[ch.gAccID]
 		}
 		if !math.IsInf(ch.gSketch, -1) {
-			res.SketchID = rg.idNames[ch.gSketchID]
+			res.SketchID = rg.ids.names[ch.gSketchID]
 		}
 	}
 	for _, seg := range ch.segs {
@@ -192,7 +192,7 @@ func (rg *Region) result() *Result {
 		res.ExcessRaw = ch.worstAccRaw - float64(c.Burst)
 		res.MaxForgiven, res.CapBreaks = rg.maxForgiven, rg.capBreaks
 		if i := ch.worstAccRawID; !math.IsInf(ch.worstAccRaw, -1) && i < len(ch.capTerm) {
-			res.RawID, res.RawTerm = rg.idNames[i], ch.capTerm[i]
+			res.RawID, res.RawTerm = rg.ids.names[i], ch.capTerm[i]
 		}
 	}
 	res.check()

@@ -34,8 +34,7 @@ type Region struct {
 	pending     [][]pairChange
 	params      cluster.RuleParams
 	ref         bucket.GCRA
-	idNames     []string // ids.names
-	ids         *idNames
+	ids         *idNames // the identities' names
 	refTAT      []bucket.TAT
 	initialRing *cluster.Ring
 	chk         *checker
@@ -124,7 +123,6 @@ func newRegion(c Config) *Region {
 		rg.nodes = append(rg.nodes, n)
 	}
 	rg.ids = newIDNames(c.IDs)
-	rg.idNames = rg.ids.names
 	rg.refTAT = make([]bucket.TAT, c.IDs)
 	var ms []cluster.Member
 	for i := range c.Nodes {
@@ -420,7 +418,7 @@ func (rg *Region) evicted(ev cluster.Eviction) {
 		return
 	}
 	i, ok := parseIndex(ev.Identity, "id-")
-	if !ok || i >= len(rg.idNames) {
+	if !ok || i >= len(rg.ids.names) {
 		return
 	}
 	t := float64(ev.Forgiven)

@@ -216,7 +216,7 @@ func (c *Config) saturating() bool {
 // (by index), its initial owner last: the busiest share of uneven traffic
 // lands on a node that must sync, the interesting case.
 func (rg *Region) spreadOrder(i int) []int {
-	owner := rg.initialRing.OwnerName(rg.idNames[i])
+	owner := rg.initialRing.OwnerName(rg.ids.names[i])
 	order := make([]int, 0, rg.cfg.Nodes)
 	for j := range rg.cfg.Nodes {
 		if nodeName(j) != owner {
