@@ -1,5 +1,13 @@
 package cluster
 
+import (
+	"hash/maphash"
+	"slices"
+	"unsafe"
+
+	"github.com/weir-dev/weir/internal/prefetch"
+)
+
 // Backlog is what waits for a peer while an exchange with it is in flight:
 // the adapter keeps at most one exchange in flight per peer, and what is due
 // to a busy peer meanwhile joins its Backlog, to leave as the next exchange
@@ -13,17 +21,20 @@ package cluster
 // item is appended in the order it was added.
 //
 // The zero value is an empty Backlog. A Backlog is not safe for concurrent
-// use; Take empties it for reuse.
+// use; Take empties it for reuse. A caller that is done with a message Take
+// returned may hand its arrays back with Reuse, so that the next fills do
+// not allocate: two sets of arrays then alternate between the Backlog and
+// the exchange in flight.
 type Backlog struct {
 	msg   Message
-	syncs map[syncKey]int // index in msg.Syncs
-}
-
-// syncKey names one cumulative report: an identity's generation under a
-// rule.
-type syncKey struct {
-	rule, identity string
-	gen            uint64
+	spare Message   // arrays handed back by Reuse, for the fill after the next Take
+	idx   syncIndex // where each queued sync is in msg.Syncs
+	// lastSyncs is the number of syncs the last Take returned, and
+	// lastMost the most items of one kind it returned: under a steady
+	// overload the next fill is about as large, so the sync array grows
+	// to it at once instead of by doubling, and Reuse keeps arrays of
+	// that size.
+	lastSyncs, lastMost int
 }
 
 // Add queues m's items after those already queued (a sync of a (rule,
@@ -35,22 +46,62 @@ func (b *Backlog) Add(m *Message) {
 	m.Syncs = nil
 	b.msg.merge(m)
 	m.Syncs = syncs
-	if b.syncs == nil {
-		b.syncs = make(map[syncKey]int, len(b.msg.Syncs)+len(syncs))
-		for i, it := range b.msg.Syncs {
-			b.syncs[syncKey{it.Rule, it.Identity, it.Gen}] = i
+	if len(syncs) == 0 {
+		return
+	}
+	if n := len(b.msg.Syncs) + len(syncs); n > cap(b.msg.Syncs) {
+		// Grow at once to half as much again as the last fill (under
+		// overload the backlog grows from one exchange to the next, with
+		// identities mostly not those reported then), or double.
+		want := max(n, 2*cap(b.msg.Syncs), b.lastSyncs+b.lastSyncs/2)
+		if len(b.msg.Syncs) == 0 {
+			b.msg.Syncs = make([]SyncItem, 0, want) // Grow would copy the old array whole
+		} else {
+			b.msg.Syncs = slices.Grow(b.msg.Syncs, want-len(b.msg.Syncs))
 		}
 	}
-	for _, it := range syncs {
-		k := syncKey{it.Rule, it.Identity, it.Gen}
-		if i, ok := b.syncs[k]; ok {
-			if old := &b.msg.Syncs[i]; it.Total >= old.Total {
-				*old = it
-			}
-			continue
+	// The index is sized as the array is, to what this fill will likely
+	// reach, so that it is not refilled as it grows.
+	b.idx.reserve(b.msg.Syncs, max(len(b.msg.Syncs)+len(syncs), min(cap(b.msg.Syncs), b.lastSyncs+b.lastSyncs/2)))
+	// In groups, pipelined so that cache misses overlap instead of
+	// following one another: the next group's identities are asked of
+	// the memory (they were made long ago, each on its own), then this
+	// group's hashes are taken, each one's slot asked for, and only then
+	// are the lookups made.
+	var hs [prefetchGroup]uint64
+	prefetchIdentities(syncs[:min(len(syncs), prefetchGroup)])
+	for len(syncs) > 0 {
+		group := syncs[:min(len(syncs), prefetchGroup)]
+		syncs = syncs[len(group):]
+		prefetchIdentities(syncs[:min(len(syncs), prefetchGroup)])
+		for i := range group {
+			hs[i] = b.idx.hash(&group[i])
+			b.idx.prefetch(hs[i])
 		}
-		b.syncs[k] = len(b.msg.Syncs)
-		b.msg.Syncs = append(b.msg.Syncs, it)
+		for i := range group {
+			it := &group[i]
+			if j, ok := b.idx.find(b.msg.Syncs, hs[i], it); ok {
+				if old := &b.msg.Syncs[j]; it.Total >= old.Total {
+					*old = *it
+				}
+				continue
+			}
+			b.idx.insert(hs[i], len(b.msg.Syncs))
+			b.msg.Syncs = append(b.msg.Syncs, *it)
+		}
+	}
+}
+
+// prefetchGroup is how many syncs Add hashes ahead of their lookups.
+const prefetchGroup = 16
+
+// prefetchIdentities asks for the first cache line of each sync's
+// identity.
+func prefetchIdentities(syncs []SyncItem) {
+	for i := range syncs {
+		if id := syncs[i].Identity; len(id) > 0 {
+			prefetch.Line(uintptr(unsafe.Pointer(unsafe.StringData(id))))
+		}
 	}
 }
 
@@ -58,13 +109,56 @@ func (b *Backlog) Add(m *Message) {
 func (b *Backlog) Empty() bool { return b.msg.Empty() }
 
 // Take returns what is queued, as one message, and empties the Backlog. The
-// message's arrays become the caller's.
+// message's arrays become the caller's; the Backlog fills the arrays handed
+// back by Reuse next, if any, else new ones.
 func (b *Backlog) Take() Message {
 	m := b.msg
-	b.msg = Message{}
-	clear(b.syncs)
+	b.lastSyncs = len(m.Syncs)
+	b.lastMost = max(len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results), len(m.Handoffs))
+	b.msg = Message{
+		Syncs:    b.spare.Syncs,
+		Decides:  b.spare.Decides,
+		Acks:     b.spare.Acks,
+		Results:  b.spare.Results,
+		Handoffs: b.spare.Handoffs,
+	}
+	b.spare = Message{}
+	b.idx.reset()
 	return m
 }
+
+// Reuse hands back the arrays of m, a message Take returned (or any other
+// message whose arrays nothing reads any more), for the Backlog's fills
+// after the next Take. It keeps, of each kind, the larger of the array it
+// holds for that and m's (up to maxReuseItems items, or twice the most of
+// one kind the last Take returned when that is more); m must not be used
+// after the call. The items are cleared, so that the Backlog keeps no
+// identity alive.
+func (b *Backlog) Reuse(m *Message) {
+	limit := max(maxReuseItems, 2*b.lastMost)
+	b.spare.Syncs = keepLarger(b.spare.Syncs, m.Syncs, limit)
+	b.spare.Decides = keepLarger(b.spare.Decides, m.Decides, limit)
+	b.spare.Acks = keepLarger(b.spare.Acks, m.Acks, limit)
+	b.spare.Results = keepLarger(b.spare.Results, m.Results, limit)
+	b.spare.Handoffs = keepLarger(b.spare.Handoffs, m.Handoffs, limit)
+	*m = Message{}
+}
+
+// keepLarger returns, emptied, whichever of kept and s has the larger
+// array (kept when they are the same size, or when s's holds more than
+// limit items), with s's items cleared when it is s.
+func keepLarger[T any](kept, s []T, limit int) []T {
+	if cap(s) <= cap(kept) || cap(s) > limit {
+		return kept
+	}
+	clear(s)
+	return s[:0]
+}
+
+// maxReuseItems bounds the arrays Backlog.Reuse keeps while the backlog
+// is small: a burst's larger arrays are left to the collector once it is
+// over.
+const maxReuseItems = MaxBatchItems
 
 // merge appends n's items to m's, keeping their order; n is the newer.
 func (m *Message) merge(n *Message) {
@@ -78,3 +172,116 @@ func (m *Message) merge(n *Message) {
 		m.HandedOver = n.HandedOver
 	}
 }
+
+// syncIndex finds a queued sync by its (rule, identity, generation): an
+// open-addressed table of positions in the Backlog's syncs, probed
+// linearly, at most half full. A slot holds the high 32 bits of the key's
+// hash and the position + 1 (0: empty), so that the table has no pointers
+// (clearing it is a memclr the collector never scans) and a probe compares
+// the keys only when their tags match. The hash is seeded per Backlog
+// (maphash), so that no one can choose identities that collide; the seed
+// decides only where positions are kept, never what the Backlog holds.
+type syncIndex struct {
+	slots    []uint64
+	used     int // slots not empty
+	seed     maphash.Seed
+	seeded   bool
+	lastRule string // rule of the last hash, and its hash: rules are few
+	ruleHash uint64
+}
+
+// minIndexSlots is the smallest table syncIndex makes.
+const minIndexSlots = 64
+
+// hash returns the hash of it's (rule, identity, generation).
+func (x *syncIndex) hash(it *SyncItem) uint64 {
+	if !x.seeded {
+		x.seed, x.seeded = maphash.MakeSeed(), true
+		x.ruleHash = maphash.String(x.seed, x.lastRule)
+	}
+	if it.Rule != x.lastRule {
+		x.lastRule, x.ruleHash = it.Rule, maphash.String(x.seed, it.Rule)
+	}
+	h := maphash.String(x.seed, it.Identity) ^ x.ruleHash ^ it.Gen*0x9e3779b97f4a7c15
+	// fmix64 (MurmurHash3): every input bit reaches the tag's bits.
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	return h
+}
+
+// reserve makes room for n positions of syncs (those of syncs indexed
+// already, the rest to come), growing and refilling the table when it
+// would be more than half full.
+func (x *syncIndex) reserve(syncs []SyncItem, n int) {
+	if 2*n <= len(x.slots) {
+		return
+	}
+	size := max(len(x.slots), minIndexSlots)
+	for size < 2*n {
+		size *= 2
+	}
+	x.slots = make([]uint64, size)
+	x.used = 0
+	for i := range syncs {
+		x.insert(x.hash(&syncs[i]), i)
+	}
+}
+
+// prefetch asks for the cache line of the first slot a key of hash h
+// probes (the table is large when it matters: a hint otherwise).
+func (x *syncIndex) prefetch(h uint64) {
+	if len(x.slots) > minIndexSlots {
+		prefetch.Line(uintptr(unsafe.Pointer(&x.slots[h&uint64(len(x.slots)-1)])))
+	}
+}
+
+// find returns the position in syncs of the sync with it's key, whose hash
+// is h.
+func (x *syncIndex) find(syncs []SyncItem, h uint64, it *SyncItem) (int, bool) {
+	if len(x.slots) == 0 {
+		return 0, false
+	}
+	mask := uint64(len(x.slots) - 1)
+	tag := h >> 32
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := x.slots[i]
+		if s == 0 {
+			return 0, false
+		}
+		if s>>32 == tag {
+			j := int(uint32(s)) - 1
+			if old := &syncs[j]; old.Gen == it.Gen && old.Identity == it.Identity && old.Rule == it.Rule {
+				return j, true
+			}
+		}
+	}
+}
+
+// insert records position pos under hash h; the table has room (reserve).
+func (x *syncIndex) insert(h uint64, pos int) {
+	mask := uint64(len(x.slots) - 1)
+	i := h & mask
+	for x.slots[i] != 0 {
+		i = (i + 1) & mask
+	}
+	x.slots[i] = h>>32<<32 | uint64(uint32(pos+1))
+	x.used++
+}
+
+// reset forgets every position, keeping the table unless it is large and
+// was mostly empty (a burst is over: the next fill sizes a new one).
+func (x *syncIndex) reset() {
+	if len(x.slots) > maxIdleIndexSlots && 8*x.used < len(x.slots) {
+		x.slots, x.used = nil, 0
+		return
+	}
+	if x.used > 0 {
+		clear(x.slots)
+		x.used = 0
+	}
+}
+
+// maxIdleIndexSlots is the largest table reset keeps however little of it
+// the last fill used.
+const maxIdleIndexSlots = 1 << 16

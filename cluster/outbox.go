@@ -108,10 +108,10 @@ func (c *Coordinator) outbox(to string) *Message {
 // Recycle hands back the item arrays of a message that Ready or ReadyInto
 // returned, once nothing reads it any more, so that later outboxes reuse
 // them instead of allocating. It is optional, and only for a caller that
-// knows the message is done with: the Shell never calls it (its sends run
-// on goroutines of their own and the transport may still hold the
-// message); the simulator does once the receiver has stepped it. m's items
-// must not be read after the call.
+// knows the message is done with: the Shell calls it once it has copied
+// the items into a message of its own (its sends run on goroutines of
+// their own); the simulator does once the receiver has stepped it. m's
+// items must not be read after the call.
 func (c *Coordinator) Recycle(m *Message) {
 	p := &c.pools
 	recycle(&p.syncs, m.Syncs)

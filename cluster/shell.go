@@ -42,14 +42,16 @@ type Shell struct {
 	shards []shard
 	shift  uint // ticket = the shard's ticket << shift | the shard's index
 	ring   atomic.Pointer[Ring]
-	// mu guards breaks and busy. It may be held while taking shard locks,
-	// never taken while one is held.
+	// mu guards breaks and links. It may be held while taking shard
+	// locks, never taken while one is held.
 	mu     sync.Mutex
 	breaks map[string]*breaker
-	busy   map[string]*Backlog // peers with an exchange in flight, and what waits for the next
-	// inflight is len(busy), readable without mu; pending is set when a
-	// shard queued work while an exchange was in flight, for the sender
-	// to collect when its exchange returns (see nudge).
+	links  map[string]*link // per peer: an exchange in flight?, and what waits for the next
+	// pool keeps the item arrays of messages the Shell is done with.
+	pool msgPool
+	// inflight is the number of busy links, readable without mu; pending
+	// is set when a shard queued work while an exchange was in flight,
+	// for the sender to collect when its exchange returns (see nudge).
 	inflight atomic.Int32
 	pending  atomic.Bool
 
@@ -62,6 +64,12 @@ type Shell struct {
 	// fastRejects counts the view rejections answered from a shard's
 	// reject cache (Stats adds them to ViewRejects).
 	fastRejects atomic.Uint64
+}
+
+// link is the Shell's side of the exchanges with one peer.
+type link struct {
+	busy bool    // an exchange is in flight
+	q    Backlog // what waits for the next exchange while one is in flight
 }
 
 // shard is one Coordinator of a Shell and the callers waiting on it.
@@ -197,7 +205,7 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		shards: make([]shard, cfg.Shards),
 		shift:  uint(bits.TrailingZeros(uint(cfg.Shards))),
 		breaks: map[string]*breaker{},
-		busy:   map[string]*Backlog{},
+		links:  map[string]*link{},
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
@@ -257,6 +265,13 @@ func (s *Shell) SetRing(r *Ring) {
 			}
 		}
 	}
+	// The links of peers gone from the ring go, once idle (a busy one is
+	// dropped when its exchanges end, if its peer is still gone then).
+	for peer, l := range s.links {
+		if !l.busy && r.IndexOf(peer) < 0 {
+			delete(s.links, peer)
+		}
+	}
 	s.mu.Unlock()
 	for _, env := range envs {
 		s.send(env)
@@ -271,11 +286,11 @@ func (s *Shell) withAll(f func(now int64, c *Coordinator)) []Envelope {
 		s.shards[i].lock()
 	}
 	now := s.now()
-	var out outboxes
+	out := outboxes{pool: &s.pool}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		f(now, sh.coord)
-		s.take(i, &out)
+		s.take(i, &out, len(s.shards)-i)
 	}
 	for i := range s.shards {
 		s.shards[i].mu.Unlock()
@@ -304,30 +319,153 @@ func (s *Shell) shardOfHash(h uint64) int {
 // outboxes collects the shards' messages, merged per destination.
 type outboxes struct {
 	envs []Envelope
+	// pool gives the arrays of the merged messages: the shards'
+	// messages are copied into them, and their arrays handed back to
+	// their coordinators at once (the merged messages' arrays go back to
+	// pool once sent or queued: see Shell.send, Shell.run and
+	// Shell.Handle).
+	pool *msgPool
+	// links, when set, are the Shell's (s.mu is held): a message for a
+	// peer with an exchange in flight joins its Backlog at once.
+	links map[string]*link
 }
 
-// add merges m into the message for to.
-func (o *outboxes) add(to string, m *Message) {
+// add copies m's items into the message for to (or, with links, into
+// the Backlog of a busy peer): m's arrays are free again once it returns.
+// m is from the first of left shards still to come, which queue about as
+// much each (the identities are spread evenly): a new message is given
+// room for left times m's items (and a quarter more) at once, so that it
+// does not grow by doubling as the others merge in.
+func (o *outboxes) add(to string, m *Message, left int) {
+	if l := o.links[to]; l != nil && l.busy {
+		l.q.Add(m)
+		return
+	}
 	for i := range o.envs {
 		if o.envs[i].To == to {
 			o.envs[i].Msg.merge(m)
 			return
 		}
 	}
-	o.envs = append(o.envs, Envelope{To: to, Msg: *m})
+	env := Envelope{To: to, Msg: o.pool.get()}
+	if left > 1 {
+		reserve(&env.Msg, m, left+left/4)
+	}
+	env.Msg.merge(m)
+	o.envs = append(o.envs, env)
+}
+
+// reserve gives each array of m room for k times as many items as n's
+// array of that kind has.
+func reserve(m, n *Message, k int) {
+	m.Syncs = grown(m.Syncs, k*len(n.Syncs))
+	m.Decides = grown(m.Decides, k*len(n.Decides))
+	m.Acks = grown(m.Acks, k*len(n.Acks))
+	m.Results = grown(m.Results, k*len(n.Results))
+	m.Handoffs = grown(m.Handoffs, k*len(n.Handoffs))
+}
+
+// grown returns s with room for n items in all: a new array when s is
+// empty (slices.Grow would copy s's whole old array).
+func grown[T any](s []T, n int) []T {
+	switch {
+	case n <= cap(s):
+		return s
+	case len(s) == 0:
+		return make([]T, 0, n)
+	}
+	return slices.Grow(s, n-len(s))
+}
+
+// msgPool keeps the item arrays of messages the Shell has sent (or
+// queued, copied, in a Backlog), for the next merged messages: at most
+// maxPooledMessages messages' worth, each array of at most maxPooledItems
+// items (what an idle node keeps after a burst is bounded). It is safe
+// for concurrent use.
+type msgPool struct {
+	mu   sync.Mutex
+	free []Message
+}
+
+// maxPooledMessages bounds msgPool: a few per peer are in use at once (one
+// in flight, one merging).
+const maxPooledMessages = 8
+
+// maxPooledItems bounds the arrays msgPool keeps (1 MiB of syncs).
+const maxPooledItems = 16384
+
+// get returns an empty message, with arrays kept from an earlier one if
+// there are some.
+func (p *msgPool) get() Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.free)
+	if n == 0 {
+		return Message{}
+	}
+	// The largest arrays first: a merged message is as large as the
+	// shards' queues, and the smaller arrays would grow.
+	best := n - 1
+	for i := range n - 1 {
+		if capacity(&p.free[i]) > capacity(&p.free[best]) {
+			best = i
+		}
+	}
+	m := p.free[best]
+	p.free[best] = p.free[n-1]
+	p.free[n-1] = Message{}
+	p.free = p.free[:n-1]
+	return m
+}
+
+// put keeps m's arrays, their items cleared, unless the pool is full; m
+// must not be used after the call.
+func (p *msgPool) put(m *Message) {
+	if capacity(m) == 0 {
+		return
+	}
+	e := Message{
+		Syncs:    reusable(m.Syncs),
+		Decides:  reusable(m.Decides),
+		Acks:     reusable(m.Acks),
+		Results:  reusable(m.Results),
+		Handoffs: reusable(m.Handoffs),
+	}
+	*m = Message{}
+	p.mu.Lock()
+	if len(p.free) < maxPooledMessages {
+		p.free = append(p.free, e)
+	}
+	p.mu.Unlock()
+}
+
+// capacity returns the items m's arrays have room for.
+func capacity(m *Message) int {
+	return cap(m.Syncs) + cap(m.Decides) + cap(m.Acks) + cap(m.Results) + cap(m.Handoffs)
+}
+
+// reusable returns s emptied, its items cleared, or nil when its array is
+// too large to keep.
+func reusable[T any](s []T) []T {
+	if cap(s) > maxPooledItems {
+		return nil
+	}
+	clear(s)
+	return s[:0]
 }
 
 // take hands shard i's completions to their waiters and adds its messages
 // to out, its forwarded requests' tickets made the Shell's (under shard i's
-// lock).
-func (s *Shell) take(i int, out *outboxes) {
+// lock); left is the number of shards, this one included, whose messages
+// out is still to get.
+func (s *Shell) take(i int, out *outboxes, left int) {
 	sh := &s.shards[i]
 	if !sh.coord.HasReady() {
 		return
 	}
 	// The arrays of sh.rd are reused: the completions are handed out and
-	// each message's header copied into out before the next take, and the
-	// items' arrays are new ones (the Shell never calls Recycle).
+	// each message's items copied into out before the next take, and the
+	// items' arrays handed back to the coordinator with Recycle.
 	rd := &sh.rd
 	sh.coord.ReadyInto(rd)
 	sh.complete(rd.Completions)
@@ -336,7 +474,9 @@ func (s *Shell) take(i int, out *outboxes) {
 		for j := range m.Decides {
 			m.Decides[j].Ticket = m.Decides[j].Ticket<<s.shift | uint64(i)
 		}
-		out.add(rd.Messages[k].To, m)
+		out.add(rd.Messages[k].To, m, left)
+		// Copied: the coordinator's next outboxes reuse the arrays.
+		sh.coord.Recycle(m)
 	}
 }
 
@@ -352,35 +492,72 @@ func (s *Shell) split(m *Message) []Message {
 	for i := range parts {
 		parts[i].Epoch, parts[i].HandedOver = m.Epoch, m.HandedOver
 	}
-	for _, h := range m.Handoffs {
-		p := &parts[s.shardOf(h.Identity)]
-		p.Handoffs = append(p.Handoffs, h)
-	}
-	for _, it := range m.Syncs {
-		p := &parts[s.shardOf(it.Identity)]
-		p.Syncs = append(p.Syncs, it)
-	}
-	for _, d := range m.Decides {
-		p := &parts[s.shardOf(d.Identity)]
-		p.Decides = append(p.Decides, d)
-	}
-	for _, a := range m.Acks {
-		p := &parts[s.shardOf(a.Identity)]
-		p.Acks = append(p.Acks, a)
-	}
+	// Each kind's items are counted per shard first, then copied into one
+	// array cut into the shards' parts: no part grows by appending.
+	var sc splitScratch
+	sc.init(len(s.shards), max(len(m.Handoffs), len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results)))
+	splitItems(&sc, m.Handoffs, func(h *HandoffItem) int { return s.shardOf(h.Identity) },
+		func(i int) *[]HandoffItem { return &parts[i].Handoffs })
+	splitItems(&sc, m.Syncs, func(it *SyncItem) int { return s.shardOf(it.Identity) },
+		func(i int) *[]SyncItem { return &parts[i].Syncs })
+	splitItems(&sc, m.Decides, func(d *DecideItem) int { return s.shardOf(d.Identity) },
+		func(i int) *[]DecideItem { return &parts[i].Decides })
+	splitItems(&sc, m.Acks, func(a *AckItem) int { return s.shardOf(a.Identity) },
+		func(i int) *[]AckItem { return &parts[i].Acks })
 	mask := uint64(len(s.shards) - 1)
-	for _, r := range m.Results {
-		p := &parts[r.Ticket&mask]
-		r.Ticket >>= s.shift
-		p.Results = append(p.Results, r)
+	splitItems(&sc, m.Results, func(r *ResultItem) int { return int(r.Ticket & mask) },
+		func(i int) *[]ResultItem { return &parts[i].Results })
+	for i := range parts {
+		for k := range parts[i].Results {
+			parts[i].Results[k].Ticket >>= s.shift
+		}
 	}
 	return parts
+}
+
+// splitScratch is split's working memory: the shard of each item of the
+// kind being split, and the items per shard.
+type splitScratch struct {
+	shard  []uint8 // MaxShards is 256
+	counts []int
+}
+
+// init sizes sc for shards shards and kinds of at most n items.
+func (sc *splitScratch) init(shards, n int) {
+	sc.shard = make([]uint8, n)
+	sc.counts = make([]int, shards)
+}
+
+// splitItems copies items into the shards' parts, in order: into(i) is
+// shard i's array, which gets a window of one new array of all items.
+func splitItems[T any](sc *splitScratch, items []T, shardOf func(*T) int, into func(int) *[]T) {
+	if len(items) == 0 {
+		return
+	}
+	clear(sc.counts)
+	for k := range items {
+		i := shardOf(&items[k])
+		sc.shard[k] = uint8(i)
+		sc.counts[i]++
+	}
+	all := make([]T, len(items))
+	off := 0
+	for i, c := range sc.counts {
+		if c > 0 {
+			*into(i) = all[off : off : off+c]
+			off += c
+		}
+	}
+	for k := range items {
+		p := into(int(sc.shard[k]))
+		*p = append(*p, items[k])
+	}
 }
 
 // step steps a batch from peer from through the shards it concerns and
 // returns what they have for every peer, merged.
 func (s *Shell) step(from string, m *Message) []Envelope {
-	var out outboxes
+	out := outboxes{pool: &s.pool}
 	i, one := s.oneShard(m)
 	if one {
 		// Most batches are small and concern one shard: step m as it is
@@ -398,7 +575,7 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 		sh := &s.shards[i]
 		sh.lock()
 		sh.coord.Step(s.now(), from, m)
-		s.take(i, &out)
+		s.take(i, &out, 1)
 		sh.mu.Unlock()
 		return out.envs
 	}
@@ -410,7 +587,7 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 		sh := &s.shards[i]
 		sh.lock()
 		sh.coord.Step(s.now(), from, &parts[i])
-		s.take(i, &out)
+		s.take(i, &out, len(parts)-i)
 		sh.mu.Unlock()
 	}
 	return out.envs
@@ -672,26 +849,56 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 	reply := &Message{}
 	var others []Envelope
 	for _, env := range s.step(from, m) {
-		if env.To == from {
-			// The reply carries one batch; anything beyond it follows
-			// as exchanges of its own.
-			parts := env.Msg.Split(s.cfg.MaxBatch)
-			*reply = parts[0]
-			if len(parts) > 1 {
-				rest := parts[1]
-				for _, p := range parts[2:] {
-					rest.merge(&p)
-				}
-				others = append(others, Envelope{To: from, Msg: rest})
-			}
-		} else {
+		if env.To != from {
 			others = append(others, env)
+			continue
 		}
+		// The reply carries one batch, in arrays of its own (the
+		// transport drops it once encoded, so the pool's would not come
+		// back); anything beyond it follows as exchanges of its own.
+		var rest Message
+		first := true
+		eachPart(&env.Msg, s.cfg.MaxBatch, func(part *Message) bool {
+			if first {
+				*reply, first = cloneMessage(part), false
+			} else {
+				if rest.Items() == 0 {
+					rest = s.pool.get()
+				}
+				rest.merge(part)
+			}
+			return true
+		})
+		if rest.Items() > 0 {
+			others = append(others, Envelope{To: from, Msg: rest})
+		}
+		s.pool.put(&env.Msg)
 	}
 	for _, env := range others {
 		s.send(env)
 	}
 	return reply, nil
+}
+
+// cloneMessage returns a copy of m in new arrays, each of its length.
+func cloneMessage(m *Message) Message {
+	c := Message{Epoch: m.Epoch, HandedOver: m.HandedOver}
+	if len(m.Syncs) > 0 {
+		c.Syncs = slices.Clone(m.Syncs)
+	}
+	if len(m.Decides) > 0 {
+		c.Decides = slices.Clone(m.Decides)
+	}
+	if len(m.Acks) > 0 {
+		c.Acks = slices.Clone(m.Acks)
+	}
+	if len(m.Results) > 0 {
+		c.Results = slices.Clone(m.Results)
+	}
+	if len(m.Handoffs) > 0 {
+		c.Handoffs = slices.Clone(m.Handoffs)
+	}
+	return c
 }
 
 // complete hands completions to their waiters (under sh.mu).
@@ -810,14 +1017,22 @@ func (s *Shell) addrOf(name string) string {
 }
 
 // flush sends everything the core has queued, one exchange per peer.
+//
+// What is due to a peer with an exchange in flight joins its Backlog
+// straight from the shards' outboxes (s.mu is held throughout, so that no
+// exchange starts or ends meanwhile): under load, when every peer is
+// busy, the items are copied once on their way, not merged first.
 func (s *Shell) flush() {
-	var out outboxes
+	out := outboxes{pool: &s.pool}
+	s.mu.Lock()
+	out.links = s.links
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		s.take(i, &out)
+		s.take(i, &out, len(s.shards)-i)
 		sh.mu.Unlock()
 	}
+	s.mu.Unlock()
 	for _, env := range out.envs {
 		s.send(env)
 	}
@@ -832,16 +1047,18 @@ func (s *Shell) send(env Envelope) {
 	// both sides), and one peer's messages are stepped in the order they
 	// were made.
 	s.mu.Lock()
-	if q, inflight := s.busy[env.To]; inflight {
-		if q == nil {
-			q = &Backlog{}
-			s.busy[env.To] = q
-		}
-		q.Add(&env.Msg)
+	l := s.links[env.To]
+	if l == nil {
+		l = &link{}
+		s.links[env.To] = l
+	}
+	if l.busy {
+		l.q.Add(&env.Msg)
 		s.mu.Unlock()
+		s.pool.put(&env.Msg) // the Backlog copied the items
 		return
 	}
-	s.busy[env.To] = nil
+	l.busy = true
 	s.inflight.Add(1)
 	s.mu.Unlock()
 	addr := s.addrOf(env.To)
@@ -850,35 +1067,126 @@ func (s *Shell) send(env Envelope) {
 }
 
 // run exchanges msg with the peer to, then whatever queued for it
-// meanwhile, until nothing does; the peer is marked busy throughout. It
-// calls s.wg.Done when it returns.
+// meanwhile, until nothing does; the peer is marked busy throughout. The
+// arrays of each message sent go back to the peer's Backlog, for it to
+// fill while the next exchange is in flight (and to the pool at the end).
+// It calls s.wg.Done when it returns.
 func (s *Shell) run(to, addr string, msg Message) {
 	defer s.wg.Done()
 	for {
-		if msg.Items() <= s.cfg.MaxBatch {
-			s.exchange(to, addr, &msg) // most batches fit: no copy
-		} else {
-			for _, part := range msg.Split(s.cfg.MaxBatch) {
-				if !s.exchange(to, addr, &part) {
-					break // the rest of a failed batch is dropped, as a lost message
-				}
-			}
-		}
+		// Most batches fit in one exchange; a larger one goes as parts
+		// that are windows on its arrays (the transport copies nothing
+		// back into them), in Split's order.
+		eachPart(&msg, s.cfg.MaxBatch, func(part *Message) bool {
+			// A failed part ends the batch: the rest is dropped, as a
+			// lost message.
+			return s.exchange(to, addr, part)
+		})
 		// What the shards queued while this exchange was in flight goes
 		// now: this peer's part joins the queue below.
 		s.collect()
 		s.mu.Lock()
-		q := s.busy[to]
-		if q == nil || s.closed.Load() {
-			delete(s.busy, to)
+		l := s.links[to]
+		if l.q.Empty() || s.closed.Load() {
+			l.busy = false
+			if s.closed.Load() {
+				delete(s.links, to)
+			} else if r := s.ring.Load(); r != nil && r.IndexOf(to) < 0 {
+				delete(s.links, to) // the peer left the ring
+			}
 			s.inflight.Add(-1)
 			s.mu.Unlock()
+			s.pool.put(&msg)
 			s.collect()
 			return
 		}
-		s.busy[to] = nil
+		l.q.Reuse(&msg) // the exchange is over: the transport kept nothing
+		msg = l.q.Take()
 		s.mu.Unlock()
-		msg = q.Take()
+	}
+}
+
+// eachPart calls f with m cut into messages of at most n items each (m
+// itself when it fits), as Message.Split cuts it, until f returns false.
+// The parts are not copies: each is a window on m's arrays, with no room
+// to append into m's items, valid while m is.
+func eachPart(m *Message, n int, f func(part *Message) bool) {
+	if n <= 0 || m.Items() <= n {
+		f(m)
+		return
+	}
+	p := parts{f: f, cur: Message{Epoch: m.Epoch}, room: n, n: n, ok: true}
+	p.Handoffs(m.Handoffs)
+	p.Syncs(m.Syncs)
+	p.Decides(m.Decides)
+	p.Acks(m.Acks)
+	p.Results(m.Results)
+	if p.ok {
+		// The last part (never empty: m has more than n items) carries
+		// the handed-over marker, which follows every handoff.
+		p.cur.HandedOver = m.HandedOver
+		f(&p.cur)
+	}
+}
+
+// parts is eachPart's cutter: cur is the part being filled, with room for
+// room more items.
+type parts struct {
+	f       func(*Message) bool
+	cur     Message
+	room, n int
+	ok      bool // f has not returned false
+}
+
+// take returns how many of k items go into cur, sending cur first and
+// starting the next part when it is full.
+func (p *parts) take(k int) int {
+	if p.room == 0 {
+		p.ok = p.ok && p.f(&p.cur)
+		p.cur, p.room = Message{Epoch: p.cur.Epoch}, p.n
+	}
+	t := min(k, p.room)
+	p.room -= t
+	return t
+}
+
+// Handoffs adds hs to the parts.
+func (p *parts) Handoffs(hs []HandoffItem) {
+	for p.ok && len(hs) > 0 {
+		t := p.take(len(hs))
+		p.cur.Handoffs, hs = hs[:t:t], hs[t:]
+	}
+}
+
+// Syncs adds ss to the parts.
+func (p *parts) Syncs(ss []SyncItem) {
+	for p.ok && len(ss) > 0 {
+		t := p.take(len(ss))
+		p.cur.Syncs, ss = ss[:t:t], ss[t:]
+	}
+}
+
+// Decides adds ds to the parts.
+func (p *parts) Decides(ds []DecideItem) {
+	for p.ok && len(ds) > 0 {
+		t := p.take(len(ds))
+		p.cur.Decides, ds = ds[:t:t], ds[t:]
+	}
+}
+
+// Acks adds as to the parts.
+func (p *parts) Acks(as []AckItem) {
+	for p.ok && len(as) > 0 {
+		t := p.take(len(as))
+		p.cur.Acks, as = as[:t:t], as[t:]
+	}
+}
+
+// Results adds rs to the parts.
+func (p *parts) Results(rs []ResultItem) {
+	for p.ok && len(rs) > 0 {
+		t := p.take(len(rs))
+		p.cur.Results, rs = rs[:t:t], rs[t:]
 	}
 }
 
