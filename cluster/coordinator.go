@@ -455,19 +455,27 @@ type AckItem struct {
 	Grant      int64
 }
 
-// DecideItem asks the owner to decide a request.
+// DecideItem asks the owner to decide a request. (DecideInto writes every
+// field of a new item in place: a field added here must be written there.)
 type DecideItem struct {
 	Ticket   uint64
 	Rule     string
 	Identity string
 	Cost     int64
+	// h is Identity's hashID when this process's Decide made the item
+	// (0: not known): a receiver in the same process (the simulator, an
+	// in-memory transport) then need not hash it again. hashID's seed is
+	// one per process, so the value is good for every coordinator here;
+	// it never goes on the wire (wire.go builds items without it).
+	h uint64
 }
 
 // ResultItem is the owner's decision of a DecideItem, with its bucket after
 // it as Debt. Delay (ns, leaky_bucket rules only) is how long the asking
 // node holds the admitted request: counted from when it receives the
 // result, so the owner's spacing holds up to the spread of one-way delays
-// between the nodes.
+// between the nodes. (decideFor writes every field of a new item in place:
+// a field added here must be written there.)
 type ResultItem struct {
 	Ticket     uint64
 	Allowed    bool
@@ -645,6 +653,7 @@ type Coordinator struct {
 	epoch    uint64 // table.Epoch(): a table does not change once installed
 	tables   uint64 // SetTable calls so far: the table in force is the tables-th
 	rules    map[string]*RuleParams
+	sketched bool                // a rule of rules is gated (has a sketch)
 	lastRule *RuleParams         // the rule Decide or Step looked up last (rule)
 	owned    keyMap[*ownerEntry] // keycap.go
 	entries  keyMap[*nodeEntry]
@@ -805,6 +814,10 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	c.setSketches(c.rules, next)
 	c.rules = next
 	c.lastRule = nil
+	c.sketched = false
+	for _, r := range next { // any order: one flag
+		c.sketched = c.sketched || r.sk != nil
+	}
 }
 
 // dropRetyped drops the owner entries of rules whose algorithm changes
@@ -881,15 +894,29 @@ func (c *Coordinator) ownedOf(r *RuleParams) *strTable[*ownerEntry] {
 // whose Completion comes out of Ready once the owner answers (or the decide
 // timeout passes and on_failure decides).
 func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Outcome, error) {
+	var o Outcome
+	err := c.DecideInto(&o, now, ruleID, identity, 0, cost)
+	return o, err
+}
+
+// DecideInto is Decide writing its outcome to *out (the zero Outcome with
+// an error), for an adapter that keeps the outcome in place rather than
+// copying it out of the call. hash is TableHash(identity), or 0 to have
+// it computed here; any other value makes the decision wrong.
+func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity string, hash uint64, cost int64) error {
 	r, ok := c.rule(ruleID)
 	if !ok {
-		return Outcome{}, fmt.Errorf("cluster: unknown rule %q", ruleID)
+		*out = Outcome{}
+		return fmt.Errorf("cluster: unknown rule %q", ruleID)
 	}
 	k := entryKey{ruleID, identity}
 	owner := c.cfg.Self
 	// An entry made in this ring epoch knows its owner (SetTable moves
 	// every entry to the new epoch): no need to score the ring again.
-	h := hashID(identity) // one hash for every lookup of k
+	h := hash // one hash for every lookup of k
+	if h == 0 {
+		h = hashID(identity)
+	}
 	e := c.nodesOf(r).getH(h, identity)
 	var oe *ownerEntry
 	looked := false // oe is this node's bucket of k, or nil for none
@@ -902,7 +929,8 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		oe, looked = c.ownedOf(r).getH(h, identity), true
 		if oe == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
-				return o, nil
+				*out = o
+				return nil
 			}
 			gated = true
 		}
@@ -932,20 +960,23 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		}
 		if r.sk != nil && oe == nil && !gated {
 			if o, ok := c.gate(now, r, identity, cost); ok {
-				return o, nil
+				*out = o
+				return nil
 			}
 		}
 		d, oe := c.ownerStep(now, r, k, h, cost, oe)
 		if scored {
 			oe.mineIn = c.tables
 		}
-		return Outcome{Decision: d, Source: SourceOwner}, nil
+		*out = Outcome{Decision: d, Source: SourceOwner}
+		return nil
 	}
 	down := len(c.down) > 0 && c.down[owner]
 	if e == nil {
 		if r.sk != nil && !down && !gated {
 			if o, ok := c.gate(now, r, identity, cost); ok {
-				return o, nil
+				*out = o
+				return nil
 			}
 		}
 		e = c.entry(now, k, h, r, owner)
@@ -953,7 +984,8 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	if down {
 		o := c.failure(now, r, e, cost)
 		c.watch(e)
-		return o, nil
+		*out = o
+		return nil
 	}
 	t := r.gcra.Interval().Nanoseconds()
 	tau := t * r.Burst
@@ -963,7 +995,8 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	v := max(e.view, now) + (unconf+cost)*t
 	if cost > r.Burst && !r.leaky { // a leaky bucket admits any cost into an empty queue
 		c.watch(e)
-		return Outcome{Decision: bucket.Decision{Limit: r.Burst, RetryAfter: bucket.Never}, Source: SourceView}, nil
+		*out = Outcome{Decision: bucket.Decision{Limit: r.Burst, RetryAfter: bucket.Never}, Source: SourceView}
+		return nil
 	}
 	// Exact rules skip the view: the owner decides every request, so that
 	// exact equals the reference bucket fed in the owner's order (the view,
@@ -973,12 +1006,13 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 		c.stats.ViewRejects++
 		c.watch(e)
 		c.lastView = ViewReject{Rule: ruleID, Identity: identity, Cost: cost, View: e.view, Unconfirmed: unconf, Interval: t, Tau: tau, Burst: r.Burst}
-		return Outcome{Source: SourceView, Decision: bucket.Decision{
+		*out = Outcome{Source: SourceView, Decision: bucket.Decision{
 			Limit:      r.Burst,
 			Remaining:  max((tau-(v-cost*t-now))/t, 0),
 			Reset:      time.Duration(v - cost*t - now),
 			RetryAfter: time.Duration(v - now - tau),
-		}}, nil
+		}}
+		return nil
 	}
 	s := c.slack(r)
 	if r.Scheme == SlackDemand {
@@ -991,12 +1025,13 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 			c.sync(now, k, e)
 		}
 		c.watch(e)
-		return Outcome{Source: SourceSlack, Decision: bucket.Decision{
+		*out = Outcome{Source: SourceSlack, Decision: bucket.Decision{
 			Allowed:   true,
 			Limit:     r.Burst,
 			Remaining: (tau - (v - now)) / t,
 			Reset:     time.Duration(v - now),
-		}}, nil
+		}}
+		return nil
 	}
 	// Beyond the slack: the owner decides. Report unsent spend first so it
 	// is charged before this request.
@@ -1013,12 +1048,14 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 	c.watch(e)
 	m := c.outbox(owner)
 	m.Decides = addItem(m.Decides, &c.pools.decides)
-	it := &m.Decides[len(m.Decides)-1] // cleared, then written field by field
-	*it = DecideItem{}
+	// Written field by field, every field (the slot may hold an old
+	// item): no copy of a whole item.
+	it := &m.Decides[len(m.Decides)-1]
 	it.Ticket, it.Cost = c.ticket, cost
-	it.Rule, it.Identity = ruleID, identity
+	it.Rule, it.Identity, it.h = ruleID, identity, h
 	c.stats.Forwarded++
-	return Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}, nil
+	*out = Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}
+	return nil
 }
 
 // ownerStep decides a request on this node's own bucket of k, for itself or
@@ -1380,8 +1417,12 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 	var debt int64
 	if r, ok := c.rule(d.Rule); ok {
 		k := entryKey{d.Rule, d.Identity}
+		h := d.h // made by Decide in this process, or 0
+		if h == 0 {
+			h = hashID(k.identity)
+		}
 		var oe *ownerEntry
-		bd, oe = c.ownerStep(now, r, k, hashID(k.identity), d.Cost, nil)
+		bd, oe = c.ownerStep(now, r, k, h, d.Cost, nil)
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 			c.noteDemand(now, oe, from, d.Cost)
 		}
@@ -1393,9 +1434,9 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 	}
 	m := c.outbox(from)
 	m.Results = addItem(m.Results, &c.pools.results)
-	// Cleared, then written field by field: no copy of a whole item.
+	// Written field by field, every field (the slot may hold an old
+	// item): no copy of a whole item.
 	it := &m.Results[len(m.Results)-1]
-	*it = ResultItem{}
 	it.Ticket, it.Allowed, it.Remaining, it.Debt = d.Ticket, bd.Allowed, bd.Remaining, debt
 	it.Reset, it.RetryAfter, it.Delay = int64(bd.Reset), int64(bd.RetryAfter), int64(bd.Delay)
 }
@@ -1502,6 +1543,9 @@ func (c *Coordinator) Tick(now int64) {
 // rollSketches starts gated rules' sketches over at their period
 // boundaries.
 func (c *Coordinator) rollSketches(now int64) {
+	if !c.sketched {
+		return // no gated rule: no walk of the rules on every tick
+	}
 	// Each rule's sketch rolls on its own: the order does not matter.
 	for _, r := range c.rules {
 		if r.sk != nil {

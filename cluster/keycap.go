@@ -65,14 +65,18 @@ func (h *wakeHeap[T]) pop() heapItem[T] {
 	if last == 0 {
 		return top
 	}
-	i := 0
+	// Sift x down from the root: the smaller child moves up while it is
+	// earlier than x (the right one only when strictly earlier). Indexes
+	// are compared with len(s) and kept as uint, so that the compiler
+	// drops the bounds checks.
+	i := uint(0)
 	for {
 		c := 2*i + 1
-		if c >= last {
+		if c >= uint(len(s)) {
 			break
 		}
-		if c+1 < last && s[c+1].at < s[c].at {
-			c++
+		if r := c + 1; r < uint(len(s)) && s[r].at < s[c].at {
+			c = r
 		}
 		if s[c].at >= x.at {
 			break
@@ -111,6 +115,20 @@ func (c *Coordinator) keysOf(rule string) *ruleKeys {
 // wake returns the earliest time at which Tick may have to sync e, lapse
 // its grant or drop it (never: not before a message changes it).
 func (c *Coordinator) wake(e *nodeEntry) int64 {
+	if e.grant.epoch == 0 {
+		// No grant adopted (every entry but demand-following slack's):
+		// the grant is all zero (onAck is what makes its epoch
+		// non-zero, and its extra and reported values follow only
+		// from that), so it is not unreported, it is idle and it has
+		// no extra, and below min(never, x) is x.
+		switch {
+		case e.spent > e.acked:
+			return e.lastSync + c.interval
+		case e.spent == e.acked && e.pending == 0:
+			return max(e.view, int64(e.fallback))
+		}
+		return never
+	}
 	w := int64(never)
 	if e.grant.extra > 0 {
 		w = e.grant.until

@@ -28,10 +28,10 @@ type itemPools struct {
 // array from the pool holds old items).
 func addItem[T any](s []T, pool *[][]T) []T {
 	if s == nil {
-		if n := len(*pool); n > 0 {
-			s = (*pool)[n-1]
-			(*pool)[n-1] = nil
-			*pool = (*pool)[:n-1]
+		if p := *pool; len(p) > 0 { // *pool read once
+			n := len(p) - 1
+			s, p[n] = p[n], nil
+			*pool = p[:n]
 		}
 	}
 	return grow1(s)

@@ -38,6 +38,13 @@ var idSeed = maphash.MakeSeed()
 // (the one its maps use), through hash/maphash.
 func hashID(identity string) uint64 { return maphash.String(idSeed, identity) }
 
+// TableHash returns the hash this process's coordinators look identity up
+// by in their tables (seeded per process, as a Go map's; not the ring's
+// IdentityHash): an adapter that decides the same identity many times may
+// compute it once and hand it to DecideInto, which then need not hash the
+// identity again.
+func TableHash(identity string) uint64 { return hashID(identity) }
+
 // tableEntry is what a strTable holds: a pointer to an entry (nil for
 // none) that returns the identity it is kept under, which must not change
 // while it is in a table.

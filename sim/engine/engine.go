@@ -128,12 +128,13 @@ func (q *queue) pop() item {
 
 // wheel is a calendar queue for the events due within about a
 // millisecond of now: wheelSlots buckets of 2^wheelShift ns each, every
-// bucket a list of its items in (at, seq) order, and a bitmap of the
-// buckets that hold any. Message deliveries land a few hundred
-// microseconds ahead, where the heap's pops cost a dozen unpredictable
-// comparisons each; here a push links a node into a bucket that is mostly
-// empty and a pop scans the bitmap from now's bucket, both in a few
-// kilobytes that stay in cache.
+// bucket its items in (at, seq) order, and a bitmap of the buckets that
+// hold any. Message deliveries land a few hundred microseconds ahead,
+// where the heap's pops cost a dozen unpredictable comparisons each; here
+// a push writes an item into a bucket that is mostly empty and a pop
+// scans the bitmap from now's bucket. A bucket's first item sits in the
+// bucket itself (slot), so that a bucket of one item, the common case,
+// costs no list node; the others follow in a list of nodes (more).
 //
 // An item goes into the wheel only if its bucket number (at >> wheelShift)
 // is less than now's plus span (wheelSlots). Every item in the wheel is
@@ -143,10 +144,13 @@ func (q *queue) pop() item {
 // holds the earliest item. The order is (at, seq) throughout, exactly as
 // the heap's.
 type wheel struct {
-	heads [wheelSlots]int32 // first node of each bucket, -1 none
-	bits  [wheelSlots / 64]uint64
+	slot [wheelSlots]item  // each bucket's first item (valid where its bit is set)
+	more [wheelSlots]int32 // each bucket's further items: first node, -1 none
+	bits [wheelSlots / 64]uint64
+	// nodes hold the items after a bucket's first, in lists; free is the
+	// first free node (-1 none).
 	nodes []wheelNode
-	free  int32 // first free node, -1 none
+	free  int32
 	n     int
 	// span is how many buckets from now's an item may be in: wheelSlots
 	// (0 in tests that compare with the heap alone).
@@ -166,8 +170,8 @@ const (
 
 func newWheel() *wheel {
 	w := &wheel{free: -1, span: wheelSlots}
-	for i := range w.heads {
-		w.heads[i] = -1
+	for i := range w.more {
+		w.more[i] = -1
 	}
 	return w
 }
@@ -179,6 +183,17 @@ func (w *wheel) fits(now, at int64) bool {
 
 // push adds it (which fits) to its bucket, in (at, seq) order.
 func (w *wheel) push(it item) {
+	w.n++
+	b := int(it.at>>wheelShift) & (wheelSlots - 1)
+	word, bit := &w.bits[b>>6], uint64(1)<<(b&63)
+	if *word&bit == 0 { // an empty bucket: the common case
+		*word |= bit
+		w.slot[b] = it
+		return
+	}
+	if it.before(&w.slot[b]) {
+		it, w.slot[b] = w.slot[b], it
+	}
 	k := w.free
 	if k >= 0 {
 		w.free = w.nodes[k].next
@@ -186,17 +201,13 @@ func (w *wheel) push(it item) {
 		k = int32(len(w.nodes))
 		w.nodes = append(w.nodes, wheelNode{})
 	}
-	b := int(it.at>>wheelShift) & (wheelSlots - 1)
-	nd := &w.nodes[k]
-	nd.it = it
-	p := &w.heads[b]
+	p := &w.more[b]
 	for *p >= 0 && w.nodes[*p].it.before(&it) {
 		p = &w.nodes[*p].next
 	}
-	nd.next = *p
+	nd := &w.nodes[k]
+	nd.it, nd.next = it, *p
 	*p = k
-	w.bits[b>>6] |= 1 << (b & 63)
-	w.n++
 }
 
 // first returns the bucket of the earliest item at now; the wheel must not
@@ -216,20 +227,21 @@ func (w *wheel) first(now int64) int {
 	panic("engine: wheel count and bitmap disagree")
 }
 
-// pop removes and returns the first item of bucket b.
-func (w *wheel) pop(b int) item {
-	k := w.heads[b]
-	nd := &w.nodes[k]
-	it := nd.it
-	w.heads[b] = nd.next
-	if nd.next < 0 {
+// pop removes the first item of bucket b and returns its event.
+func (w *wheel) pop(b int) Event {
+	b &= wheelSlots - 1
+	ev := w.slot[b].ev
+	// The slot keeps its item until it is overwritten: its event is one
+	// the caller holds anyway, and clearing it cost a write per event.
+	if k := w.more[b]; k >= 0 {
+		nd := &w.nodes[k]
+		w.slot[b], w.more[b] = nd.it, nd.next
+		nd.next, w.free = w.free, k
+	} else {
 		w.bits[b>>6] &^= 1 << (b & 63)
 	}
-	// The node keeps its item until it is reused: its event is one
-	// the caller holds anyway, and clearing it cost a write per event.
-	nd.next, w.free = w.free, k
 	w.n--
-	return it
+	return ev
 }
 
 // Sim is the virtual clock, the event queue and the random source of one
@@ -263,9 +275,6 @@ type Sim struct {
 	// every lane is empty), so that Step compares one integer while the
 	// lanes' next event lies ahead of the others.
 	laneAt int64
-	// none is the sentinel Step starts from: nothing, due at the end of
-	// time.
-	none item
 }
 
 // Lane is a FIFO queue of events for a Sim, for a kind of event that is
@@ -312,9 +321,9 @@ func (s *Sim) AtIn(l *Lane, at int64, ev Event) {
 // in order.
 func (s *Sim) AfterIn(l *Lane, d int64, ev Event) { s.AtIn(l, s.now+d, ev) }
 
-// pop removes l's first item.
-func (l *Lane) pop() item {
-	it := l.q[l.head]
+// pop removes l's first item and returns its event.
+func (l *Lane) pop() Event {
+	ev := l.q[l.head].ev
 	l.q[l.head] = item{}
 	l.head++
 	switch {
@@ -325,7 +334,7 @@ func (l *Lane) pop() item {
 		clear(l.q[k:])
 		l.q, l.head = l.q[:k], 0
 	}
-	return it
+	return ev
 }
 
 // New returns a Sim whose clock reads start (virtual nanoseconds) and whose
@@ -334,7 +343,7 @@ func (l *Lane) pop() item {
 func New(start int64, seed uint64) *Sim {
 	p := NewPCG(seed, 0x9e3779b97f4a7c15)
 	return &Sim{now: start, wheel: newWheel(), rng: p.Std(), pcg: p,
-		laneAt: math.MaxInt64, none: item{at: math.MaxInt64, seq: math.MaxUint64}}
+		laneAt: math.MaxInt64}
 }
 
 // Now returns the virtual time in nanoseconds.
@@ -412,50 +421,60 @@ func (s *Sim) Step(until int64) bool {
 	// The earliest event is the front (which precedes the heap), else the
 	// heap's top, unless the earliest lane's first or the wheel's is
 	// earlier still. The lanes keep the time of their first item at
-	// hand: while it is later, they cost one comparison.
-	best := &s.none
+	// hand: while it is later, they cost one comparison. The candidate's
+	// (at, seq) are kept in locals, not behind a pointer.
+	src := fromNone
+	at, seq := int64(math.MaxInt64), uint64(math.MaxUint64)
 	switch {
 	case s.hasFront:
-		best = &s.front
+		at, seq, src = s.front.at, s.front.seq, fromFront
 	case len(s.q) > 0:
-		best = &s.q[0]
+		at, seq, src = s.q[0].at, s.q[0].seq, fromHeap
 	}
 	if s.laneStale {
 		s.findLaneMin()
 	}
-	var lane *Lane
-	if l := s.laneMin; s.laneAt <= best.at && l != nil {
-		if it := &l.q[l.head]; it.before(best) {
-			best, lane = it, l
+	if l := s.laneMin; s.laneAt <= at && l != nil {
+		if it := &l.q[l.head]; it.at < at || it.at == at && it.seq < seq {
+			at, seq, src = it.at, it.seq, fromLane
 		}
 	}
-	wb := -1 // the wheel's bucket, when its first item is the earliest
+	wb := 0 // the wheel's bucket, when its first item is the earliest
 	if w := s.wheel; w.n > 0 {
-		b := w.first(s.now)
-		if it := &w.nodes[w.heads[b]].it; it.before(best) {
-			best, lane, wb = it, nil, b
+		b := w.first(s.now) & (wheelSlots - 1)
+		if it := &w.slot[b]; it.at < at || it.at == at && it.seq < seq {
+			at, src, wb = it.at, fromWheel, b
 		}
 	}
-	if best.at > until || best == &s.none {
+	if at > until || src == fromNone {
 		return false
 	}
-	var it item
-	switch {
-	case wb >= 0:
-		it = s.wheel.pop(wb)
-	case lane != nil:
-		it = lane.pop()
+	var ev Event
+	switch src {
+	case fromWheel:
+		ev = s.wheel.pop(wb)
+	case fromLane:
+		ev = s.laneMin.pop()
 		s.laneStale = true
-	case s.hasFront:
-		it, s.hasFront = s.front, false // the stale front is overwritten before it is read
+	case fromFront:
+		ev, s.hasFront = s.front.ev, false // the stale front is overwritten before it is read
 	default:
-		it = s.q.pop()
+		ev = s.q.pop().ev
 	}
-	s.now = it.at
+	s.now = at
 	s.fired++
-	it.ev.Fire(s)
+	ev.Fire(s)
 	return true
 }
+
+// Where Step found the earliest event.
+const (
+	fromNone = iota
+	fromFront
+	fromHeap
+	fromLane
+	fromWheel
+)
 
 // findLaneMin sets laneMin to the lane whose first item is the earliest.
 func (s *Sim) findLaneMin() {

@@ -95,8 +95,12 @@ func cleanSegments(windows []segment, end int64) []segment {
 
 // idCheck is the state of one identity's checks.
 type idCheck struct {
-	acc   upStream // accounted (not degraded) admissions, every interval
-	all   upStream // every admission, every interval
+	acc upStream // accounted (not degraded) admissions, every interval
+	// all is every admission, every interval, once split: until the
+	// identity's first degraded admission it is acc (the same
+	// admissions), and only acc is kept.
+	all   upStream
+	split bool
 	clean upStream // every admission, intervals within one fault-free segment
 	low   lowStream
 	// pts holds every admission of a gated run, in time order, for the
@@ -306,10 +310,18 @@ func (c *checker) feed(a admission) {
 	if c.gated {
 		ic.pts = append(ic.pts, gPoint{at: a.at, cost: float64(a.cost), degraded: a.degraded, gated: a.sketch})
 	}
-	if !a.degraded {
+	switch {
+	case !a.degraded && !ic.split:
+		ic.acc.add(a.at, a.cost, c.rate) // all is acc
+	case !a.degraded:
 		ic.acc.add(a.at, a.cost, c.rate)
+		ic.all.add(a.at, a.cost, c.rate)
+	default:
+		if !ic.split {
+			ic.all, ic.split = ic.acc, true
+		}
+		ic.all.add(a.at, a.cost, c.rate)
 	}
-	ic.all.add(a.at, a.cost, c.rate)
 	s := c.segOf(a.at)
 	if s != ic.seg {
 		c.closeSeg(int(a.ident), s)
@@ -395,6 +407,9 @@ func (c *checker) finish() {
 		}
 		if ic.acc.best > c.worstAccRaw {
 			c.worstAccRaw, c.worstAccRawID = ic.acc.best, i
+		}
+		if !ic.split {
+			ic.all = ic.acc
 		}
 		if v := ic.all.best - c.term(i); v > c.worstAll {
 			c.worstAll = v

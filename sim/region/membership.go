@@ -117,9 +117,12 @@ type ownerCache struct {
 
 // OwnerName returns the ring's owner of identity.
 func (o *ownerCache) OwnerName(identity string) string {
-	i, ok := o.ids.index(identity)
-	if !ok {
-		return o.Ring.OwnerName(identity)
+	i := o.ids.at(identity)
+	if i < 0 {
+		var ok bool
+		if i, ok = o.ids.parse(identity); !ok {
+			return o.Ring.OwnerName(identity)
+		}
 	}
 	if n := o.owner[i]; n != "" {
 		return n

@@ -1,6 +1,8 @@
 package region
 
 import (
+	"unsafe"
+
 	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/sim/engine"
 )
@@ -78,12 +80,16 @@ type node struct {
 	member []bool
 	epoch  uint64
 
+	// replyAt, while a reply's flush runs, is when the reply left its
+	// owner: the time of every remote completion the flush hands out
+	// (-1 otherwise: each wait's ownerAt says).
+	replyAt int64
+
 	// stats of earlier incarnations.
 	past cluster.Stats
 }
 
 type wait struct {
-	ticket  uint64
 	cost    int64
 	ownerAt int64 // virtual time the owner decided it (remote results), -1 if not known
 	ident   int32
@@ -101,14 +107,21 @@ type waitQueue struct {
 	n    int // live waits
 }
 
-func (wq *waitQueue) add(w wait) {
-	if len(wq.q) == 0 {
-		wq.base = w.ticket
-	} else if wq.base+uint64(len(wq.q)) != w.ticket {
+// add waits on ticket, a request of identity ident costing cost.
+func (wq *waitQueue) add(ticket uint64, ident int32, cost int64) {
+	n := len(wq.q)
+	if n == 0 {
+		wq.base = ticket
+	} else if wq.base+uint64(n) != ticket {
 		panic("sim: the coordinator's tickets are not consecutive")
 	}
-	w.live = true
-	wq.q = append(wq.q, w)
+	if n < cap(wq.q) { // written in place, field by field
+		wq.q = wq.q[:n+1]
+	} else {
+		wq.q = append(wq.q, wait{})
+	}
+	w := &wq.q[n]
+	w.cost, w.ownerAt, w.ident, w.live = cost, -1, ident, true
 	wq.n++
 }
 
@@ -237,13 +250,14 @@ func addEvictions(p *cluster.Stats, s cluster.Stats) {
 
 // request is a client request for identity ident arriving at this node.
 func (n *node) request(ident int, cost int64) {
-	o, err := n.coord.Decide(n.now(), ruleID, n.rg.ids.names[ident], cost)
-	if err != nil {
+	var o cluster.Outcome // written in place, not copied out of the call
+	ids := n.rg.ids
+	if err := n.coord.DecideInto(&o, n.now(), ruleID, ids.names[ident], ids.hashes[ident], cost); err != nil {
 		panic(err) // the only rule is always installed
 	}
 	vnow := n.rg.sim.Now()
 	if o.Pending {
-		n.waits.add(wait{ticket: o.Ticket, ident: int32(ident), cost: cost, ownerAt: -1})
+		n.waits.add(o.Ticket, int32(ident), cost)
 	} else {
 		n.rg.outcome(ident, vnow, &o, cost)
 	}
@@ -294,8 +308,9 @@ func (n *node) flush() {
 	rd := &n.rd
 	readyInto(n.coord, rd)
 	n.complete(rd.Completions)
-	for i := range rd.Messages {
-		n.send(&rd.Messages[i])
+	// send does not call Ready: rd stays as it is meanwhile.
+	for i, msgs := 0, rd.Messages; i < len(msgs); i++ {
+		n.send(&msgs[i])
 	}
 }
 
@@ -343,13 +358,17 @@ func (n *node) completeAll(cs []cluster.Completion) {
 		if wp == nil {
 			continue
 		}
-		w := *wp
-		n.waits.done(wp)
-		at := vnow
-		if c.Outcome.Source == cluster.SourceRemote && w.ownerAt >= 0 {
-			at = w.ownerAt
+		ident, cost, at := wp.ident, wp.cost, vnow
+		if c.Outcome.Source == cluster.SourceRemote {
+			switch {
+			case n.replyAt >= 0:
+				at = n.replyAt
+			case wp.ownerAt >= 0:
+				at = wp.ownerAt
+			}
 		}
-		n.rg.outcome(int(w.ident), at, &c.Outcome, w.cost)
+		n.waits.done(wp)
+		n.rg.outcome(int(ident), at, &c.Outcome, cost)
 	}
 }
 
@@ -394,7 +413,8 @@ func (n *node) exchange(to int, msg *cluster.Message, runs []resultRun, readyAt 
 	now := rg.sim.Now()
 	x := rg.newExchange()
 	x.msg = *msg
-	x.rg, x.from, x.fromInc, x.to, x.recv, x.sentAt, x.deadline = rg, n, n.inc, to, rg.nodes[to], now, now+int64(rg.cfg.CallTimeout)
+	// x.rg is rg already (newExchange).
+	x.from, x.fromInc, x.to, x.recv, x.sentAt, x.deadline = n, n.inc, to, rg.nodes[to], now, now+int64(rg.cfg.CallTimeout)
 	x.readyAt, x.direct = readyAt, direct
 	if len(runs) > 0 || len(x.runs) > 0 {
 		x.runs = append(x.runs[:0], runs...)
@@ -455,7 +475,7 @@ func (x *exchange) fail() {
 func (rg *Region) newExchange() *exchange {
 	x := rg.freeX
 	if x == nil {
-		x = &exchange{}
+		x = &exchange{rg: rg}
 	} else {
 		rg.freeX = x.next
 		x.next = nil
@@ -514,36 +534,49 @@ type exchange struct {
 // x at every return rather than by a defer: it runs twice per exchange.
 func (x *exchange) Fire(s *engine.Sim) {
 	x.refs--
-	rg := x.rg
-	a, b := x.from.id, x.to
-	if x.phase == 1 {
-		a, b = b, a
+	if x.phase == 0 {
+		x.request(s)
+	} else {
+		x.reply(s)
 	}
-	if !rg.net.Arrives(a, b) {
-		// A partition cut the request or the reply at delivery.
+}
+
+// request is Fire delivering the request at the receiver: it steps it
+// and turns x into the reply.
+func (x *exchange) request(s *engine.Sim) {
+	rg, from := x.rg, x.from
+	if !rg.net.Arrives(from.id, x.to) {
+		// A partition cut the request at delivery.
 		x.fail()
 		x.release()
 		return
 	}
-	if x.phase == 0 {
-		recv := x.recv
-		if !recv.up {
-			x.fail() // nobody answers; the sender times out
-			x.release()
-			return
-		}
+	recv := x.recv
+	if !recv.up {
+		x.fail() // nobody answers; the sender times out
+		x.release()
+		return
+	}
+	if len(x.msg.Results) > 0 {
 		recv.noteResults(&x.msg, x.runs, x.sentAt)
-		recv.coord.Step(recv.now(), x.from.name, &x.msg)
-		// Stepped: nothing reads the request's items any more.
-		x.stepper.Recycle(&x.msg)
-		rd := &recv.rd
-		readyInto(recv.coord, rd)
-		// The request's items are recycled: x.msg becomes the reply (the
-		// message the receiver has for the sender, if any) in place.
+	}
+	recv.coord.Step(recv.now(), from.name, &x.msg)
+	// Stepped: nothing reads the request's items any more.
+	x.stepper.Recycle(&x.msg)
+	rd := &recv.rd
+	readyInto(recv.coord, rd)
+	// The request's items are recycled: x.msg becomes the reply (the
+	// message the receiver has for the sender, if any) in place.
+	msgs := rd.Messages
+	if len(msgs) == 1 && sameName(msgs[0].To, from.name) {
+		// The common round: the reply and nothing for others.
+		x.msg = msgs[0].Msg
+		recv.complete(rd.Completions)
+	} else {
 		replied := false
-		for i := range rd.Messages {
-			if rd.Messages[i].To == x.from.name {
-				x.msg, replied = rd.Messages[i].Msg, true
+		for i := range msgs {
+			if sameName(msgs[i].To, from.name) {
+				x.msg, replied = msgs[i].Msg, true
 				break
 			}
 		}
@@ -553,22 +586,29 @@ func (x *exchange) Fire(s *engine.Sim) {
 		recv.complete(rd.Completions)
 		// What the receiver has for others goes at once. send does not
 		// call Ready, so rd stays as it is meanwhile.
-		if !replied || len(rd.Messages) > 1 {
-			for i := range rd.Messages {
-				if rd.Messages[i].To != x.from.name {
-					recv.send(&rd.Messages[i])
-				}
+		for i := range msgs {
+			if !sameName(msgs[i].To, from.name) {
+				recv.send(&msgs[i])
 			}
 		}
-		x.stepper = recv.coord
-		x.phase = 1
-		x.replyAt = s.Now()
-		rg.replies++
-		x.transmit(x.to, x.from.id)
+	}
+	x.stepper = recv.coord
+	x.phase = 1
+	x.replyAt = s.Now()
+	rg.replies++
+	x.transmit(x.to, from.id)
+	x.release()
+}
+
+// reply is Fire delivering the reply back at the sender.
+func (x *exchange) reply(s *engine.Sim) {
+	rg, n := x.rg, x.from
+	if !rg.net.Arrives(x.to, n.id) {
+		// A partition cut the reply at delivery.
+		x.fail()
 		x.release()
 		return
 	}
-	n := x.from
 	if x.done || !n.up || n.inc != x.fromInc {
 		x.release()
 		return
@@ -581,17 +621,29 @@ func (x *exchange) Fire(s *engine.Sim) {
 	if !x.direct {
 		n.peerOK(x.to)
 	}
-	n.noteResults(&x.msg, nil, x.replyAt)
 	if !x.msg.Empty() {
 		n.coord.Step(n.now(), rg.names[x.to], &x.msg)
 	}
 	// x.msg is not read again: the exchange's next use sets it.
 	x.stepper.Recycle(&x.msg)
+	// The remote completions this flush hands out are those of the
+	// reply's results (every Step is followed by a flush, so none is left
+	// from before), decided when the reply left the owner: replyAt
+	// stands for what noteResults would note of each.
+	n.replyAt = x.replyAt
 	n.flush() // a leave's too: what its reply's step readied goes as any send (Shell.flushWith)
+	n.replyAt = -1
 	if !x.direct {
 		n.finish(x.to)
 	}
 	x.release()
+}
+
+// sameName is a == b, answered without comparing bytes when both are the
+// same string in memory: node names reach the coordinators as the strings
+// of Region.names and come back in their envelopes.
+func sameName(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 // noteResults notes when the owner decided the results in m. The

@@ -29,7 +29,8 @@ type Region struct {
 	trafficEnd  int64 // no request arrives at or after
 	end         int64 // the run stops here (traffic end plus a drain)
 	nodes       []*node
-	names       []string
+	names       []string // nodeNames.names
+	nodeNames   *idNames // the nodes' names, indexed by where their bytes lie
 	byName      map[string]int
 	pending     [][]pairChange
 	params      cluster.RuleParams
@@ -112,14 +113,15 @@ func newRegion(c Config) *Region {
 	rg.ref, _ = bucket.NewGCRA(c.Limit, c.Window, c.Burst)
 	total := c.Nodes + countJoins(c.Faults)
 	rg.net.Grow(total)
-	for i := range total {
-		rg.names = append(rg.names, nodeName(i))
-		rg.byName[nodeName(i)] = i
+	rg.nodeNames = newNames("n", total)
+	rg.names = rg.nodeNames.names
+	for i, name := range rg.names {
+		rg.byName[name] = i
 	}
 	rg.pending = make([][]pairChange, total)
 	for i := range total {
 		rg.pending[i] = make([]pairChange, total)
-		n := &node{rg: rg, id: i, name: rg.names[i]}
+		n := &node{rg: rg, id: i, name: rg.names[i], replyAt: -1}
 		rg.nodes = append(rg.nodes, n)
 	}
 	rg.ids = newIDNames(c.IDs)
@@ -299,29 +301,15 @@ func (rg *Region) scheduleFault(f Fault) {
 }
 
 // nodeIndex returns the index of the node named name ("n" and its index,
-// nodeName): parsed, not looked up in a map, as every exchange needs it.
-// A name parseIndex accepts is the canonical decimal, so it is
-// nodeName(i) itself: no comparison with rg.names[i] is needed.
+// nodeName): the coordinators address their messages with the names of
+// rg.names, whose index follows from where their bytes lie; any other
+// string is parsed (nodeNames.index), not looked up in a map, as every
+// exchange needs it.
 func (rg *Region) nodeIndex(name string) (int, bool) {
-	// The common names, "n" and one or two digits, without a loop.
-	if len(name) == 2 && name[0] == 'n' {
-		if d := name[1] - '0'; d <= 9 && int(d) < len(rg.names) {
-			return int(d), true
-		}
-		return 0, false
+	if i := rg.nodeNames.at(name); i >= 0 {
+		return i, true
 	}
-	if len(name) == 3 && name[0] == 'n' {
-		d1, d2 := name[1]-'0', name[2]-'0'
-		if i := int(d1)*10 + int(d2); d1 >= 1 && d1 <= 9 && d2 <= 9 && i < len(rg.names) {
-			return i, true
-		}
-		return 0, false
-	}
-	i, ok := parseIndex(name, "n")
-	if !ok || i >= len(rg.names) {
-		return 0, false
-	}
-	return i, true
+	return rg.nodeNames.parse(name)
 }
 
 // parseIndex parses the decimal index after prefix in s (at most 9

@@ -6,18 +6,26 @@ import (
 	"testing"
 )
 
-// TestNodeIndex: nodeIndex finds every node by its name, with or without
-// the one- and two-digit shortcuts, and rejects names that are not a
-// node's.
+// TestNodeIndex: nodeIndex finds every node by its name, the region's
+// own string (by its address) or a copy (parsed), and rejects names that
+// are not a node's.
 func TestNodeIndex(t *testing.T) {
-	rg := &Region{}
-	for i := range 1234 {
-		rg.names = append(rg.names, nodeName(i))
+	regionOf := func(n int) *Region {
+		rg := &Region{nodeNames: newNames("n", n)}
+		rg.names = rg.nodeNames.names
+		return rg
 	}
+	rg := regionOf(1234)
 	for i, name := range rg.names {
+		if name != nodeName(i) {
+			t.Fatalf("name %d is %q, want %q", i, name, nodeName(i))
+		}
+		if j, ok := rg.nodeIndex(name); !ok || j != i {
+			t.Fatalf("nodeIndex(%q) = %d, %v", name, j, ok)
+		}
 		// A copy, so that nothing can rest on the string's address.
 		if j, ok := rg.nodeIndex(string([]byte(name))); !ok || j != i {
-			t.Fatalf("nodeIndex(%q) = %d, %v", name, j, ok)
+			t.Fatalf("nodeIndex(copy of %q) = %d, %v", name, j, ok)
 		}
 	}
 	for _, name := range []string{"", "n", "x1", "m12", "n01", "n00", "n012", "n1a", "na", "n-1", "n1234", "n99999", "N1", "n 1", "n1 "} {
@@ -25,8 +33,8 @@ func TestNodeIndex(t *testing.T) {
 			t.Fatalf("nodeIndex(%q) = %d, true", name, j)
 		}
 	}
-	small := &Region{names: rg.names[:12]}
-	for _, name := range []string{"n12", "n20", "n99"} {
+	small := regionOf(12)
+	for _, name := range []string{"n12", "n20", "n99", rg.names[12], rg.names[99]} {
 		if j, ok := small.nodeIndex(name); ok {
 			t.Fatalf("12 nodes: nodeIndex(%q) = %d, true", name, j)
 		}
