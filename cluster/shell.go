@@ -1116,11 +1116,11 @@ func eachPart(m *Message, n int, f func(part *Message) bool) {
 		return
 	}
 	p := parts{f: f, cur: Message{Epoch: m.Epoch}, room: n, n: n, ok: true}
-	p.Handoffs(m.Handoffs)
-	p.Syncs(m.Syncs)
-	p.Decides(m.Decides)
-	p.Acks(m.Acks)
-	p.Results(m.Results)
+	addParts(&p, m.Handoffs, func(m *Message) *[]HandoffItem { return &m.Handoffs })
+	addParts(&p, m.Syncs, func(m *Message) *[]SyncItem { return &m.Syncs })
+	addParts(&p, m.Decides, func(m *Message) *[]DecideItem { return &m.Decides })
+	addParts(&p, m.Acks, func(m *Message) *[]AckItem { return &m.Acks })
+	addParts(&p, m.Results, func(m *Message) *[]ResultItem { return &m.Results })
 	if p.ok {
 		// The last part (never empty: m has more than n items) carries
 		// the handed-over marker, which follows every handoff.
@@ -1150,43 +1150,12 @@ func (p *parts) take(k int) int {
 	return t
 }
 
-// Handoffs adds hs to the parts.
-func (p *parts) Handoffs(hs []HandoffItem) {
-	for p.ok && len(hs) > 0 {
-		t := p.take(len(hs))
-		p.cur.Handoffs, hs = hs[:t:t], hs[t:]
-	}
-}
-
-// Syncs adds ss to the parts.
-func (p *parts) Syncs(ss []SyncItem) {
-	for p.ok && len(ss) > 0 {
-		t := p.take(len(ss))
-		p.cur.Syncs, ss = ss[:t:t], ss[t:]
-	}
-}
-
-// Decides adds ds to the parts.
-func (p *parts) Decides(ds []DecideItem) {
-	for p.ok && len(ds) > 0 {
-		t := p.take(len(ds))
-		p.cur.Decides, ds = ds[:t:t], ds[t:]
-	}
-}
-
-// Acks adds as to the parts.
-func (p *parts) Acks(as []AckItem) {
-	for p.ok && len(as) > 0 {
-		t := p.take(len(as))
-		p.cur.Acks, as = as[:t:t], as[t:]
-	}
-}
-
-// Results adds rs to the parts.
-func (p *parts) Results(rs []ResultItem) {
-	for p.ok && len(rs) > 0 {
-		t := p.take(len(rs))
-		p.cur.Results, rs = rs[:t:t], rs[t:]
+// addParts adds items, of the kind field picks out of a message, to the
+// parts.
+func addParts[T any](p *parts, items []T, field func(*Message) *[]T) {
+	for p.ok && len(items) > 0 {
+		t := p.take(len(items)) // may start the next part: field is taken after
+		*field(&p.cur), items = items[:t:t], items[t:]
 	}
 }
 
