@@ -115,20 +115,6 @@ func (c *Coordinator) keysOf(rule string) *ruleKeys {
 // wake returns the earliest time at which Tick may have to sync e, lapse
 // its grant or drop it (never: not before a message changes it).
 func (c *Coordinator) wake(e *nodeEntry) int64 {
-	if e.grant.epoch == 0 {
-		// No grant adopted (every entry but demand-following slack's):
-		// the grant is all zero (onAck is what makes its epoch
-		// non-zero, and its extra and reported values follow only
-		// from that), so it is not unreported, it is idle and it has
-		// no extra, and below min(never, x) is x.
-		switch {
-		case e.spent > e.acked:
-			return e.lastSync + c.interval
-		case e.spent == e.acked && e.pending == 0:
-			return max(e.view, int64(e.fallback))
-		}
-		return never
-	}
 	w := int64(never)
 	if e.grant.extra > 0 {
 		w = e.grant.until

@@ -74,10 +74,10 @@ type Network struct {
 	nextID  int
 	free    *delivery
 	// plain is set while no message can be lost or cut and the latency
-	// is LogNormal, whose arguments ln holds as lognormalNS takes them:
-	// then a send is a count, one draw and a schedule (SendDirect).
+	// is LogNormal, which ln then is: a send is a count, one draw and a
+	// schedule (SendDirect).
 	plain bool
-	ln    struct{ median, sigma, cap float64 }
+	ln    LogNormal
 
 	// Sent, Lost and Cut count messages handed to Send, lost on the way,
 	// and dropped by a partition.
@@ -95,9 +95,9 @@ func NewNetwork(s *Sim, n int, latency Latency) *Network {
 // replan sets plain (and ln) after a change of the latency, the loss or
 // the partitions.
 func (nw *Network) replan() {
-	ln, ok := nw.latency.(LogNormal)
+	var ok bool
+	nw.ln, ok = nw.latency.(LogNormal)
 	nw.plain = ok && nw.loss == 0 && len(nw.partIDs) == 0
-	nw.ln.median, nw.ln.sigma, nw.ln.cap = float64(ln.Median), ln.Sigma, float64(ln.Cap)
 }
 
 // Nodes returns the number of nodes.
@@ -213,7 +213,7 @@ func (nw *Network) SendDirect(a, b int, ev Event) (int64, bool) {
 	if nw.plain { // carry's common case: nothing lost or cut, LogNormal latency
 		nw.Sent++
 		s := nw.sim
-		at := s.now + lognormalNS(nw.ln.median, nw.ln.sigma*s.pcg.NormFloat64(), nw.ln.cap)
+		at := s.now + nw.ln.Draw(s.pcg)
 		s.At(at, ev)
 		return at, true
 	}
