@@ -81,11 +81,12 @@ type CoordinatorConfig struct {
 	// DecideTimeout bounds how long a forwarded request waits; 0 means
 	// DefaultDecideTimeout.
 	DecideTimeout time.Duration
-	// HandoffTimeout bounds the warm-up after a ring change: an identity
-	// that moved to this node is admitted only within slack until its
-	// previous owner's handoff marker arrives, or this long has passed (the
-	// previous owner crashed or is slow: the split-ownership fault term).
-	// 0 means DefaultHandoffTimeout.
+	// HandoffTimeout bounds the warm-up after a ring change: a request for
+	// an identity that moved to this node and whose state it has not got
+	// is decided by the identity's previous owner (relayed to it, see
+	// warmup.go) until that owner's handoff marker arrives, or this long
+	// has passed (the previous owner is slow, or its view differs: the
+	// split-ownership fault term). 0 means DefaultHandoffTimeout.
 	HandoffTimeout time.Duration
 	// Incarnation numbers this run of the node: the generations of its
 	// spend reports start above it, and an owner ignores reports of an
@@ -522,18 +523,18 @@ type entryKey struct{ rule, identity string }
 // entry equals no entry (a full bucket, an ended window, a drained queue),
 // which is all the wake heaps and the key cap read of it (keycap.go).
 type ownerEntry struct {
-	key       entryKey
-	h         uint64    // hashID(key.identity)
-	rk        *ruleKeys // its rule's keys (keycap.go)
-	heapAt    int64     // the earliest time it is queued at in rk.owners (never: not queued)
-	tat       bucket.TAT
-	count     int64 // fixed_window rules: the tokens counted in the window ending at tat
-	reports   []report
-	dead      bool   // dropped: items left in the heap are stale
-	handed    bool   // handed to a new owner: kept only for lagging peers
-	warming   bool   // created during a warm-up, no handoff received yet
-	from      string // the previous owner whose marker ends the warm-up
-	warmSpent int64  // admitted while warming
+	key      entryKey
+	h        uint64    // hashID(key.identity)
+	rk       *ruleKeys // its rule's keys (keycap.go)
+	heapAt   int64     // the earliest time it is queued at in rk.owners (never: not queued)
+	tat      bucket.TAT
+	count    int64 // fixed_window rules: the tokens counted in the window ending at tat
+	reports  []report
+	dead     bool   // dropped: items left in the heap are stale
+	handed   bool   // handed to a new owner: kept only for lagging peers
+	warming  bool   // created during a warm-up, no handoff received yet
+	from     string // the previous owner, who decides while it warms (warmup.go)
+	relaying int    // requests relayed to from and not yet answered
 	// mineIn is the table (Coordinator.tables) under which Decide found
 	// this node the identity's owner, 0 for none: Decide then need not
 	// score the ring again for it while that table is in force.
@@ -602,6 +603,13 @@ type pendingReq struct {
 	cost     int64
 	deadline int64
 	live     bool // false once a result, a timeout or a down peer decided it
+	// relay is set for a request this node owns and relayed to the
+	// identity's previous owner during a warm-up (warmup.go): origin is
+	// the node that forwarded it here ("" for this node's own request)
+	// and oticket that node's ticket.
+	relay   bool
+	origin  string
+	oticket uint64
 }
 
 // smallOutboxes is how many destinations a round looks up by a linear scan
@@ -692,6 +700,12 @@ type Coordinator struct {
 	warmUntil  int64
 	handoff    int64
 	handedOver map[string]uint64
+	// prev is the table in force before the last change of members (nil
+	// before the second table), members the names of the table in force,
+	// and last the latest time any call passed in (see clock).
+	prev    OwnerTable
+	members map[string]bool
+	last    int64
 	// due is Tick's list of entries to sync, back and backOwned its lists
 	// of entries to queue again, spareReports the report lists of dropped
 	// buckets (at most maxSpareReports) and spareNodes and spareOwned
@@ -904,6 +918,7 @@ func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Ou
 // copying it out of the call. hash is TableHash(identity), or 0 to have
 // it computed here; any other value makes the decision wrong.
 func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity string, hash uint64, cost int64) error {
+	now = c.clock(now)
 	r, ok := c.rule(ruleID)
 	if !ok {
 		*out = Outcome{}
@@ -964,10 +979,20 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 				return nil
 			}
 		}
-		d, oe := c.ownerStep(now, r, k, h, cost, oe)
+		if oe == nil {
+			oe = c.ownedEntry(now, r, k, h)
+		}
 		if scored {
 			oe.mineIn = c.tables
 		}
+		if oe.warming {
+			// Its previous owner may still hold its state: it decides.
+			if to := c.relayTarget(now, oe, ""); to != "" {
+				*out = Outcome{Pending: true, Ticket: c.relay(now, k, h, cost, to, "", 0), Source: SourceRemote}
+				return nil
+			}
+		}
+		d, _ := c.ownerStep(now, r, k, h, cost, oe)
 		*out = Outcome{Decision: d, Source: SourceOwner}
 		return nil
 	}
@@ -1059,34 +1084,18 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 }
 
 // ownerStep decides a request on this node's own bucket of k, for itself or
-// for a peer that forwarded it.
-//
-// Right after a ring change this node may have become the owner of an
-// identity whose bucket is still on its way from its previous owner (a
-// handoff). Until that owner's marker says it has handed over everything
-// for this ring, or the handoff timeout passes, the bucket admits only
-// within this node's slack, so that no free window is handed out. It
-// returns the bucket's entry too; h is k's identity's hashID.
+// for a peer that forwarded it, and returns the bucket's entry too; h is
+// k's identity's hashID. (Right after a ring change the caller first asks
+// whether the identity's previous owner should decide instead: warmup.go.)
 func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, cost int64, oe *ownerEntry) (bucket.Decision, *ownerEntry) {
 	if oe == nil {
 		oe = c.ownedEntry(now, r, k, h)
-	}
-	if c.warming(now, oe) {
-		if oe.warmSpent+cost > c.slack(r) {
-			d := r.peek(now, oe)
-			d.Allowed, d.RetryAfter = false, time.Duration(c.warmUntil-now)
-			c.stats.ViewRejects++
-			return d, oe
-		}
 	}
 	var d bucket.Decision
 	if r.plain {
 		d = r.gcra.Step(&oe.tat, now, cost)
 	} else {
 		d = c.otherStep(now, r, k, oe, cost)
-	}
-	if oe.warming && d.Allowed {
-		oe.warmSpent += cost
 	}
 	c.watchOwned(oe)
 	return d, oe
@@ -1143,27 +1152,20 @@ func (c *Coordinator) shareStep(now int64, r *RuleParams, k entryKey, oe *ownerE
 }
 
 // ownedEntry returns this node's bucket of k, whose identity's hashID is h,
-// under r (whose ID is k.rule), creating it: right after a ring change, as a warming one (see ownerStep).
+// under r (whose ID is k.rule), creating it: right after a ring change, as a
+// warming one (see warmup.go).
 func (c *Coordinator) ownedEntry(now int64, r *RuleParams, k entryKey, h uint64) *ownerEntry {
 	oe := c.ownedOf(r).getH(h, k.identity)
 	if oe == nil {
 		oe = c.newOwnerEntry(now, k, h)
 		if now < c.warmUntil && c.table != nil {
-			if from := c.table.OwnerNameExcept(k.identity, c.cfg.Self); from != "" && c.handedOver[from] != c.table.Digest() {
+			if from := c.prevOwner(k.identity); from != "" && c.handedOver[from] != c.table.Digest() {
 				oe.warming, oe.from = true, from
 			}
 		}
 		c.owned.setH(k, h, oe)
 	}
 	return oe
-}
-
-// warming reports whether oe still waits for its previous owner's handoff.
-func (c *Coordinator) warming(now int64, oe *ownerEntry) bool {
-	if oe.warming && (now >= c.warmUntil || c.handedOver[oe.from] == c.table.Digest()) {
-		oe.warming = false
-	}
-	return oe.warming
 }
 
 // entry returns a new node entry of k (which has none), whose identity's
@@ -1227,6 +1229,7 @@ func (c *Coordinator) failure(now int64, r *RuleParams, e *nodeEntry, cost int64
 
 // Step processes one message from peer `from` received at now.
 func (c *Coordinator) Step(now int64, from string, m *Message) {
+	now = c.clock(now)
 	if len(m.Handoffs) > 0 {
 		c.takeHandoffs(now, m.Handoffs)
 	}
@@ -1272,7 +1275,12 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 		} else {
 			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
 		}
-		oe.warming = false
+		// The state is here: the warm-up ends, unless requests relayed to
+		// the previous owner are still out (what it admits for them comes
+		// back as handoffs too, warmup.go).
+		if oe.relaying == 0 {
+			oe.warming = false
+		}
 		c.watchOwned(oe)
 	}
 }
@@ -1393,14 +1401,16 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 	if s.Gen < p.gen {
 		total = s.Total // a stale generation: acknowledge as is, charge nothing
 	}
-	debt := ownerDebt(now, r, oe)
 	if c.warming(now, oe) {
 		// The bucket's state is still on its way: an acknowledgement of a
 		// fresh bucket would let the node spend its slack again at every
-		// round trip. Show it spent: beyond its slack the node asks, and
-		// the warm-up decides.
-		debt = max(debt, r.gcra.Interval().Nanoseconds()*r.Burst)
+		// round trip, and one of a spent bucket would have it reject with
+		// tokens left. Charged, not acknowledged: the node's spend stays
+		// unconfirmed, beyond its slack it asks (and the previous owner
+		// decides), and it reports again after the sync interval.
+		return
 	}
+	debt := ownerDebt(now, r, oe)
 	a := AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt}
 	if s.Gen == p.gen && r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 		c.regrant(now, r, oe, i, *s, spent)
@@ -1421,8 +1431,25 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 		if h == 0 {
 			h = hashID(k.identity)
 		}
-		var oe *ownerEntry
-		bd, oe = c.ownerStep(now, r, k, h, d.Cost, nil)
+		oe := c.ownedOf(r).getH(h, k.identity)
+		if owner := c.ownerFor(k.identity, oe); owner != "" {
+			// Not ours in this node's ring: a new owner waiting for our
+			// state asked, or a peer whose ring lags. Decided on what we
+			// hold, which follows the identity to its owner (warmup.go).
+			bd, oe = c.decideHanded(now, r, k, h, d.Cost, oe, owner)
+		} else {
+			if oe == nil {
+				oe = c.ownedEntry(now, r, k, h)
+			}
+			oe.mineIn = c.tables
+			if oe.warming {
+				if to := c.relayTarget(now, oe, from); to != "" {
+					c.relay(now, k, h, d.Cost, to, from, d.Ticket)
+					return
+				}
+			}
+			bd, oe = c.ownerStep(now, r, k, h, d.Cost, oe)
+		}
 		if r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 			c.noteDemand(now, oe, from, d.Cost)
 		}
@@ -1432,12 +1459,18 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 		// admit, as a node without the rule would.
 		bd.Allowed = true
 	}
+	c.answer(from, d.Ticket, bd, debt)
+}
+
+// answer queues the decision bd of ticket for the node from, with the
+// owner's bucket after it as debt.
+func (c *Coordinator) answer(from string, ticket uint64, bd bucket.Decision, debt int64) {
 	m := c.outbox(from)
 	m.Results = addItem(m.Results, &c.pools.results)
 	// Written field by field, every field (the slot may hold an old
 	// item): no copy of a whole item.
 	it := &m.Results[len(m.Results)-1]
-	it.Ticket, it.Allowed, it.Remaining, it.Debt = d.Ticket, bd.Allowed, bd.Remaining, debt
+	it.Ticket, it.Allowed, it.Remaining, it.Debt = ticket, bd.Allowed, bd.Remaining, debt
 	it.Reset, it.RetryAfter, it.Delay = int64(bd.Reset), int64(bd.RetryAfter), int64(bd.Delay)
 }
 
@@ -1458,6 +1491,10 @@ func (c *Coordinator) result(now int64, r *ResultItem) {
 	pp := c.pendingOf(r.Ticket)
 	if pp == nil {
 		return // timed out already and decided by on_failure
+	}
+	if pp.relay {
+		c.relayed(now, pp, r)
+		return
 	}
 	key, pe := pp.key, pp.e
 	c.settle(pp) // may move the queue: only the copies are read below
@@ -1489,6 +1526,7 @@ func (c *Coordinator) result(now int64, r *ResultItem) {
 // entries that equal no entry, and starts gated rules' sketches over at
 // their period boundaries.
 func (c *Coordinator) Tick(now int64) {
+	now = c.clock(now)
 	// Forwarded requests time out in ticket order: their deadlines are
 	// their decision time plus one timeout, so the queue is in deadline
 	// order (a clock stepped back delays the later ones by the step).
@@ -1600,6 +1638,10 @@ func (c *Coordinator) popPending() {
 
 // expire decides the forwarded request p by on_failure.
 func (c *Coordinator) expire(now int64, p *pendingReq) {
+	if p.relay {
+		c.relayExpired(now, p)
+		return
+	}
 	t := p.ticket
 	p.live = false
 	e := c.entryOf(p)
@@ -1651,6 +1693,7 @@ func cmpKey(a, b entryKey) int {
 // sketch's (its counters are shared by colliding identities, so lowering
 // them could undercount another).
 func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src Source) {
+	now = c.clock(now)
 	r, ok := c.rules[ruleID]
 	if !ok || cost <= 0 {
 		return
@@ -1682,6 +1725,7 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 // node does before it leaves gracefully, so that no state is lost and no
 // free window is handed out.
 func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
+	now = c.clock(now)
 	var keys []entryKey
 	c.owned.all(func(k entryKey, _ *ownerEntry) { keys = append(keys, k) })
 	slices.SortFunc(keys, cmpKey)
@@ -1721,6 +1765,7 @@ func (c *Coordinator) markHandedOver(t OwnerTable) {
 // FlushAll queues a report of every identity's unsent spend, as a node does
 // before it leaves, so that the owners charge it.
 func (c *Coordinator) FlushAll(now int64) {
+	now = c.clock(now)
 	var due []entryKey
 	c.entries.all(func(k entryKey, e *nodeEntry) {
 		if e.spent > e.sent {
@@ -1741,6 +1786,7 @@ func (c *Coordinator) SetPeerDown(now int64, peer string, down bool) {
 		delete(c.down, peer)
 		return
 	}
+	now = c.clock(now)
 	c.down[peer] = true
 	// The queue is in ticket order: they are decided in that order.
 	for i := c.pendHead; i < len(c.pend); i++ {
@@ -1758,10 +1804,9 @@ func (c *Coordinator) SetPeerDown(now int64, peer string, down bool) {
 // charged here when this node is the new owner); buckets this node owned and
 // no longer does are handed to their new owner.
 func (c *Coordinator) SetTable(now int64, t OwnerTable) {
+	now = c.clock(now)
 	changed := c.table == nil || c.table.Epoch() != t.Epoch()
-	if c.table != nil && changed {
-		c.warmUntil = now + c.handoff
-	}
+	c.newMembers(now, t)
 	c.table = t
 	c.live = max(t.Len(), 1)
 	epoch := t.Epoch()

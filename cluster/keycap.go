@@ -256,10 +256,11 @@ func (c *Coordinator) scanOwned(now int64, rk *ruleKeys) {
 		switch {
 		case int64(oe.tat) > now:
 			back = append(back, oe)
-		case !oe.reserving():
+		case !oe.reserving() && oe.relaying == 0:
 			c.dropOwned(oe)
 		default:
-			// A node may still use a grant: look again at the next
+			// A node may still use a grant, or a request is relayed to
+			// the previous owner (warmup.go): look again at the next
 			// scan, as the walk of every entry did.
 			back = append(back, oe)
 		}

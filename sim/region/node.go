@@ -97,9 +97,10 @@ type wait struct {
 }
 
 // waitQueue holds a node's pending requests by ticket. The coordinator
-// numbers its tickets 1, 2, 3, ... and the node waits on every one, so
-// ticket t sits at t − base, base being the ticket of q[0]: a slice, not
-// a map. The waits before head are done.
+// numbers its tickets 1, 2, 3, ... and the node waits on nearly every one
+// (not on those of requests relayed for other nodes), so ticket t sits at
+// t − base, base being the ticket of q[0]: a slice, not a map. The waits
+// before head are done.
 type waitQueue struct {
 	q    []wait
 	head int
@@ -110,10 +111,18 @@ type waitQueue struct {
 // add waits on ticket, a request of identity ident costing cost.
 func (wq *waitQueue) add(ticket uint64, ident int32, cost int64) {
 	n := len(wq.q)
-	if n == 0 {
+	switch {
+	case n == 0:
 		wq.base = ticket
-	} else if wq.base+uint64(n) != ticket {
-		panic("sim: the coordinator's tickets are not consecutive")
+	case wq.base+uint64(n) > ticket:
+		panic("sim: the coordinator's tickets go back")
+	default:
+		// Tickets the coordinator used for requests it relayed for other
+		// nodes during a warm-up (cluster/warmup.go) are never waited on
+		// here: their slots stay empty.
+		for ; wq.base+uint64(n) < ticket; n++ {
+			wq.q = append(wq.q, wait{})
+		}
 	}
 	if n < cap(wq.q) { // written in place, field by field
 		wq.q = wq.q[:n+1]
