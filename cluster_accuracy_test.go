@@ -63,8 +63,9 @@ rules:
 const accTimeout = 5 * time.Second
 
 // accWarmup is how long a ring must stay unchanged before an accuracy run:
-// after a ring change a new owner may admit only within slack until the
-// previous owner's handoff arrives, for at most the handoff timeout.
+// after a ring change a new owner has moved identities decided by their
+// previous owner (one more hop) until that owner's handoff arrives, for at
+// most the handoff timeout.
 const accWarmup = cluster.DefaultHandoffTimeout + 100*time.Millisecond
 
 // accCluster is a cluster of real nodes, gw-0 … gw-(n−1), on loopback.
@@ -175,8 +176,8 @@ func (c *accCluster) waitMembers(idx ...int) {
 }
 
 // settle waits until no live node's ring has changed for accWarmup: a ring
-// change starts a warm-up during which a new owner admits only within
-// slack, which is not what an accuracy run measures.
+// change starts a warm-up during which a new owner relays moved identities
+// to their previous owner, which is not what an accuracy run measures.
 func (c *accCluster) settle() {
 	c.t.Helper()
 	last, since := c.epochs(), time.Now()

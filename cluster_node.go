@@ -59,9 +59,9 @@ type ClusterConfig struct {
 	// CallTimeout bounds one peer exchange; zero means 200ms.
 	CallTimeout time.Duration
 	// HandoffTimeout bounds how long, after a ring change, a node that
-	// became an identity's owner waits for the previous owner's handoff
-	// before it trusts its own bucket; zero means
-	// cluster.DefaultHandoffTimeout.
+	// became an identity's owner has the previous owner decide it while
+	// it waits for that owner's handoff, before it trusts its own bucket;
+	// zero means cluster.DefaultHandoffTimeout.
 	HandoffTimeout time.Duration
 	// Linger is the longest a batch to a peer waits behind an exchange in
 	// flight before it is sent anyway (a batch leaves at once when no

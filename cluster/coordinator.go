@@ -1432,12 +1432,21 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 			h = hashID(k.identity)
 		}
 		oe := c.ownedOf(r).getH(h, k.identity)
-		if owner := c.ownerFor(k.identity, oe); owner != "" {
-			// Not ours in this node's ring: a new owner waiting for our
-			// state asked, or a peer whose ring lags. Decided on what we
-			// hold, which follows the identity to its owner (warmup.go).
+		switch owner := c.ownerFor(k.identity, oe); {
+		case owner != "" && sameString(owner, from):
+			// The identity's owner in this node's ring, waiting for our
+			// state, asks: decided on what we hold, which follows the
+			// identity to it (warmup.go).
 			bd, oe = c.decideHanded(now, r, k, h, d.Cost, oe, owner)
-		} else {
+		case owner != "":
+			// A peer whose ring lags: decided on this node's bucket of
+			// it (split ownership while the views converge).
+			if oe == nil {
+				oe = c.newOwnerEntry(now, k, h)
+				c.owned.setH(k, h, oe)
+			}
+			bd, oe = c.ownerStep(now, r, k, h, d.Cost, oe)
+		default:
 			if oe == nil {
 				oe = c.ownedEntry(now, r, k, h)
 			}

@@ -19,10 +19,13 @@ import (
 //     previous owner, which decides it on the bucket it holds (a fresh one if
 //     it holds none) and answers. So the identity is decided on one bucket
 //     throughout: no free window, and no rejection while tokens remain.
-//   - The previous owner, deciding for an identity its ring gives to another
-//     node, sends what it admitted there as a handoff, after the bucket
-//     itself if it had not handed it yet: the spend follows the identity.
-//     Handoffs add, in any order, so it does not matter which comes first.
+//   - The previous owner, asked by the node its own ring gives the identity
+//     to (it has seen the change too), decides on what it holds and sends
+//     what it admitted there as a handoff, after the bucket itself if it had
+//     not handed it yet: the spend follows the identity. Handoffs add, in any
+//     order, so it does not matter which comes first. (Asked by any other
+//     node, whose ring lags, it decides on its bucket as before: split
+//     ownership while the views converge.)
 //   - A node's spend report is charged but not acknowledged: an
 //     acknowledgement of a fresh bucket would let the node spend its slack
 //     again at every round trip, one of a spent bucket would make it reject
@@ -44,6 +47,8 @@ import (
 // over before leaving) is not waited for at all. A relayed request is never
 // relayed back to the node it came from: two nodes whose views each give
 // the identity to themselves decide on their own buckets (split ownership).
+// Three or more such views could pass a request around; the first relay to
+// expire ends that bucket's warm-up, and its node then decides it.
 
 // clock returns now, or the latest time passed in before if now is
 // earlier: the coordinator's time never goes back (the callers' clocks are
@@ -210,10 +215,11 @@ func (c *Coordinator) ownerFor(identity string, oe *ownerEntry) string {
 	return ""
 }
 
-// decideHanded decides a forwarded request of cost tokens for k, which the
-// ring in force gives to owner, on this node's bucket of it (oe, or a new
-// one), and sends owner what it admitted: the whole bucket first if it was
-// not handed over yet, else the spend of this decision.
+// decideHanded decides a request of cost tokens for k that owner, the
+// identity's owner in the ring in force, relayed here, on this node's bucket
+// of it (oe, or a new one), and sends owner what it admitted: the whole
+// bucket first if it was not handed over yet, else the spend of this
+// decision.
 func (c *Coordinator) decideHanded(now int64, r *RuleParams, k entryKey, h uint64, cost int64, oe *ownerEntry, owner string) (bucket.Decision, *ownerEntry) {
 	if oe == nil {
 		oe = c.newOwnerEntry(now, k, h)
