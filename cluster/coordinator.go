@@ -1101,18 +1101,6 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, 
 	return d, oe
 }
 
-// peek is what oe's state would decide now, changing nothing: its window,
-// its queue or its bucket.
-func (r *RuleParams) peek(now int64, oe *ownerEntry) bucket.Decision {
-	switch {
-	case r.fixed:
-		return r.fw.Peek(oe.fixedState(), now)
-	case r.leaky:
-		return r.lk.Peek(bucket.Departure(oe.tat), now)
-	}
-	return r.gcra.Peek(oe.tat, now)
-}
-
 // otherStep is ownerStep's decision for a rule that is not plain gcra: a
 // fixed_window rule's window, a leaky_bucket rule's queue, or a leased
 // rule's share.
@@ -1538,7 +1526,8 @@ func (c *Coordinator) Tick(now int64) {
 	now = c.clock(now)
 	// Forwarded requests time out in ticket order: their deadlines are
 	// their decision time plus one timeout, so the queue is in deadline
-	// order (a clock stepped back delays the later ones by the step).
+	// order (a request relayed during a warm-up, due after half a timeout,
+	// times out once those ahead of it have: warmup.go).
 	for c.pendHead < len(c.pend) {
 		p := &c.pend[c.pendHead]
 		if p.live && now < p.deadline {
