@@ -48,7 +48,12 @@ const ringChangeBursts = 100
 // after, is rejected whenever it must be: when it was decided within one
 // token's time (200 ms) of the burst and every ring held the same members
 // throughout (with views disagreeing, two owners are the split-ownership
-// fault term of docs/overshoot.md). No decision is degraded.
+// fault term of docs/overshoot.md). No decision is degraded (the bursts
+// after a leave start once every ring has dropped the leaver: until then a
+// peer forwarding to it is the unreachable-owner case). Each joiner has a
+// name of its own. A run in which
+// memberlist declared a live node dead (an overloaded machine: a fault the
+// test did not inject) is run again, at most accAttempts times.
 func TestClusterRingChangeBursts(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
@@ -56,23 +61,53 @@ func TestClusterRingChangeBursts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &accCluster{t: t, label: "ringchange", rules: rules, clock: sharedClock(),
-		nodes: make([]*Node, 4), addrs: make([]string, 4)}
-	c.now = clockNanos(c.clock)
-	t.Cleanup(func() {
-		for _, node := range c.nodes {
-			if node != nil {
-				node.Close()
-			}
+	var r ringChangeRun
+	for attempt := 1; ; attempt++ {
+		r = runRingChange(t, rules, fmt.Sprintf("ringchange-%d", attempt))
+		if !r.disturbed {
+			break
 		}
-	})
+		if attempt == accAttempts {
+			t.Fatalf("a live node was declared dead during each of %d attempts (the machine is too loaded for memberlist's local timing)", attempt)
+		}
+		t.Logf("a live node was declared dead during attempt %d (overloaded machine); again", attempt)
+	}
+	for _, f := range r.failures {
+		t.Error(f)
+	}
+	for _, m := range ringChangeModes {
+		t.Logf("%s: a fresh burst of 5 admitted whole %d times in %d; the 6th checked %d times, admitted %d", m, r.whole[m], r.bursts[m], r.sixthChecked[m], r.sixthAdmitted[m])
+		if r.whole[m] != r.bursts[m] {
+			t.Errorf("%s: a fresh identity's burst of 5 was admitted whole %d times in %d, want every time", m, r.whole[m], r.bursts[m])
+		}
+	}
+}
+
+// ringChangeCycles bounds the join and leave cycles of
+// TestClusterRingChangeBursts.
+const ringChangeCycles = 40
+
+// ringChangeModes are the modes TestClusterRingChangeBursts bursts in.
+var ringChangeModes = []string{"shared", "exact"}
+
+// ringChangeRun is what one run of TestClusterRingChangeBursts saw.
+type ringChangeRun struct {
+	whole, bursts, sixthAdmitted, sixthChecked map[string]int
+	failures                                   []string
+	disturbed                                  bool // a live node was declared dead
+}
+
+// runRingChange runs TestClusterRingChangeBursts's scenario once on a
+// cluster labelled label, and stops its nodes.
+func runRingChange(t *testing.T, rules []quota.Rule, label string) ringChangeRun {
+	c := &accCluster{t: t, label: label, rules: rules, clock: sharedClock(),
+		nodes: make([]*Node, 3+ringChangeCycles), addrs: make([]string, 3+ringChangeCycles)}
+	c.now = clockNanos(c.clock)
+	defer c.close()
+	w := watchLosses()
+	defer w.stop()
 	paths := map[string]string{"shared": "/shared", "exact": "/exact"}
-	modes := []string{"shared", "exact"}
-	whole := map[string]int{}
-	bursts := map[string]int{}
-	sixthAdmitted := map[string]int{}
-	sixthChecked := map[string]int{}
-	var failures []string
+	r := ringChangeRun{whole: map[string]int{}, bursts: map[string]int{}, sixthAdmitted: map[string]int{}, sixthChecked: map[string]int{}}
 	seq := 0
 	// burst sends a fresh identity's 5 requests at once to one live node,
 	// then a 6th, and records the outcome.
@@ -98,32 +133,32 @@ func TestClusterRingChangeBursts(t *testing.T) {
 		sixth := node.Allow(context.Background(), req)
 		end := c.now()
 		after := c.views()
-		bursts[mode]++
+		r.bursts[mode]++
 		n := 0
 		for _, d := range ds {
 			if d.Degraded || d.Err != nil {
-				t.Errorf("%s at gw-%d: a degraded decision (err %v) in a run with no fault", id, ni, d.Err)
+				r.failures = append(r.failures, fmt.Sprintf("%s at gw-%d: a degraded decision (err %v) in a run with no fault", id, ni, d.Err))
 			}
 			if d.Allowed {
 				n++
 			}
 		}
 		if n == 5 {
-			whole[mode]++
+			r.whole[mode]++
 		} else {
 			var why []string
 			for _, d := range ds {
-				if r, ok := d.Limiting(); ok && !d.Allowed {
-					why = append(why, fmt.Sprintf("Remaining=%d RetryAfter=%v", r.Remaining, r.RetryAfter))
+				if res, ok := d.Limiting(); ok && !d.Allowed {
+					why = append(why, fmt.Sprintf("Remaining=%d RetryAfter=%v", res.Remaining, res.RetryAfter))
 				}
 			}
-			failures = append(failures, fmt.Sprintf("%s at gw-%d: %d of 5 admitted (%s)", id, ni, n, why))
+			r.failures = append(r.failures, fmt.Sprintf("%s at gw-%d: %d of 5 admitted (%s)", id, ni, n, why))
 		}
 		if stable := slices.Equal(before, after) && agree(after); stable && n == 5 && end-start < int64(200*time.Millisecond) {
-			sixthChecked[mode]++
+			r.sixthChecked[mode]++
 			if sixth.Allowed {
-				sixthAdmitted[mode]++
-				failures = append(failures, fmt.Sprintf("%s at gw-%d: a 6th request admitted %v after the burst's start, rings unchanged", id, ni, time.Duration(end-start)))
+				r.sixthAdmitted[mode]++
+				r.failures = append(r.failures, fmt.Sprintf("%s at gw-%d: a 6th request admitted %v after the burst's start, rings unchanged", id, ni, time.Duration(end-start)))
 			}
 		}
 	}
@@ -131,8 +166,8 @@ func TestClusterRingChangeBursts(t *testing.T) {
 	// wait for their handoffs.
 	after := func(per int) {
 		for range per {
-			for _, m := range modes {
-				if bursts[m] < ringChangeBursts {
+			for _, m := range ringChangeModes {
+				if r.bursts[m] < ringChangeBursts {
 					burst(m)
 				}
 			}
@@ -140,37 +175,126 @@ func TestClusterRingChangeBursts(t *testing.T) {
 	}
 	const per = 4
 	for i := range 3 {
-		c.start(i, "127.0.0.1:0")
+		w.add(c.start(i, "127.0.0.1:0"))
 		after(per)
 	}
-	for cycle := 0; bursts["shared"] < ringChangeBursts || bursts["exact"] < ringChangeBursts; cycle++ {
-		if cycle == 40 {
-			t.Fatalf("after %d join and leave cycles only %v bursts were sent", cycle, bursts)
+	for cycle := 0; r.bursts["shared"] < ringChangeBursts || r.bursts["exact"] < ringChangeBursts; cycle++ {
+		if cycle == ringChangeCycles {
+			t.Fatalf("after %d join and leave cycles only %v bursts were sent", cycle, r.bursts)
 		}
-		c.start(3, "127.0.0.1:0")
+		// Each joiner has a name of its own: a name that left and joins
+		// again at once may be dropped for a moment by a peer that hears
+		// of the earlier leave late, a ring change of its own.
+		j := 3 + cycle
+		w.add(c.start(j, "127.0.0.1:0"))
 		after(per)
-		if err := c.nodes[3].Close(); err != nil {
-			t.Fatalf("gw-3 leaving: %v", err)
+		w.remove(c.nodes[j])
+		if err := c.nodes[j].Close(); err != nil {
+			t.Fatalf("gw-%d leaving: %v", j, err)
 		}
-		c.nodes[3] = nil
+		c.nodes[j] = nil
+		// A peer that has not yet seen the leave forwards to the node
+		// gone and decides by on_failure (degraded, the unreachable-owner
+		// term): the bursts start once every ring has dropped it, while
+		// its identities' new owners still warm up.
+		c.waitMembers(c.live()...)
 		after(per)
 	}
-	for _, f := range failures {
-		t.Error(f)
-	}
-	for _, m := range modes {
-		t.Logf("%s: a fresh burst of 5 admitted whole %d times in %d; the 6th checked %d times, admitted %d", m, whole[m], bursts[m], sixthChecked[m], sixthAdmitted[m])
-		if whole[m] != bursts[m] {
-			t.Errorf("%s: a fresh identity's burst of 5 was admitted whole %d times in %d, want every time", m, whole[m], bursts[m])
-		}
-	}
+	r.disturbed = w.stop()
 	for _, i := range c.live() {
 		for _, rc := range c.nodes[i].Counts() {
 			if rc.FailOpen != 0 {
-				t.Errorf("gw-%d: rule %s: %d fail-open decisions in a run with no fault", i, rc.Rule, rc.FailOpen)
+				r.failures = append(r.failures, fmt.Sprintf("gw-%d: rule %s: %d fail-open decisions in a run with no fault", i, rc.Rule, rc.FailOpen))
 			}
 		}
 	}
+	return r
+}
+
+// lossWatch watches the rings of the nodes added to it until stop, and
+// notes when one of them loses a member it had seen that is still added
+// (a live node declared dead; a node removed before it leaves is not
+// counted).
+type lossWatch struct {
+	mu    sync.Mutex
+	nodes map[string]*Node
+	seen  map[[2]string]bool // [node, member@addr]: member was in node's ring
+	lost  bool
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
+}
+
+// watchLosses starts a lossWatch.
+func watchLosses() *lossWatch {
+	w := &lossWatch{nodes: map[string]*Node{}, seen: map[[2]string]bool{}, done: make(chan struct{})}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.done:
+				return
+			case <-tick.C:
+			}
+			w.mu.Lock()
+			for name, n := range w.nodes {
+				// Members by name and address: a node started again
+				// under the same name is another run of it, and a ring
+				// may still hold the run that left.
+				in := map[string]bool{}
+				for _, m := range n.cluster.shell.Ring().Members() {
+					in[m.Name+"@"+m.Addr] = true
+				}
+				for m, o := range w.nodes {
+					id := m + "@" + o.cluster.tr.Addr()
+					switch k := [2]string{name, id}; {
+					case in[id]:
+						w.seen[k] = true
+					case w.seen[k]:
+						w.lost = true
+					}
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// add watches n's ring, and n in the others'.
+func (w *lossWatch) add(n *Node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.nodes[n.cfg.Cluster.Name] = n
+}
+
+// remove stops watching n (before it leaves), and forgets what was seen of
+// it.
+func (w *lossWatch) remove(n *Node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	name := n.cfg.Cluster.Name
+	delete(w.nodes, name)
+	for k := range w.seen {
+		if k[0] == name || k[1] == name+"@"+n.cluster.tr.Addr() {
+			delete(w.seen, k)
+		}
+	}
+}
+
+// stop ends the watch (at once if called again) and reports whether a node
+// lost a member it had seen.
+func (w *lossWatch) stop() bool {
+	w.once.Do(func() {
+		close(w.done)
+		w.wg.Wait()
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lost
 }
 
 // views returns every live node's ring members, joined, in node order.
