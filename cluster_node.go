@@ -451,10 +451,12 @@ func (n *Node) clusterRules(e *engine) {
 			continue // durable rules are decided by the lease group
 		}
 		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)
-		for id, s := range c.overrides {
-			// An override's variant decides one identity: a sketch
-			// (Width × Depth bytes) would gate nothing.
-			add(c, s, "#override:"+id, s.limit, s.burst, nil)
+		for src, m := range c.overrides {
+			for id, s := range m {
+				// An override's variant decides one identity: a sketch
+				// (Width × Depth bytes) would gate nothing.
+				add(c, s, overrideSuffix(c, src, id), s.limit, s.burst, nil)
+			}
 		}
 		for name, s := range c.tiers {
 			add(c, s, "#tier:"+name, s.limit, s.burst, c.r.Sketch)
@@ -467,7 +469,7 @@ func (n *Node) clusterRules(e *engine) {
 // decideCluster asks the coordinator for a cluster rule's decision.
 func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket.Decision, bool) {
 	// The Shell's Hasher is n.hasher (startCluster): p.idh is its hash.
-	o, err := n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.id, p.cost)
+	o, err := n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.wid, p.cost)
 	if err != nil {
 		// The caller gave up (ctx) or the rule is unknown mid-reload: the
 		// rule's local fallback decides, degraded.
@@ -482,7 +484,7 @@ func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket
 // refundCluster gives back a cluster rule's admission of a request that
 // another rule then rejected.
 func (n *Node) refundCluster(p *pending) {
-	n.cluster.shell.Refund(p.spec.cid, p.id, p.cost, p.src)
+	n.cluster.shell.Refund(p.spec.cid, p.wid, p.cost, p.src)
 }
 
 // noteDegraded counts and logs (at most once a second) a decision made by

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -137,14 +138,17 @@ type Config struct {
 
 // Node is one weir limiter. It is safe for concurrent use by many goroutines.
 type Node struct {
-	cfg     Config
-	now     func() int64
-	log     *slog.Logger
-	hasher  bucket.Hasher
-	stores  *stores
-	ip      *clientip.Resolver
-	metrics *metrics
-	maxID   int
+	cfg    Config
+	now    func() int64
+	log    *slog.Logger
+	hasher bucket.Hasher
+	// keyFormat is the bucket key format in force (keys.go): the latest
+	// alone, else the lowest any member of the cluster speaks.
+	keyFormat atomic.Uint32
+	stores    *stores
+	ip        *clientip.Resolver
+	metrics   *metrics
+	maxID     int
 
 	throttled *hitters.Sketch
 	shadowed  *hitters.Sketch
@@ -207,6 +211,7 @@ func New(cfg Config) (*Node, error) {
 	if n.maxID == 0 {
 		n.maxID = DefaultMaxIdentityBytes
 	}
+	n.keyFormat.Store(keyFormatLatest) // a cluster lowers it to what every member speaks
 	if cfg.HashSeed != 0 {
 		n.hasher = bucket.NewSeededHasher(cfg.HashSeed)
 	} else {

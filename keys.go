@@ -1,0 +1,129 @@
+package weir
+
+import (
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+// Bucket key formats: how a rule's bucket key is derived from the identity
+// its key chain yields (docs/security.md, "Identity namespaces"; the switch
+// between them in docs/operations.md).
+const (
+	// keyFormatShared: every source of a chain counts under its bare value,
+	// so an X-Api-Key header equal to a client's IP spends that IP's
+	// bucket. Nodes that predate key formats speak only this one.
+	keyFormatShared uint32 = 1
+	// keyFormatNamespaced: each source of a chain is a namespace. The
+	// chain's first source keeps the bare value (its buckets, overrides,
+	// lookups and descriptor keys are format 1's); a later source's
+	// identities get a salt of their own in this node's keys and a tag
+	// before the value where the identity leaves the node (the cluster's
+	// owner, the lease group's durable counters).
+	keyFormatNamespaced uint32 = 2
+	// keyFormatLatest is the highest format this build speaks.
+	keyFormatLatest = keyFormatNamespaced
+)
+
+// Tags of namespaced identities where they leave the node. A later source's
+// identity is sourceTagPrefix + the source ("ip", "user", "header:X-User") +
+// NUL + the value; a first-source value that itself begins with NUL is
+// escaped as nulEscape + the value. Nothing else begins with NUL, so no
+// value of one source can be read as another's.
+const (
+	sourceTagPrefix = "\x00src\x00"
+	nulEscape       = "\x00\x00"
+)
+
+// keyForm is a compiled rule's per-source keying: salts[i] and tags[i] for
+// the identities its key chain's source i yields under keyFormatNamespaced
+// (salts[0] is the rule's own salt and tags[0] is empty: the first source
+// keeps format 1's keys).
+type keyForm struct {
+	salts []uint64
+	tags  []string
+}
+
+// compileKeys fills c.keys from c's rule and salt.
+func (n *Node) compileKeys(c *crule) {
+	k := len(c.r.Key)
+	if k == 0 {
+		k = 1
+	}
+	c.keys.salts = make([]uint64, k)
+	c.keys.tags = make([]string, k)
+	c.keys.salts[0] = c.salt
+	for i := 1; i < len(c.r.Key); i++ {
+		label := c.r.Key[i].String()
+		c.keys.salts[i] = bucket.Mix(c.salt, n.hasher.Sum("source\x00"+label))
+		c.keys.tags[i] = sourceTagPrefix + label + "\x00"
+	}
+}
+
+// sourceIndex returns the position in c's key chain of an override's
+// source (the zero KeySource, quota's form of the first source, is 0), or
+// -1 when the chain has no such source.
+func (c *crule) sourceIndex(s quota.KeySource) int {
+	if s == (quota.KeySource{}) {
+		return 0
+	}
+	for i, k := range c.r.Key {
+		if k == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// namespaced reports whether an identity id of source src needs the
+// namespaced form under format: a later source's, or a first-source value
+// that begins with NUL (escaped, so that it cannot pose as a tag).
+func namespaced(format uint32, src int, id string) bool {
+	return format >= keyFormatNamespaced && (src > 0 || (len(id) > 0 && id[0] == 0))
+}
+
+// namespace moves p, built for identity p.id of source src with format 1's
+// key (newPending), to its namespace: a later source's salt for the
+// node's own key, and the tagged identity (and its hash) where the
+// identity leaves the node. Call it only when namespaced says so.
+func (n *Node) namespace(p *pending, src int) {
+	if src > 0 {
+		p.key = bucket.Mix(p.c.keys.salts[src], p.idh)
+	}
+	if p.remote() {
+		p.wid = wireIdentity(p.c.keys.tags[src], p.id)
+		p.idh = n.hasher.Sum(p.wid)
+	}
+}
+
+// wireIdentity is the identity an owner or the lease group counts a
+// namespaced identity under: tag + value for a later source, the escaped
+// value for a first-source value beginning with NUL (tag "").
+func wireIdentity(tag, id string) string {
+	if tag == "" {
+		return nulEscape + id
+	}
+	return tag + id
+}
+
+// pendingFor returns rule c's part of a request whose identity id came from
+// source src of the rule's key chain (0 for the first source, and for
+// identities no chain yields: Check's and CheckKeys' keys, the "" of a
+// global rule), under the node's key format in force format.
+func (n *Node) pendingFor(order int, c *crule, id string, src int, tier string, format uint32, cost int64) pending {
+	p := newPending(order, c, c.specFor(id, src, tier), id, n.hasher.Sum(id), cost)
+	if namespaced(format, src, id) {
+		n.namespace(&p, src)
+	}
+	return p
+}
+
+// overrideSuffix ends the coordinator's rule id of rule c's override of
+// identity id in source src: "#override:" + id for the first source (the
+// id nodes of every format agree on), "#override@" + the source + ":" + id
+// for a later one.
+func overrideSuffix(c *crule, src int, id string) string {
+	if src == 0 {
+		return "#override:" + id
+	}
+	return "#override@" + c.r.Key[src].String() + ":" + id
+}
