@@ -92,6 +92,10 @@ type ClusterConfig struct {
 	// client go through instead of the real one: the chaos test
 	// (chaos_test.go) puts a fault-injecting one here. Nil in production.
 	net *netHooks
+	// keyFormat, when set, is the highest bucket-key format the node
+	// speaks instead of keyFormatLatest: a test sets 1 to stand for a node
+	// that predates key formats. Zero in production.
+	keyFormat uint32
 }
 
 // netHooks replace the real network under a node, for tests that inject
@@ -118,6 +122,7 @@ type clusterPart struct {
 
 	region  string
 	version chan uint64 // rule-set versions to gossip, newest wins
+	speaks  uint32      // the highest bucket-key format this node speaks (keys.go)
 }
 
 // startCluster starts the transport, the shell and membership.
@@ -175,10 +180,14 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	if gossip == "" {
 		gossip = "127.0.0.1:0"
 	}
+	cp.speaks = keyFormatLatest
+	if cc.keyFormat != 0 {
+		cp.speaks = cc.keyFormat
+	}
 	mem, err := cluster.StartMembership(cluster.MembershipConfig{
 		Name: cc.Name, Region: cc.Region, BindAddr: gossip, AdvertiseAddr: cc.AdvertiseAddr, Join: cc.Join,
 		SecretKey: cc.SecretKey, Keyring: cc.Keyring, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
-		WrapTransport: wrapGossip,
+		WrapTransport: wrapGossip, KeyFormat: uint8(cp.speaks),
 	})
 	if err != nil {
 		sh.Close()
@@ -187,6 +196,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	cp.mem = mem
 	n.cluster = cp
+	n.noteKeyFormat(mem.Members())
 	cp.wg.Add(2)
 	go n.watchMembers(cc.Region)
 	go n.publishVersions()
@@ -308,7 +318,9 @@ func (n *Node) watchMembers(region string) {
 				}
 			}
 			var members []cluster.Member
-			for _, mi := range cp.mem.Members() {
+			all := cp.mem.Members()
+			n.noteKeyFormat(all)
+			for _, mi := range all {
 				if n.cfg.Lease != nil && n.cfg.Lease.Rules {
 					n.noteRulesVersion(mi.Meta.RulesVersion)
 				}

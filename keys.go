@@ -2,6 +2,7 @@ package weir
 
 import (
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -126,4 +127,21 @@ func overrideSuffix(c *crule, src int, id string) string {
 		return "#override:" + id
 	}
 	return "#override@" + c.r.Key[src].String() + ":" + id
+}
+
+// noteKeyFormat puts in force the lowest key format that this node and every
+// live member of the cluster (of every region: the lease group's durable
+// counters and global leases are shared across regions) speak, so that no
+// two members name one identity's bucket differently: a mixed fleet keeps
+// format 1, and the fleet switches once its last member speaks format 2
+// (docs/operations.md, "Upgrading"). A member that left no longer counts.
+func (n *Node) noteKeyFormat(members []cluster.MemberInfo) {
+	f := n.cluster.speaks
+	for _, mi := range members {
+		f = min(f, uint32(mi.KeyFormat))
+	}
+	f = max(f, keyFormatShared)
+	if old := n.keyFormat.Swap(f); old != f {
+		n.log.Info("bucket key format changed", "format", f, "was", old, "members", len(members))
+	}
 }

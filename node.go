@@ -394,6 +394,11 @@ type Status struct {
 	UsingDefaultRules bool `json:"using_default_rules"`
 	// LastReloadError is the last failed reload, cleared by a good one.
 	LastReloadError string `json:"last_reload_error,omitempty"`
+	// KeyFormat is the bucket key format in force: 2 when identity
+	// sources are namespaces (docs/security.md), 1 while some member of
+	// the cluster speaks only format 1, in which every source of a chain
+	// counts under its bare value (docs/operations.md, "Upgrading").
+	KeyFormat uint32 `json:"key_format"`
 }
 
 // Status reports the rule state of the node.
@@ -401,7 +406,8 @@ func (n *Node) Status() Status {
 	set := n.eng.load().set
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault}
+	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault,
+		KeyFormat: n.keyFormat.Load()}
 	if n.lastErr != nil {
 		st.LastReloadError = n.lastErr.Error()
 	}
