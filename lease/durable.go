@@ -85,6 +85,10 @@ type DurableCommand struct {
 	Identity string
 	// Cost is the tokens the request spends, at least 1.
 	Cost int64
+	// Legacy and KeyFormat name the bucket under the embedding node's key
+	// formats (DurableKey, durable_legacy.go); zero for a format-1 command.
+	Legacy    string
+	KeyFormat uint32
 }
 
 // check checks c's form and returns its GCRA; errors wrap ErrBadCommand.
@@ -100,6 +104,9 @@ func (c DurableCommand) check() (bucket.GCRA, error) {
 		return bucket.GCRA{}, fmt.Errorf("%w: request id of %d bytes, over %d", ErrBadCommand, len(c.RequestID), MaxRequestIDBytes)
 	case c.Cost < 1:
 		return bucket.GCRA{}, fmt.Errorf("%w: durable cost %d: must be at least 1", ErrBadCommand, c.Cost)
+	}
+	if err := c.checkLegacy(); err != nil {
+		return bucket.GCRA{}, err
 	}
 	g, err := bucket.NewGCRA(c.Rule.Limit, c.Rule.Window, c.Rule.Burst)
 	if err != nil {
@@ -133,6 +140,11 @@ type DurableStore struct {
 	reqs []durableReq         // remembered requests, oldest first; reqs[head:] are live
 	head int
 	byID map[string]int // request id → index in reqs
+	// switched is set by the first command of key format 2; legacy then
+	// holds the buckets' TATs as format-1 commands left them
+	// (durable_legacy.go).
+	switched bool
+	legacy   map[durableKey]int64
 }
 
 // NewDurableStore returns an empty store.
@@ -144,7 +156,9 @@ func NewDurableStore() *DurableStore {
 func (s *DurableStore) Len() int { return len(s.tats) }
 
 // empty reports whether the store is in its initial state.
-func (s *DurableStore) empty() bool { return s.now == 0 && len(s.tats) == 0 && s.Requests() == 0 }
+func (s *DurableStore) empty() bool {
+	return s.now == 0 && len(s.tats) == 0 && s.Requests() == 0 && !s.switched
+}
 
 // Requests is the number of request ids remembered.
 func (s *DurableStore) Requests() int { return len(s.reqs) - s.head }
@@ -175,6 +189,7 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 		}
 	}
 	k := durableKey{c.Rule.ID, c.Identity}
+	s.inherit(c, k)
 	tat, held := s.tats[k]
 	t := bucket.TAT(tat)
 	d := g.Step(&t, s.now, c.Cost)
@@ -184,6 +199,7 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 			heap.Push(&s.exp, expiry{tat: int64(t), key: k})
 		}
 	}
+	s.recordLegacy(c, k)
 	if c.RequestID != "" {
 		s.remember(durableReq{id: c.RequestID, at: s.now, dec: d})
 	}
@@ -203,6 +219,7 @@ func (s *DurableStore) advance(now int64) {
 		case !ok:
 		case tat <= s.now:
 			delete(s.tats, e.key)
+			s.dropLegacy(e.key)
 		default: // charged since: wait for its new TAT
 			heap.Push(&s.exp, expiry{tat: tat, key: e.key})
 		}
