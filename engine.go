@@ -181,13 +181,15 @@ func (c *crule) identity(req *Request) (string, int) {
 type pending struct {
 	order int            // position among the request's rules
 	src   cluster.Source // how a cluster rule decided, for a refund
-	c     *crule
-	spec  *limitSpec
-	id    string // the identity as its source yielded it (decisions, events and lists show it)
-	wid   string // the identity the cluster's owner and the lease group count it under (keys.go); id unless namespaced
-	idh   uint64 // n.hasher.Sum(wid): the cluster's Shell picks its shard by it
-	key   uint64
-	cost  int64
+	// format is the key format the identity was keyed under (keys.go).
+	format uint32
+	c      *crule
+	spec   *limitSpec
+	id     string // the identity as its source yielded it (decisions, events and lists show it)
+	wid    string // the identity the cluster's owner and the lease group count it under (keys.go); id unless namespaced
+	idh    uint64 // n.hasher.Sum(wid): the cluster's Shell picks its shard by it
+	key    uint64
+	cost   int64
 }
 
 // newPending returns rule c's part of a request of identity id under spec
@@ -273,6 +275,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 			cost = c.r.CostFor(req.Method)
 		}
 		ps = append(ps, newPending(len(ps), c, c.specFor(id, src, req.Tier), id, n.hasher.Sum(id), cost))
+		ps[len(ps)-1].format = format
 		if namespaced(format, src, id) {
 			n.namespace(&ps[len(ps)-1], src)
 		}

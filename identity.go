@@ -170,6 +170,7 @@ func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 			ir.Key = []string{"global"}
 		}
 		p := newPending(0, c, spec, bid, n.hasher.Sum(bid), cost)
+		p.format = format
 		if namespaced(format, src, bid) {
 			n.namespace(&p, src)
 		}

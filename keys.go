@@ -3,6 +3,7 @@ package weir
 import (
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -112,6 +113,7 @@ func wireIdentity(tag, id string) string {
 // global rule), under the node's key format in force format.
 func (n *Node) pendingFor(order int, c *crule, id string, src int, tier string, format uint32, cost int64) pending {
 	p := newPending(order, c, c.specFor(id, src, tier), id, n.hasher.Sum(id), cost)
+	p.format = format
 	if namespaced(format, src, id) {
 		n.namespace(&p, src)
 	}
@@ -144,4 +146,16 @@ func (n *Node) noteKeyFormat(members []cluster.MemberInfo) {
 	if old := n.keyFormat.Swap(f); old != f {
 		n.log.Info("bucket key format changed", "format", f, "was", old, "members", len(members))
 	}
+}
+
+// durableKey names p's durable bucket for the lease group: its identity
+// under the format it was keyed with and, when that differs from format 1's
+// bare value, the bare value, so that the group carries format 1's spend
+// over (lease/durable_legacy.go).
+func durableKey(p *pending) lease.DurableKey {
+	k := lease.DurableKey{Identity: p.wid, KeyFormat: p.format}
+	if p.wid != p.id {
+		k.Legacy = p.id
+	}
+	return k
 }

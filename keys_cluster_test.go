@@ -116,3 +116,83 @@ func TestKeyFormatMixedRing(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableTrialAcrossKeyFormats: "one free trial" keyed on an account
+// header, then the IP, decided by a lease group whose three voters are the
+// ring's gateways, one of which first speaks only key format 1. A client
+// with no account takes its trial under format 1 (its counter is keyed by
+// the bare IP); the old voter restarts speaking format 2, the fleet
+// switches, and the IP's counter, now keyed by its tagged identity, is
+// inherited: no second trial on any gateway. After the switch an account
+// equal to another IP does not spend that IP's trial.
+func TestDurableTrialAcrossKeyFormats(t *testing.T) {
+	rules := parseRules(t, `
+rules:
+  - id: trial
+    match: {methods: [POST], path: /trial}
+    key: [header:X-Account, ip]
+    limit: 1
+    window: 720h
+    burst: 1
+    durable: true
+    on_failure: closed
+`)
+	g := startDurableGroupWith(t, 3, rules, map[string]uint32{"gw-2": 1})
+	formats := func(want uint32) func() bool {
+		return func() bool {
+			gws := g.gateways()
+			for _, n := range gws {
+				if n.Status().KeyFormat != want || len(n.Members()) != len(g.names) {
+					return false
+				}
+			}
+			return len(gws) == len(g.names)
+		}
+	}
+	waitFor(t, formats(1))
+	anon := func(ip string) weir.Request { return weir.Request{Method: "POST", Path: "/trial", ClientIP: ip} }
+	account := func(a string) weir.Request {
+		return weir.Request{Method: "POST", Path: "/trial", ClientIP: "203.0.113.1", Header: http.Header{"X-Account": {a}}}
+	}
+	// tries sends req once to every gateway, one after the other, and
+	// counts the admissions; a degraded decision fails the test.
+	tries := func(req weir.Request) int {
+		got := 0
+		for _, gw := range g.gateways() {
+			d := gw.Allow(context.Background(), req)
+			if d.Degraded {
+				t.Fatalf("a degraded decision in a run with no fault: %+v", d.Results())
+			}
+			if d.Allowed {
+				got++
+			}
+		}
+		return got
+	}
+	const old, fresh, other = "198.51.100.7", "198.51.100.8", "198.51.100.9"
+	if got := tries(anon(old)); got != 1 {
+		t.Fatalf("format 1: the anonymous client %s got %d trials over three gateways, want 1", old, got)
+	}
+
+	g.stop("gw-2")
+	g.formats = nil
+	g.start("gw-2", nil)
+	waitFor(t, formats(2))
+	g.leader()
+
+	if got := tries(anon(old)); got != 0 {
+		t.Errorf("format 2: the client %s, whose trial was taken under format 1, got %d more", old, got)
+	}
+	if got := tries(anon(fresh)); got != 1 {
+		t.Errorf("format 2: a new anonymous client got %d trials, want 1", got)
+	}
+	if got := tries(account(other)); got != 1 {
+		t.Errorf("format 2: the account %q got %d trials, want 1", other, got)
+	}
+	if got := tries(anon(other)); got != 1 {
+		t.Errorf("format 2: the client at %s got %d trials after an account of that value took its own, want 1", other, got)
+	}
+	if n := failOpen(g.gateways(), "trial"); n != 0 {
+		t.Errorf("%d fail-open decisions in a run with no fault", n)
+	}
+}
