@@ -181,7 +181,9 @@ func (c *crule) identity(req *Request) (string, int) {
 type pending struct {
 	order int            // position among the request's rules
 	src   cluster.Source // how a cluster rule decided, for a refund
-	// format is the key format the identity was keyed under (keys.go).
+	// source is the identity's position in the rule's key chain, format
+	// the key format it was keyed under (keys.go).
+	source uint8
 	format uint32
 	c      *crule
 	spec   *limitSpec
@@ -275,7 +277,7 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 			cost = c.r.CostFor(req.Method)
 		}
 		ps = append(ps, newPending(len(ps), c, c.specFor(id, src, req.Tier), id, n.hasher.Sum(id), cost))
-		ps[len(ps)-1].format = format
+		ps[len(ps)-1].format, ps[len(ps)-1].source = format, uint8(src)
 		if namespaced(format, src, id) {
 			n.namespace(&ps[len(ps)-1], src)
 		}
@@ -483,12 +485,12 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 		r.ShadowRejected = true
 		c.stats.shadow.add(stripe)
 		n.ops.recent.add(p.key, now, true) // a would-be rejection
-		n.shadowed.AddPair(now, c.r.ID, p.id, 1)
+		n.addHitter(n.shadowed, now, p)
 	default:
 		d.Allowed = false
 		c.stats.rejected.add(stripe)
 		n.ops.recent.add(p.key, now, true)
-		n.throttled.AddPair(now, c.r.ID, p.id, 1)
+		n.addHitter(n.throttled, now, p)
 		if c.penalty != nil && !locked {
 			if bl := n.stores.penalty.Apply(p.key, now, c.penaltyRec, 1); !bl.Allowed {
 				c.stats.lockouts.add(stripe)

@@ -170,7 +170,7 @@ func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 			ir.Key = []string{"global"}
 		}
 		p := newPending(0, c, spec, bid, n.hasher.Sum(bid), cost)
-		p.format = format
+		p.format, p.source = format, uint8(src)
 		if namespaced(format, src, bid) {
 			n.namespace(&p, src)
 		}
@@ -374,7 +374,8 @@ func matchString(m quota.Match) string {
 // is the identity, URL-escaped; empty means the "" identity of global
 // rules) as the JSON of LookupIdentity. Query parameters: method and path
 // (keep only rules matching such a request), key (keep only rules keyed
-// on that source: ip, user, header:NAME), tier, raw ("true": the
+// on that source: ip, user, header:NAME, and read that source's
+// namespace; a top list's Hitter.Source), tier, raw ("true": the
 // identity is the bucket key as CheckKeys charges it, see
 // IdentityQuery.Raw). Like AdminHandler it names identities, and like it
 // it authenticates every request on a node with Config.Lease.AdminTokens

@@ -146,8 +146,8 @@ rules:
 		t.Errorf("the decision names identity %q, want %q", got, ip)
 	}
 	top := n.TopThrottled()
-	if len(top) != 1 || top[0].Identity != ip || top[0].Rule != "api" {
-		t.Errorf("top throttled = %+v, want one entry for %s under api", top, ip)
+	if len(top) != 1 || top[0].Identity != ip || top[0].Rule != "api" || top[0].Source != "ip" {
+		t.Errorf("top throttled = %+v, want one entry for the ip %s under api", top, ip)
 	}
 
 	// The ip namespace holds the spent bucket; the API key namespace (the
@@ -166,8 +166,16 @@ rules:
 			t.Fatal(err)
 		}
 		if len(rep.Rules) != 1 || rep.Rules[0].Bucket.Remaining != 3 || len(rep.Throttled) != 0 {
-			t.Errorf("lookup %+v of the API key %s: %+v, want a full bucket of 3", q, ip, rep)
+			t.Errorf("lookup %+v of an API key equal to a spent ip: %+v, want a full bucket of 3", q, rep)
 		}
+	}
+	// An API key of the same value, throttled too, is its own entry.
+	for range 5 {
+		n.Allow(ctx, weir.Request{Method: "GET", Path: "/", ClientIP: "203.0.113.7", Header: http.Header{"X-Api-Key": {ip}}})
+	}
+	top = n.TopThrottled()
+	if len(top) != 2 || top[0].Identity != ip || top[1].Identity != ip || top[0].Source == top[1].Source {
+		t.Errorf("top throttled = %+v, want the ip %s and the API key %s apart", top, ip, ip)
 	}
 
 	// CheckKeys and Check count under the bare key: the first source's

@@ -1,8 +1,11 @@
 package weir
 
 import (
+	"strings"
+
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/hitters"
 	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
@@ -113,7 +116,7 @@ func wireIdentity(tag, id string) string {
 // global rule), under the node's key format in force format.
 func (n *Node) pendingFor(order int, c *crule, id string, src int, tier string, format uint32, cost int64) pending {
 	p := newPending(order, c, c.specFor(id, src, tier), id, n.hasher.Sum(id), cost)
-	p.format = format
+	p.format, p.source = format, uint8(src)
 	if namespaced(format, src, id) {
 		n.namespace(&p, src)
 	}
@@ -158,4 +161,33 @@ func durableKey(p *pending) lease.DurableKey {
 		k.Legacy = p.id
 	}
 	return k
+}
+
+// addHitter counts one of p's rejections in a top list under its rule and
+// identity, and, for a namespaced identity, the source's tag, so that the
+// list tells the API key "x" from the IP "x" (toHitters reads it back).
+func (n *Node) addHitter(sk *hitters.Sketch, now int64, p *pending) {
+	if !namespaced(p.format, int(p.source), p.id) {
+		sk.AddPair(now, p.c.r.ID, p.id, 1)
+		return
+	}
+	tag := p.c.keys.tags[p.source]
+	if tag == "" {
+		tag = nulEscape
+	}
+	sk.AddTriple(now, p.c.r.ID, tag, p.id, 1)
+}
+
+// splitTagged reads an identity as addHitter and wireIdentity write it: the
+// source's name ("" for the first source) and the value.
+func splitTagged(id string) (source, value string) {
+	if rest, ok := strings.CutPrefix(id, sourceTagPrefix); ok {
+		if label, v, ok := strings.Cut(rest, "\x00"); ok {
+			return label, v
+		}
+	}
+	if v, ok := strings.CutPrefix(id, nulEscape); ok {
+		return "", v
+	}
+	return "", id
 }
