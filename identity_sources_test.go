@@ -2,8 +2,11 @@ package weir_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/weir-dev/weir"
 )
@@ -200,5 +203,44 @@ rules:
 	}
 	if d := n.Allow(ctx, weir.Request{Method: "GET", Path: "/", ClientIP: "203.0.113.50"}); !d.Allowed {
 		t.Errorf("a Check key forged as the ip namespace spent the ip 203.0.113.50's bucket")
+	}
+}
+
+// TestLongNamespacedIdentity: a later source's value as long as an identity
+// may be (Config.MaxIdentityBytes's default) still fits where it leaves the
+// node once tagged, and keeps a bucket of its own.
+func TestLongNamespacedIdentity(t *testing.T) {
+	long := strings.Repeat("a", weir.DefaultMaxIdentityBytes)
+	rules := parseRules(t, keyFormatRules)
+	var nodes []*weir.Node
+	for i := range 2 {
+		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "long-identity",
+			DecideTimeout: 2 * time.Second, CallTimeout: 2 * time.Second}
+		if i > 0 {
+			cc.Join = []string{nodes[0].GossipAddr()}
+		}
+		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		nodes = append(nodes, n)
+	}
+	waitFor(t, func() bool { return len(nodes[0].Members()) == 2 && len(nodes[1].Members()) == 2 })
+	ctx := context.Background()
+	for _, id := range []string{long, long[:len(long)-1] + "b"} {
+		admitted := 0
+		for i := range 8 {
+			d := nodes[i%2].Allow(ctx, weir.Request{Method: "GET", Path: "/", ClientIP: id})
+			if d.Degraded || d.Err != nil {
+				t.Fatalf("a %d-byte ip was decided degraded (%v): %+v", len(id), d.Err, d.Results())
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 5 {
+			t.Errorf("a %d-byte ip was admitted %d times over two nodes, want 5", len(id), admitted)
+		}
 	}
 }

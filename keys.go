@@ -1,6 +1,8 @@
 package weir
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 
 	"github.com/weir-dev/weir/bucket"
@@ -32,11 +34,15 @@ const (
 // Tags of namespaced identities where they leave the node. A later source's
 // identity is sourceTagPrefix + the source ("ip", "user", "header:X-User") +
 // NUL + the value; a first-source value that itself begins with NUL is
-// escaped as nulEscape + the value. Nothing else begins with NUL, so no
-// value of one source can be read as another's.
+// escaped as nulEscape + the value. A tagged or escaped identity longer than
+// the cluster's identity limit (cluster.MaxIdentityBytes, which a value
+// within Config.MaxIdentityBytes's default fits but its tag may not) is
+// digestPrefix + the hex SHA-256 of its source and value instead. Nothing
+// else begins with NUL, so no value of one source can be read as another's.
 const (
 	sourceTagPrefix = "\x00src\x00"
 	nulEscape       = "\x00\x00"
+	digestPrefix    = "\x00sha256\x00"
 )
 
 // keyForm is a compiled rule's per-source keying: salts[i] and tags[i] for
@@ -102,10 +108,15 @@ func (n *Node) namespace(p *pending, src int) {
 
 // wireIdentity is the identity an owner or the lease group counts a
 // namespaced identity under: tag + value for a later source, the escaped
-// value for a first-source value beginning with NUL (tag "").
+// value for a first-source value beginning with NUL (tag ""), or, when that
+// is longer than the cluster accepts, its digest.
 func wireIdentity(tag, id string) string {
 	if tag == "" {
-		return nulEscape + id
+		tag = nulEscape
+	}
+	if len(tag)+len(id) > cluster.MaxIdentityBytes {
+		sum := sha256.Sum256([]byte(tag + id))
+		return digestPrefix + hex.EncodeToString(sum[:])
 	}
 	return tag + id
 }
