@@ -37,7 +37,7 @@ const (
 // escaped as nulEscape + the value. A tagged or escaped identity longer than
 // the cluster's identity limit (cluster.MaxIdentityBytes, which a value
 // within Config.MaxIdentityBytes's default fits but its tag may not) is
-// digestPrefix + the hex SHA-256 of its source and value instead. Nothing
+// digestPrefix + the hex SHA-256 of the tag and value instead. Nothing
 // else begins with NUL, so no value of one source can be read as another's.
 const (
 	sourceTagPrefix = "\x00src\x00"
@@ -150,7 +150,8 @@ func overrideSuffix(c *crule, src int, id string) string {
 // counters and global leases are shared across regions) speak, so that no
 // two members name one identity's bucket differently: a mixed fleet keeps
 // format 1, and the fleet switches once its last member speaks format 2
-// (docs/operations.md, "Upgrading"). A member that left no longer counts.
+// (docs/operations.md, "The bucket key format"). A member that left no
+// longer counts.
 func (n *Node) noteKeyFormat(members []cluster.MemberInfo) {
 	f := n.cluster.speaks
 	for _, mi := range members {
@@ -189,8 +190,8 @@ func (n *Node) addHitter(sk *hitters.Sketch, now int64, p *pending) {
 	sk.AddTriple(now, p.c.r.ID, tag, p.id, 1)
 }
 
-// splitTagged reads an identity as addHitter and wireIdentity write it: the
-// source's name ("" for the first source) and the value.
+// splitTagged reads an identity as addHitter writes it: the source's name
+// ("" for the first source) and the value.
 func splitTagged(id string) (source, value string) {
 	if rest, ok := strings.CutPrefix(id, sourceTagPrefix); ok {
 		if label, v, ok := strings.Cut(rest, "\x00"); ok {
