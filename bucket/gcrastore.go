@@ -145,8 +145,9 @@ type gshard struct {
 // GCRAStore maps 64-bit keys to GCRA TATs, like Store[TAT, *TAT] with the
 // same observable behaviour (key 0 aliased, idle entries equal no entry and
 // are swept on insert, the MaxKeys cap evicts idle entries first and else
-// forgives a spent one), but a decision on a key already present takes no
-// lock: it is a probe of atomic loads and a CAS on the key's TAT. Inserts,
+// forgives the least indebted of the entries examined), but a decision on a
+// key already present takes no lock: it is a probe of atomic loads and a
+// CAS on the key's TAT. Inserts,
 // deletes, the sweep, eviction and resizing take the shard mutex. Times
 // (now) must lie in [0, 2^62). Safe for concurrent use.
 type GCRAStore struct {

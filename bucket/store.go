@@ -349,10 +349,10 @@ func (st *Store[S, P]) sweep(sh *shard[S, P], now int64, n int) {
 // among them goes (EvictedIdle). Failing that, of the live entries examined
 // the one with the least debt goes, the first of them on a tie, and what it
 // owed is forgiven and counted (EvictedForgiven, and ForgivenTokens or
-// ForgivenNanos by the state's unit: see debtor). So an entry
-// is forgiven only when every other entry examined owes at least as much,
-// and the most indebted of them is never the victim while a less indebted
-// one is there. The hand moves past the victim.
+// ForgivenNanos by the state's unit: see debtor). So an entry is forgiven
+// only when every other entry examined owes at least as much, and the most
+// indebted of them is never the victim while a less indebted one is there.
+// The hand moves past the victim.
 func (st *Store[S, P]) evict(sh *shard[S, P], now int64) {
 	mask := len(sh.slots) - 1
 	victim := -1

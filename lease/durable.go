@@ -142,7 +142,7 @@ type durableReq struct {
 // such a bucket is taken to be in the parameters of its next decision.
 type durableParams struct{ t, burst int64 }
 
-// of returns g's parameters.
+// paramsOf returns g's parameters.
 func paramsOf(g bucket.GCRA) durableParams {
 	return durableParams{t: g.Interval().Nanoseconds(), burst: g.Burst()}
 }
@@ -215,8 +215,9 @@ func (s *DurableStore) TAT(rule, identity string) (tat int64, ok bool) {
 // Apply decides c at max(c.Now, the newest time applied) and returns the
 // decision (bucket.GCRA.Step: an admission charges the bucket, a rejection
 // changes nothing), after converting the bucket to c's parameters if it is
-// in others (see the file comment). A command whose RequestID the store remembers is a
-// retry: it changes nothing and returns the first application's decision.
+// in others (see the file comment). A command whose RequestID the store
+// remembers is a retry: it changes nothing and returns the first
+// application's decision.
 // A malformed command is refused with an error wrapping ErrBadCommand and
 // changes nothing.
 func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
@@ -232,11 +233,9 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 	}
 	p := paramsOf(g)
 	rs := s.rules[c.Rule.ID]
-	if rs == nil {
-		rs = &durableRuleState{p: p, since: s.now}
-		s.rules[c.Rule.ID] = rs
-	} else if rs.p != p {
-		rs.p, rs.since = p, s.now
+	since := s.now // when the rule's parameters became p
+	if rs != nil && rs.p == p {
+		since = rs.since
 	}
 	k := durableKey{c.Rule.ID, c.Identity}
 	b, held := s.tats[k]
@@ -244,11 +243,16 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 	converted := false
 	if held && b.p != p && b.p != (durableParams{}) {
 		old, err := b.p.gcra()
-		if err != nil { // restore and Apply only keep parameters that build
+		if err != nil { // unreachable: restore and Apply keep only parameters that build
 			return bucket.Decision{}, fmt.Errorf("lease: durable bucket %q/%q in parameters %+v: %w", c.Rule.ID, c.Identity, b.p, err)
 		}
-		t, converted = g.Convert(old, t, rs.since), true
+		t, converted = g.Convert(old, t, since), true
 	}
+	if rs == nil {
+		rs = &durableRuleState{}
+		s.rules[c.Rule.ID] = rs
+	}
+	rs.p, rs.since = p, since
 	d := g.Step(&t, s.now, c.Cost)
 	switch {
 	case int64(t) > s.now:
