@@ -300,11 +300,10 @@ func TestRegionalRuleChange(t *testing.T) {
 	if d := g.Peek(tat, now); d.Remaining != 30 {
 		t.Fatalf("after a window change the bucket holds %d tokens, want 30", d.Remaining)
 	}
-	// Its fallback bucket (no share) converts too: the safe share is per
-	// the new window.
-	var ftat bucket.TAT
-	if _, mode, _ := r.Share(20*sec, "g", "x", &ftat); mode != ModeEnforce {
-		t.Fatalf("fallback mode %v", mode)
+	// Past the lease, the fallback share (400 ÷ 2) applies per the new
+	// window too.
+	if g, mode, _ := r.Share(20*sec, "g", "x", &tat); mode != ModeEnforce || g.Interval() != time.Minute/200 {
+		t.Fatalf("fallback: mode %v, interval %v; want 200 per minute", mode, g.Interval())
 	}
 }
 
