@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
@@ -163,3 +164,33 @@ func TestDebt(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestGCRAStoreConcurrentAtCap: forgiven evictions race with lock-free
+// decisions on the same keys: the table stays consistent, the cap holds,
+// and every forgiven eviction is counted with a positive debt.
+func TestGCRAStoreConcurrentAtCap(t *testing.T) {
+	st := newGCRAStore(t, StoreConfig{Shards: 2, MaxKeys: 2 * capKeys})
+	g := mustGCRA(t, 1, time.Hour, 10) // nothing refills during the test: every eviction forgives
+	now := int64(time.Hour)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5000 {
+				// Hot keys 1..8 are spent over and over; the rest rotate.
+				k := uint64(1 + i%8)
+				if i%2 == 1 {
+					k = uint64(1000 + w*100_000 + i)
+				}
+				st.Apply(k, now, &g, 1)
+			}
+		}()
+	}
+	wg.Wait()
+	checkGTable(t, st)
+	s := st.Stats()
+	if s.Live > 2*capKeys || s.EvictedForgiven == 0 || s.ForgivenNanos < s.EvictedForgiven*uint64(time.Hour) {
+		t.Fatalf("stats %+v: want at most %d live, forgiven evictions each owing at least an hour", s, 2*capKeys)
+	}
+}
