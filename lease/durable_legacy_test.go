@@ -103,29 +103,29 @@ func TestDurableLegacyRefuses(t *testing.T) {
 }
 
 // TestDurableLegacySnapshots: a store that never saw a format-2 command is
-// written as version 3, as before key formats; once switched, as version 4,
+// written as version 4, as before key formats; once switched, as version 5,
 // with its legacy state, which restores to the same bytes and decisions;
 // replicas applying a mixed run agree byte for byte.
 func TestDurableLegacySnapshots(t *testing.T) {
 	h := NewFSM(emptyMachine(t))
 	mustDecide(t, h.durable, keyedCmd(1e9, "198.51.100.7", "", 0))
-	if v := h.State()[3]; v != 3 {
-		t.Fatalf("an unswitched store is written as version %d, want 3", v)
+	if v := h.State()[3]; v != 4 {
+		t.Fatalf("an unswitched store is written as version %d, want 4", v)
 	}
 	mustDecide(t, h.durable, keyedCmd(1e9+1, "acct", "", 2))
-	v4 := h.State()
-	if v4[3] != 4 {
-		t.Fatalf("a switched store is written as version %d, want 4", v4[3])
+	v5 := h.State()
+	if v5[3] != 5 {
+		t.Fatalf("a switched store is written as version %d, want 5", v5[3])
 	}
 	g := NewFSM(emptyMachine(t))
-	if err := g.Restore(io.NopCloser(bytes.NewReader(v4))); err != nil || !bytes.Equal(g.State(), v4) {
-		t.Fatalf("a version-4 state does not restore: %v", err)
+	if err := g.Restore(io.NopCloser(bytes.NewReader(v5))); err != nil || !bytes.Equal(g.State(), v5) {
+		t.Fatalf("a version-5 state does not restore: %v", err)
 	}
 	if d := mustDecide(t, g.durable, keyedCmd(1e9+2, ipTag+"198.51.100.7", "198.51.100.7", 2)); d.Allowed {
 		t.Fatalf("the restored store granted a second trial: %+v", d)
 	}
 	for cut := 1; cut < 8; cut++ {
-		if err := NewFSM(emptyMachine(t)).Restore(io.NopCloser(bytes.NewReader(v4[:len(v4)-cut]))); !errors.Is(err, ErrBadState) {
+		if err := NewFSM(emptyMachine(t)).Restore(io.NopCloser(bytes.NewReader(v5[:len(v5)-cut]))); !errors.Is(err, ErrBadState) {
 			t.Fatalf("a state cut %d bytes short: %v", cut, err)
 		}
 	}
@@ -170,5 +170,23 @@ func TestDurableLegacySnapshots(t *testing.T) {
 		if !bytes.Equal(a.State(), b.State()) || !bytes.Equal(a.State(), c.State()) {
 			t.Fatalf("seed %d: replicas differ", seed)
 		}
+	}
+}
+
+// TestDurableLegacyConverted: an inherited bucket is converted to the
+// command's parameters like a held one: a trial spent under burst 1, the
+// rule then raised to burst 2, leaves the tagged identity one more.
+func TestDurableLegacyConverted(t *testing.T) {
+	t0 := int64(1e9)
+	s := NewDurableStore()
+	mustDecide(t, s, keyedCmd(t0, "198.51.100.7", "", 0))
+	raised := keyedCmd(t0+1, ipTag+"198.51.100.7", "198.51.100.7", 2)
+	raised.Rule = DurableRule{ID: trialRule.ID, Limit: 2, Window: trialRule.Window, Burst: 2}
+	if d := mustDecide(t, s, raised); !d.Allowed {
+		t.Fatalf("the raised burst's extra token was refused: %+v", d)
+	}
+	raised.Now++
+	if d := mustDecide(t, s, raised); d.Allowed {
+		t.Fatalf("the token spent under format 1 was granted again: %+v", d)
 	}
 }
