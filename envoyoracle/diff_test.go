@@ -15,7 +15,9 @@ import (
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // scenario is one set of config files served by both, with envoyproxy's
@@ -23,9 +25,10 @@ import (
 // served together (neither service merges them with the pinned settings),
 // so the corpus's test-domain files are scenarios of their own.
 type scenario struct {
-	name    string
-	files   []string // relative to the envoyproxy/ratelimit module
-	headers bool
+	name     string
+	files    []string // relative to the envoyproxy/ratelimit module
+	headers  bool
+	directed [][]*pb.RateLimitRequest // sent before the random stream, each sequence within one second
 }
 
 var scenarios = []scenario{
@@ -35,11 +38,56 @@ var scenarios = []scenario{
 		"test/integration/runtime/current/ratelimit/config/share_threshold.yaml",
 		"test/integration/runtime/current/ratelimit/reload.yaml",
 		"examples/ratelimit/config/config.yaml",
-	}, false},
-	{"basic_config", []string{"test/config/basic_config.yaml"}, true},
-	{"wildcard", []string{"test/config/wildcard.yaml"}, false},
-	{"shadowmode_config", []string{"test/config/shadowmode_config.yaml"}, false},
-	{"example", []string{"examples/ratelimit/config/example.yaml"}, true},
+	}, false, [][]*pb.RateLimitRequest{
+		// A check (hits_addend 0) against requests_per_unit 0.
+		{rq("reload", 0, dsc(u64(0), nil, "block", "d1"))},
+		// A rejected request's hits: counted by envoy, so the check after it
+		// is over the limit there.
+		{rq("basic", 1, dsc(nil, nil, "one_per_minute", "d1")), rq("basic", 1, dsc(nil, nil, "one_per_minute", "d1")),
+			rq("basic", 0, dsc(u64(0), nil, "one_per_minute", "d1"))},
+		// An OVER_LIMIT answer's remaining: 0 in envoy, the unspent rest in weir.
+		{rq("another", 15, dsc(nil, nil, "key2", "d1")), rq("another", 10, dsc(nil, nil, "key2", "d1"))},
+		// The limit override Envoy sends.
+		{rq("basic", 1, dsc(nil, override(1, typev3.RateLimitUnit_MINUTE), "key1", "d2")),
+			rq("basic", 1, dsc(nil, override(1, typev3.RateLimitUnit_MINUTE), "key1", "d2"))},
+		// Check-then-charge, past the limit of 10 an hour.
+		checkThenCharge("another", "key3", "d1", 12),
+	}},
+	{"basic_config", []string{"test/config/basic_config.yaml"}, true, nil},
+	{"wildcard", []string{"test/config/wildcard.yaml"}, false, nil},
+	{"shadowmode_config", []string{"test/config/shadowmode_config.yaml"}, false, [][]*pb.RateLimitRequest{
+		// Over a shadow_mode limit (20 a minute).
+		{rq("test-domain", 25, dsc(nil, nil, "key2", "d1"))},
+	}},
+	{"example", []string{"examples/ratelimit/config/example.yaml"}, true, nil},
+}
+
+func rq(domain string, hits uint32, descs ...*commonv3.RateLimitDescriptor) *pb.RateLimitRequest {
+	return &pb.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: descs}
+}
+
+func dsc(hits *wrapperspb.UInt64Value, limit *commonv3.RateLimitDescriptor_RateLimitOverride, kv ...string) *commonv3.RateLimitDescriptor {
+	d := &commonv3.RateLimitDescriptor{HitsAddend: hits, Limit: limit}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &commonv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func u64(v uint64) *wrapperspb.UInt64Value { return wrapperspb.UInt64(v) }
+
+func override(n uint32, unit typev3.RateLimitUnit) *commonv3.RateLimitDescriptor_RateLimitOverride {
+	return &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: unit}
+}
+
+// checkThenCharge is Envoy's apply_on_stream_done pattern n times: a check
+// with hits_addend 0 on the request, a charge of 1 when the stream is done.
+func checkThenCharge(domain, key, value string, n int) []*pb.RateLimitRequest {
+	var out []*pb.RateLimitRequest
+	for range n {
+		out = append(out, rq(domain, 0, dsc(u64(0), nil, key, value)), rq(domain, 0, dsc(u64(1), nil, key, value)))
+	}
+	return out
 }
 
 // The boundary guard: no request is sent within guardBefore of a second
@@ -58,6 +106,35 @@ const (
 // appears, or when a listed class does not appear in a run of at least
 // minRequestsForAbsence requests (then it is fixed: drop it).
 var knownMismatches = map[string]string{}
+
+func init() {
+	both := map[string]string{
+		"headers added where envoy adds none": "weir always adds X-RateLimit-*, RateLimit and RateLimit-Policy; " +
+			"envoyproxy/ratelimit adds headers only with LIMIT_RESPONSE_HEADERS_ENABLED",
+		"headers enabled: weir's set is not envoy's RateLimit-Limit/-Remaining/-Reset": "with LIMIT_RESPONSE_HEADERS_ENABLED=true envoyproxy/ratelimit " +
+			"adds RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset (seconds to reset); weir adds its own set",
+		"limit override ignored": "weir applies the configured limit where Envoy sends a descriptor's limit override " +
+			"(and charges that counter instead of the override's)",
+		"requests_per_unit 0 and hits_addend 0: weir OVER_LIMIT, envoy OK": "a check that charges nothing passes a zero limit " +
+			"in envoyproxy/ratelimit (0 hits is not over 0)",
+		"requests_per_unit 0: no duration_until_reset": "envoyproxy/ratelimit gives a zero limit a duration_until_reset " +
+			"(the time to its window's end); weir gives none",
+	}
+	for c, why := range both {
+		knownMismatches["default: "+c] = why
+		knownMismatches["fixed_window: "+c] = why
+	}
+	knownMismatches["default: token bucket"] = "weir's default is a token bucket: remaining, reset and code follow " +
+		"the bucket, not a fixed window (by design; envoy.fixed_window: true is the fixed window)"
+	knownMismatches["fixed_window: rejected hits counted by envoy only"] = "envoyproxy/ratelimit adds every request's hits " +
+		"to the window, admitted or not; weir counts admissions only, so after a rejection weir admits what envoy refuses " +
+		"(the check-then-charge pattern is never limited)"
+	knownMismatches["fixed_window: OVER_LIMIT with remaining > 0"] = "a rejected request's remaining is 0 in " +
+		"envoyproxy/ratelimit, the unspent rest in weir"
+	knownMismatches["fixed_window: shadow_mode over the limit: weir does not count the hits"] = "over a shadow_mode " +
+		"limit envoyproxy/ratelimit answers OK with remaining 0 and counts the hits; weir answers OK, does not count them, " +
+		"and reports the unspent rest"
+}
 
 const minRequestsForAbsence = 2000
 
@@ -116,7 +193,14 @@ func TestDifferential(t *testing.T) {
 			g := &generator{rng: rand.New(rand.NewSource(rng.Int63())), domains: domains}
 			envoy := startEnvoy(t, redis.addr, files, sc.headers)
 			weirs := []*weirServe{startWeir(t, files, weirDefault), startWeir(t, files, weirFixedWindow)}
-			runStream(t, g, n, sc.headers, envoy, weirs, tally)
+			hist := newHistory(sharePatterns(domains))
+			for _, seq := range sc.directed {
+				waitSecondStart()
+				for _, req := range seq {
+					send(t, req, sc.headers, envoy, weirs, tally, hist)
+				}
+			}
+			runStream(t, g, n, sc.headers, envoy, weirs, tally, hist)
 		})
 	}
 	tally.report(t, total)
@@ -135,30 +219,39 @@ func TestDifferential(t *testing.T) {
 }
 
 // runStream sends n steps of the generator to envoy and the weirs.
-func runStream(t *testing.T, g *generator, n int, headers bool, envoy *envoyService, weirs []*weirServe, tally *tally) {
-	hist := newHistory()
+func runStream(t *testing.T, g *generator, n int, headers bool, envoy *envoyService, weirs []*weirServe, tally *tally, hist *history) {
 	sent := 0
 	for sent < n {
 		if g.rng.Float64() < 0.002 {
-			// A window edge: wait for the next second and send at once.
-			now := time.Now()
-			time.Sleep(now.Truncate(time.Second).Add(time.Second + guardAfter).Sub(now))
+			waitSecondStart() // a window edge: send at once after it
 		}
 		for _, req := range g.step() {
 			if sent == n {
 				break
 			}
 			sent++
-			start := guardedNow()
-			envoy.clock.now.Store(start.Unix())
-			eResp, eErr, wResps, wErrs := ask(req, envoy, weirs)
-			end := time.Now()
-			for i, w := range weirs {
-				tally.compare(t, string(w.mode), req, start, end, headers, eResp, eErr, wResps[i], wErrs[i], hist.view(string(w.mode)))
-			}
-			hist.record(req, start, end, eResp)
+			send(t, req, headers, envoy, weirs, tally, hist)
 		}
 	}
+}
+
+// send asks envoy and the weirs one request and compares the answers.
+func send(t *testing.T, req *pb.RateLimitRequest, headers bool, envoy *envoyService, weirs []*weirServe, tally *tally, hist *history) {
+	start := guardedNow()
+	envoy.clock.now.Store(start.Unix())
+	eResp, eErr, wResps, wErrs := ask(req, envoy, weirs)
+	end := time.Now()
+	for i, w := range weirs {
+		tally.compare(t, string(w.mode), req, start, end, headers, eResp, eErr, wResps[i], wErrs[i], hist.view(string(w.mode)))
+	}
+	hist.record(req, start, end, eResp, wResps)
+}
+
+// waitSecondStart waits for the start of the next second, so that a short
+// directed sequence runs within one second.
+func waitSecondStart() {
+	now := time.Now()
+	time.Sleep(now.Truncate(time.Second).Add(time.Second + guardAfter).Sub(now))
 }
 
 // guardedNow waits until the clock is outside the boundary guard and
@@ -202,19 +295,31 @@ func ask(req *pb.RateLimitRequest, envoy *envoyService, weirs []*weirServe) (*pb
 // hits, weir does not) and which descriptors are excluded because an answer
 // crossed a window boundary.
 type history struct {
-	overLimit map[string]bool // descKey|window
-	excluded  map[string]bool // descKey|window
+	share     map[string][]string // domain|key: share_threshold wildcards
+	overLimit map[string]bool     // descKey|window: envoy answered OVER_LIMIT
+	override  map[string]bool     // descKey|window: a limit override was charged elsewhere by each
+	excluded  map[string]bool     // descKey|window: an answer crossed the window's end
 }
 
-func newHistory() *history {
-	return &history{overLimit: map[string]bool{}, excluded: map[string]bool{}}
+func newHistory(share map[string][]string) *history {
+	return &history{share: share, overLimit: map[string]bool{}, override: map[string]bool{}, excluded: map[string]bool{}}
 }
 
-func descKey(domain string, d *commonv3.RateLimitDescriptor) string {
+// descKey names envoyproxy/ratelimit's counter of a descriptor (less the
+// window): its entries, with a value matched by a share_threshold wildcard
+// replaced by the wildcard.
+func (h *history) descKey(domain string, d *commonv3.RateLimitDescriptor) string {
 	var b strings.Builder
 	b.WriteString(domain)
 	for _, e := range d.Entries {
-		fmt.Fprintf(&b, "|%s=%s", e.Key, e.Value)
+		v := e.Value
+		for _, p := range h.share[domain+"|"+e.Key] {
+			if strings.HasPrefix(v, strings.TrimSuffix(p, "*")) {
+				v = p
+				break
+			}
+		}
+		fmt.Fprintf(&b, "|%s=%s", e.Key, v)
 	}
 	return b.String()
 }
@@ -244,15 +349,22 @@ func windowKey(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time
 	return fmt.Sprintf("%s|%d|%d", dk, div, at.Unix()/div)
 }
 
-func (h *history) record(req *pb.RateLimitRequest, start, end time.Time, eResp *pb.RateLimitResponse) {
+func (h *history) record(req *pb.RateLimitRequest, start, end time.Time, eResp *pb.RateLimitResponse, wResps []*pb.RateLimitResponse) {
 	if eResp == nil {
 		return
+	}
+	for _, w := range wResps {
+		for i, st := range w.GetStatuses() {
+			if i < len(req.Descriptors) && req.Descriptors[i].Limit != nil && st.CurrentLimit != nil {
+				h.override[windowKey(h.descKey(req.Domain, req.Descriptors[i]), st.CurrentLimit.Unit, start)] = true
+			}
+		}
 	}
 	for i, st := range eResp.Statuses {
 		if i >= len(req.Descriptors) || st.CurrentLimit == nil {
 			continue
 		}
-		dk := descKey(req.Domain, req.Descriptors[i])
+		dk := h.descKey(req.Domain, req.Descriptors[i])
 		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
 			h.overLimit[windowKey(dk, st.CurrentLimit.Unit, start)] = true
 		}
@@ -273,6 +385,10 @@ func (v historyView) overLimitBefore(dk string, unit pb.RateLimitResponse_RateLi
 	return v.h.overLimit[windowKey(dk, unit, at)]
 }
 
+func (v historyView) overridden(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) bool {
+	return v.h.override[windowKey(dk, unit, at)]
+}
+
 func (v historyView) excluded(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) bool {
 	return v.h.excluded[windowKey(dk, unit, at)]
 }
@@ -283,12 +399,13 @@ type tally struct {
 	exact    map[string]int // requests answered the same in every field
 	excluded map[string]int // requests not compared (a window boundary)
 	classes  map[string]int
+	fields   map[string]int // class: field, once per status
 	first    map[string]string
 }
 
 func newTally() *tally {
 	return &tally{requests: map[string]int{}, exact: map[string]int{}, excluded: map[string]int{},
-		classes: map[string]int{}, first: map[string]string{}}
+		classes: map[string]int{}, fields: map[string]int{}, first: map[string]string{}}
 }
 
 // resetSeconds is a duration until reset rounded as envoyproxy/ratelimit
@@ -309,7 +426,13 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 	e *pb.RateLimitResponse, eErr error, w *pb.RateLimitResponse, wErr error, hist historyView) {
 	ta.requests[mode]++
 	classes := map[string]bool{}
-	add := func(cause string) { classes[mode+": "+cause] = true }
+	add := func(cause string) {
+		class, field, _ := strings.Cut(cause, " (")
+		classes[mode+": "+class] = true
+		if field != "" {
+			ta.fields[mode+": "+class+": "+strings.TrimSuffix(field, ")")]++
+		}
+	}
 	switch {
 	case eErr != nil || wErr != nil:
 		if (eErr == nil) != (wErr == nil) {
@@ -319,16 +442,20 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 		add("status count")
 	default:
 		skip := false
+		earlier := map[string]bool{} // windows envoy answered OVER_LIMIT earlier in this request
 		for i := range e.Statuses {
 			es, ws := e.Statuses[i], w.Statuses[i]
 			d := req.Descriptors[i]
-			dk := descKey(req.Domain, d)
+			dk := hist.h.descKey(req.Domain, d)
 			if es.CurrentLimit != nil && hist.excluded(dk, es.CurrentLimit.Unit, start) {
 				skip = true
 				continue
 			}
-			for _, c := range statusCauses(mode, d, es, ws, hist, dk, start) {
+			for _, c := range statusCauses(mode, req, d, es, ws, hist, dk, start, earlier) {
 				add(c)
+			}
+			if es.CurrentLimit != nil && es.Code == pb.RateLimitResponse_OVER_LIMIT {
+				earlier[windowKey(dk, es.CurrentLimit.Unit, start)] = true
 			}
 		}
 		if skip {
@@ -357,8 +484,8 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 
 // statusCauses classifies the differences of one descriptor's status, by
 // the first cause that explains them.
-func statusCauses(mode string, d *commonv3.RateLimitDescriptor, es, ws *pb.RateLimitResponse_DescriptorStatus,
-	hist historyView, dk string, at time.Time) []string {
+func statusCauses(mode string, req *pb.RateLimitRequest, d *commonv3.RateLimitDescriptor, es, ws *pb.RateLimitResponse_DescriptorStatus,
+	hist historyView, dk string, at time.Time, earlier map[string]bool) []string {
 	var fields []string
 	if es.Code != ws.Code {
 		fields = append(fields, "code")
@@ -382,26 +509,50 @@ func statusCauses(mode string, d *commonv3.RateLimitDescriptor, es, ws *pb.RateL
 	if len(fields) == 0 {
 		return nil
 	}
-	var out []string
-	for _, f := range fields {
-		switch {
-		case d.Limit != nil:
-			out = append(out, "limit override ignored: "+f)
-		case f == "current_limit.name":
-			out = append(out, "current_limit.name")
-		case f == "current_limit presence":
-			out = append(out, "current_limit presence")
-		case mode == string(weirDefault):
-			out = append(out, "token bucket: "+f)
-		case es.CurrentLimit != nil && hist.overLimitBefore(dk, es.CurrentLimit.Unit, at):
-			out = append(out, "rejected hits counted by envoy only: "+f)
-		case f == "remaining" && es.Code == pb.RateLimitResponse_OVER_LIMIT && ws.Code == pb.RateLimitResponse_OVER_LIMIT:
-			out = append(out, "OVER_LIMIT with remaining > 0")
-		default:
-			out = append(out, "unexplained: "+f)
+	overrideHere := false
+	for _, o := range req.Descriptors {
+		if o.Limit != nil && hist.h.descKey(req.Domain, o) == dk {
+			overrideHere = true
 		}
 	}
+	var out []string
+	for _, f := range fields {
+		var cause string
+		switch {
+		case d.Limit != nil || overrideHere:
+			cause = "limit override ignored"
+		case f == "code" && es.CurrentLimit != nil && es.CurrentLimit.RequestsPerUnit == 0 && hitsOf(req, d) == 0:
+			cause = "requests_per_unit 0 and hits_addend 0: weir OVER_LIMIT, envoy OK"
+		case f == "duration_until_reset" && es.CurrentLimit != nil && es.CurrentLimit.RequestsPerUnit == 0 && ws.DurationUntilReset == nil:
+			cause = "requests_per_unit 0: no duration_until_reset"
+		case mode == string(weirDefault):
+			cause = "token bucket"
+		case ws.CurrentLimit != nil && hist.overridden(dk, ws.CurrentLimit.Unit, at):
+			cause = "limit override ignored"
+		case es.CurrentLimit != nil && (hist.overLimitBefore(dk, es.CurrentLimit.Unit, at) || earlier[windowKey(dk, es.CurrentLimit.Unit, at)]):
+			cause = "rejected hits counted by envoy only"
+		case f == "remaining" && es.Code == pb.RateLimitResponse_OK && ws.Code == pb.RateLimitResponse_OK &&
+			es.LimitRemaining == 0 && uint64(ws.LimitRemaining) < hitsOf(req, d):
+			// Over the limit and answered OK: a shadow_mode rule. envoy
+			// counted the hits; weir did not.
+			hist.h.overLimit[windowKey(dk, es.CurrentLimit.Unit, at)] = true
+			cause = "shadow_mode over the limit: weir does not count the hits"
+		case f == "remaining" && es.Code == pb.RateLimitResponse_OVER_LIMIT && ws.Code == pb.RateLimitResponse_OVER_LIMIT:
+			cause = "OVER_LIMIT with remaining > 0"
+		default:
+			cause = "unexplained"
+		}
+		out = append(out, cause+" ("+f+")")
+	}
 	return out
+}
+
+// hitsOf is a descriptor's hits as envoyproxy/ratelimit reads them.
+func hitsOf(req *pb.RateLimitRequest, d *commonv3.RateLimitDescriptor) uint64 {
+	if d.HitsAddend != nil {
+		return d.HitsAddend.Value
+	}
+	return uint64(max(1, req.HitsAddend))
 }
 
 // headerCause compares response_headers_to_add.
@@ -419,12 +570,7 @@ func headerCause(enabled bool, e, w *pb.RateLimitResponse) string {
 	if fmt.Sprint(eh) == fmt.Sprint(wh) {
 		return ""
 	}
-	if len(eh) > 0 && len(wh) > 0 {
-		if _, ok := wh[strings.ToLower(pinnedSettings["LIMIT_LIMIT_HEADER"])]; !ok {
-			return "headers: envoy's names (RateLimit-Limit/-Remaining/-Reset) missing"
-		}
-	}
-	return "headers differ"
+	return "headers enabled: weir's set is not envoy's RateLimit-Limit/-Remaining/-Reset"
 }
 
 func headerMap(r *pb.RateLimitResponse) map[string]string {
@@ -449,9 +595,20 @@ func (ta *tally) report(t *testing.T, total int) {
 	for _, c := range classes {
 		t.Logf("  %6d  %s", ta.classes[c], c)
 	}
+	var fields []string
+	for f := range ta.fields {
+		fields = append(fields, f)
+	}
+	sort.Strings(fields)
+	t.Logf("by field (statuses):")
+	for _, f := range fields {
+		t.Logf("  %6d  %s", ta.fields[f], f)
+	}
 	if testing.Verbose() {
 		for _, c := range classes {
-			t.Logf("first of %q: %s", c, ta.first[c])
+			if strings.Contains(c, "unexplained") {
+				t.Logf("first of %q: %s", c, ta.first[c])
+			}
 		}
 	}
 }

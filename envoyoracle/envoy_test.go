@@ -33,36 +33,36 @@ import (
 // every config load, so they are process-wide). The values are its defaults
 // except where a comment says why.
 var pinnedSettings = map[string]string{
-	"BACKEND_TYPE":                           "redis",
-	"REDIS_SOCKET_TYPE":                      "tcp", // default unix: the test's server is on loopback TCP
-	"REDIS_TYPE":                             "SINGLE",
-	"REDIS_POOL_SIZE":                        "10",
-	"REDIS_PIPELINE_WINDOW":                  "0", // no implicit pipelining: each request is its own round trip
-	"REDIS_PIPELINE_LIMIT":                   "0",
-	"REDIS_PERSECOND":                        "false",
-	"LOCAL_CACHE_SIZE_IN_BYTES":              "0", // no local over-limit cache: Redis decides every request
-	"NEAR_LIMIT_RATIO":                       "0.8",
+	"BACKEND_TYPE":                            "redis",
+	"REDIS_SOCKET_TYPE":                       "tcp", // default unix: the test's server is on loopback TCP
+	"REDIS_TYPE":                              "SINGLE",
+	"REDIS_POOL_SIZE":                         "10",
+	"REDIS_PIPELINE_WINDOW":                   "0", // no implicit pipelining: each request is its own round trip
+	"REDIS_PIPELINE_LIMIT":                    "0",
+	"REDIS_PERSECOND":                         "false",
+	"LOCAL_CACHE_SIZE_IN_BYTES":               "0", // no local over-limit cache: Redis decides every request
+	"NEAR_LIMIT_RATIO":                        "0.8",
 	"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "false",
-	"EXPIRATION_JITTER_MAX_SECONDS":          "300",
-	"CACHE_KEY_PREFIX":                       "",
-	"SHADOW_MODE":                            "false",
-	"QUOTA_MODE":                             "false",
-	"MERGE_DOMAIN_CONFIG":                    "false",
-	"RESPONSE_DYNAMIC_METADATA":              "false",
-	"LIMIT_RESPONSE_HEADERS_ENABLED":         "false", // a run sets it to true to compare the headers
-	"LIMIT_LIMIT_HEADER":                     "RateLimit-Limit",
-	"LIMIT_REMAINING_HEADER":                 "RateLimit-Remaining",
-	"LIMIT_RESET_HEADER":                     "RateLimit-Reset",
-	"CONFIG_TYPE":                            "FILE",
-	"RUNTIME_SUBDIRECTORY":                   "ratelimit",
-	"RUNTIME_APPDIRECTORY":                   "config",
-	"RUNTIME_WATCH_ROOT":                     "true",
-	"RUNTIME_IGNOREDOTFILES":                 "false",
-	"FORCE_START_WITHOUT_INITIAL_CONFIG":     "false",
-	"LOG_LEVEL":                              "ERROR",
-	"USE_STATSD":                             "false", // stats go to a null sink: nothing leaves the process
-	"DISABLE_STATS":                          "true",
-	"TRACING_ENABLED":                        "false",
+	"EXPIRATION_JITTER_MAX_SECONDS":           "300",
+	"CACHE_KEY_PREFIX":                        "",
+	"SHADOW_MODE":                             "false",
+	"QUOTA_MODE":                              "false",
+	"MERGE_DOMAIN_CONFIG":                     "false",
+	"RESPONSE_DYNAMIC_METADATA":               "false",
+	"LIMIT_RESPONSE_HEADERS_ENABLED":          "false", // a run sets it to true to compare the headers
+	"LIMIT_LIMIT_HEADER":                      "RateLimit-Limit",
+	"LIMIT_REMAINING_HEADER":                  "RateLimit-Remaining",
+	"LIMIT_RESET_HEADER":                      "RateLimit-Reset",
+	"CONFIG_TYPE":                             "FILE",
+	"RUNTIME_SUBDIRECTORY":                    "ratelimit",
+	"RUNTIME_APPDIRECTORY":                    "config",
+	"RUNTIME_WATCH_ROOT":                      "true",
+	"RUNTIME_IGNOREDOTFILES":                  "false",
+	"FORCE_START_WITHOUT_INITIAL_CONFIG":      "false",
+	"LOG_LEVEL":                               "ERROR",
+	"USE_STATSD":                              "false", // stats go to a null sink: nothing leaves the process
+	"DISABLE_STATS":                           "true",
+	"TRACING_ENABLED":                         "false",
 }
 
 var envOnce sync.Once

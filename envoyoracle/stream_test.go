@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"gopkg.in/yaml.v3"
 )
@@ -16,9 +16,10 @@ import (
 // descNode is a descriptor of a config file, as far as the generator needs
 // it (the rest of the file is read by the two services, not by the test).
 type descNode struct {
-	Key         string     `yaml:"key"`
-	Value       string     `yaml:"value"`
-	Descriptors []descNode `yaml:"descriptors"`
+	Key            string     `yaml:"key"`
+	Value          string     `yaml:"value"`
+	ShareThreshold bool       `yaml:"share_threshold"`
+	Descriptors    []descNode `yaml:"descriptors"`
 }
 
 type domainFile struct {
@@ -93,7 +94,7 @@ func (g *generator) descriptor(d domainFile) *commonv3.RateLimitDescriptor {
 	if g.rng.Float64() < 0.04 {
 		desc.Entries = append(desc.Entries, &commonv3.RateLimitDescriptor_Entry{Key: "extra", Value: "e"})
 	}
-	if g.rng.Float64() < 0.04 {
+	if g.rng.Float64() < 0.02 {
 		units := []typev3.RateLimitUnit{typev3.RateLimitUnit_SECOND, typev3.RateLimitUnit_MINUTE}
 		desc.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: uint32(1 + g.rng.Intn(4)), Unit: units[g.rng.Intn(len(units))]}
 	}
@@ -140,4 +141,25 @@ func (g *generator) step() []*pb.RateLimitRequest {
 		return []*pb.RateLimitRequest{look, charge}
 	}
 	return []*pb.RateLimitRequest{req}
+}
+
+// sharePatterns lists, per domain and key, the wildcard values with
+// share_threshold: every value they match is one counter in
+// envoyproxy/ratelimit.
+func sharePatterns(domains []domainFile) map[string][]string {
+	out := map[string][]string{}
+	var walk func(domain string, level []descNode)
+	walk = func(domain string, level []descNode) {
+		for _, n := range level {
+			if n.ShareThreshold && strings.HasSuffix(n.Value, "*") {
+				k := domain + "|" + n.Key
+				out[k] = append(out[k], n.Value)
+			}
+			walk(domain, n.Descriptors)
+		}
+	}
+	for _, d := range domains {
+		walk(d.Domain, d.Descriptors)
+	}
+	return out
 }
