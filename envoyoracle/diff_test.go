@@ -527,11 +527,14 @@ func statusCauses(mode string, req *pb.RateLimitRequest, d *commonv3.RateLimitDe
 			}
 		}
 	}
+	if anyOverride && (es.CurrentLimit == nil) != (ws.CurrentLimit == nil) {
+		overrideHere = true // a limit replaced in one and not the other
+	}
 	var out []string
 	for _, f := range fields {
 		var cause string
 		switch {
-		case d.Limit != nil || overrideHere || (anyOverride && f == "current_limit presence"):
+		case d.Limit != nil || overrideHere:
 			cause = "limit override ignored"
 		case f == "code" && es.CurrentLimit != nil && es.CurrentLimit.RequestsPerUnit == 0 && hitsOf(req, d) == 0:
 			cause = "requests_per_unit 0 and hits_addend 0: weir OVER_LIMIT, envoy OK"
