@@ -453,7 +453,8 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 			es, ws := e.Statuses[i], w.Statuses[i]
 			d := req.Descriptors[i]
 			dk := hist.h.descKey(req.Domain, d)
-			if es.CurrentLimit != nil && hist.excluded(dk, es.CurrentLimit.Unit, start) {
+			if es.CurrentLimit != nil && (hist.excluded(dk, es.CurrentLimit.Unit, start) ||
+				windowKey(dk, es.CurrentLimit.Unit, start) != windowKey(dk, es.CurrentLimit.Unit, end)) {
 				skip = true
 				continue
 			}
