@@ -397,6 +397,7 @@ func (v historyView) excluded(dk string, unit pb.RateLimitResponse_RateLimit_Uni
 type tally struct {
 	requests map[string]int // per weir mode
 	exact    map[string]int // requests answered the same in every field
+	statuses map[string]int // requests answered the same in every field but the headers
 	excluded map[string]int // requests not compared (a window boundary)
 	classes  map[string]int
 	fields   map[string]int // class: field, once per status
@@ -406,7 +407,7 @@ type tally struct {
 }
 
 func newTally() *tally {
-	return &tally{requests: map[string]int{}, exact: map[string]int{}, excluded: map[string]int{},
+	return &tally{requests: map[string]int{}, exact: map[string]int{}, statuses: map[string]int{}, excluded: map[string]int{},
 		classes: map[string]int{}, fields: map[string]int{}, firstField: map[string]string{}, first: map[string]string{}}
 }
 
@@ -475,6 +476,15 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 		if c := headerCause(headers, e, w); c != "" {
 			add(c)
 		}
+	}
+	statusesSame := true
+	for c := range classes {
+		if !strings.HasPrefix(c, mode+": headers") {
+			statusesSame = false
+		}
+	}
+	if statusesSame {
+		ta.statuses[mode]++
 	}
 	if len(classes) == 0 {
 		ta.exact[mode]++
@@ -600,8 +610,8 @@ func headerMap(r *pb.RateLimitResponse) map[string]string {
 func (ta *tally) report(t *testing.T, total int) {
 	modes := []string{string(weirDefault), string(weirFixedWindow)}
 	for _, m := range modes {
-		t.Logf("weir %s: %d requests, %d answered the same in every field, %d not compared (window boundary)",
-			m, ta.requests[m], ta.exact[m], ta.excluded[m])
+		t.Logf("weir %s: %d requests, %d answered the same in every field, %d in every field but the headers, %d not compared (window boundary)",
+			m, ta.requests[m], ta.exact[m], ta.statuses[m], ta.excluded[m])
 	}
 	var classes []string
 	for c := range ta.classes {
