@@ -107,33 +107,58 @@ const (
 // minRequestsForAbsence requests (then it is fixed: drop it).
 var knownMismatches = map[string]string{}
 
+// oneNodeAndCluster are the classes of every weir mode.
+var oneNodeAndCluster = map[string]string{
+	"headers added where envoy adds none": "weir always adds X-RateLimit-*, RateLimit and RateLimit-Policy; " +
+		"envoyproxy/ratelimit adds headers only with LIMIT_RESPONSE_HEADERS_ENABLED",
+	"headers enabled: weir's set is not envoy's RateLimit-Limit/-Remaining/-Reset": "with LIMIT_RESPONSE_HEADERS_ENABLED=true envoyproxy/ratelimit " +
+		"adds RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset (seconds to reset); weir adds its own set",
+	"limit override ignored": "weir applies the configured limit where Envoy sends a descriptor's limit override " +
+		"(and charges that counter instead of the override's)",
+	"requests_per_unit 0 and hits_addend 0: weir OVER_LIMIT, envoy OK": "a check that charges nothing passes a zero limit " +
+		"in envoyproxy/ratelimit (0 hits is not over 0)",
+	"requests_per_unit 0: no duration_until_reset": "envoyproxy/ratelimit gives a zero limit a duration_until_reset " +
+		"(the time to its window's end); weir gives none",
+}
+
+// fixedWindowMismatches are the classes of weir's fixed windows, on one node
+// and in a cluster.
+var fixedWindowMismatches = map[string]string{
+	"rejected hits counted by envoy only": "envoyproxy/ratelimit adds every request's hits " +
+		"to the window, admitted or not; weir counts admissions only, so after a rejection weir admits what envoy refuses " +
+		"(the check-then-charge pattern is never limited)",
+	"OVER_LIMIT with remaining > 0": "a rejected request's remaining is 0 in " +
+		"envoyproxy/ratelimit, the unspent rest in weir",
+}
+
+// clusterMismatches are the classes of weir's fixed windows in a 3-node
+// cluster only.
+var clusterMismatches = map[string]string{
+	"cluster: a hits_addend 0 check answers the full limit": "in a cluster a check that charges nothing " +
+		"reports remaining = the limit, whatever the owner counted (on one node it reports the count)",
+	"cluster: over the limit, duration_until_reset 0": "in a cluster an answer over the limit (rejected, or " +
+		"shadow_mode) carries duration_until_reset 0 (on one node: the time to the window's end)",
+}
+
 func init() {
-	both := map[string]string{
-		"headers added where envoy adds none": "weir always adds X-RateLimit-*, RateLimit and RateLimit-Policy; " +
-			"envoyproxy/ratelimit adds headers only with LIMIT_RESPONSE_HEADERS_ENABLED",
-		"headers enabled: weir's set is not envoy's RateLimit-Limit/-Remaining/-Reset": "with LIMIT_RESPONSE_HEADERS_ENABLED=true envoyproxy/ratelimit " +
-			"adds RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset (seconds to reset); weir adds its own set",
-		"limit override ignored": "weir applies the configured limit where Envoy sends a descriptor's limit override " +
-			"(and charges that counter instead of the override's)",
-		"requests_per_unit 0 and hits_addend 0: weir OVER_LIMIT, envoy OK": "a check that charges nothing passes a zero limit " +
-			"in envoyproxy/ratelimit (0 hits is not over 0)",
-		"requests_per_unit 0: no duration_until_reset": "envoyproxy/ratelimit gives a zero limit a duration_until_reset " +
-			"(the time to its window's end); weir gives none",
-	}
-	for c, why := range both {
-		knownMismatches["default: "+c] = why
-		knownMismatches["fixed_window: "+c] = why
+	for _, m := range []weirMode{weirDefault, weirFixedWindow, weirFixedX3} {
+		for c, why := range oneNodeAndCluster {
+			knownMismatches[string(m)+": "+c] = why
+		}
 	}
 	knownMismatches["default: token bucket"] = "weir's default is a token bucket: remaining, reset and code follow " +
 		"the bucket, not a fixed window (by design; envoy.fixed_window: true is the fixed window)"
-	knownMismatches["fixed_window: rejected hits counted by envoy only"] = "envoyproxy/ratelimit adds every request's hits " +
-		"to the window, admitted or not; weir counts admissions only, so after a rejection weir admits what envoy refuses " +
-		"(the check-then-charge pattern is never limited)"
-	knownMismatches["fixed_window: OVER_LIMIT with remaining > 0"] = "a rejected request's remaining is 0 in " +
-		"envoyproxy/ratelimit, the unspent rest in weir"
+	for _, m := range []weirMode{weirFixedWindow, weirFixedX3} {
+		for c, why := range fixedWindowMismatches {
+			knownMismatches[string(m)+": "+c] = why
+		}
+	}
 	knownMismatches["fixed_window: shadow_mode over the limit: weir does not count the hits"] = "over a shadow_mode " +
-		"limit envoyproxy/ratelimit answers OK with remaining 0 and counts the hits; weir answers OK, does not count them, " +
-		"and reports the unspent rest"
+		"limit envoyproxy/ratelimit answers OK with remaining 0 and counts the hits; weir on one node answers OK, " +
+		"does not count them, and reports the unspent rest"
+	for c, why := range clusterMismatches {
+		knownMismatches["fixed_window x3: "+c] = why
+	}
 }
 
 const minRequestsForAbsence = 2000
@@ -192,7 +217,7 @@ func TestDifferential(t *testing.T) {
 			}
 			g := &generator{rng: rand.New(rand.NewSource(rng.Int63())), domains: domains}
 			envoy := startEnvoy(t, redis.addr, files, sc.headers)
-			weirs := []*weirServe{startWeir(t, files, weirDefault), startWeir(t, files, weirFixedWindow)}
+			weirs := []*weirServe{startWeir(t, files, weirDefault), startWeir(t, files, weirFixedWindow), startWeirCluster(t, files)}
 			hist := newHistory(sharePatterns(domains))
 			for _, seq := range sc.directed {
 				waitSecondStart()
@@ -279,10 +304,11 @@ func ask(req *pb.RateLimitRequest, envoy *envoyService, weirs []*weirServe) (*pb
 	wResps := make([]*pb.RateLimitResponse, len(weirs))
 	wErrs := make([]error, len(weirs))
 	for i, w := range weirs {
+		c := w.client()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			wResps[i], wErrs[i] = w.client.ShouldRateLimit(ctx, req)
+			wResps[i], wErrs[i] = c.ShouldRateLimit(ctx, req)
 		}()
 	}
 	eResp, eErr := envoy.client.ShouldRateLimit(ctx, req)
@@ -445,6 +471,8 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 		if (eErr == nil) != (wErr == nil) {
 			add("error on one side only")
 		}
+	case w.GetDynamicMetadata().GetFields()["weir.degraded"].GetBoolValue():
+		add("degraded answer (fail-open) with no fault injected")
 	case len(e.Statuses) != len(w.Statuses):
 		add("status count")
 	default:
@@ -553,6 +581,12 @@ func statusCauses(mode string, req *pb.RateLimitRequest, d *commonv3.RateLimitDe
 			cause = "requests_per_unit 0: no duration_until_reset"
 		case mode == string(weirDefault):
 			cause = "token bucket"
+		case mode == string(weirFixedX3) && f == "remaining" && hitsOf(req, d) == 0 && ws.CurrentLimit != nil &&
+			ws.LimitRemaining == ws.CurrentLimit.RequestsPerUnit:
+			cause = "cluster: a hits_addend 0 check answers the full limit"
+		case mode == string(weirFixedX3) && f == "duration_until_reset" &&
+			ws.DurationUntilReset != nil && ws.DurationUntilReset.Seconds == 0 && ws.DurationUntilReset.Nanos == 0:
+			cause = "cluster: over the limit, duration_until_reset 0"
 		case ws.CurrentLimit != nil && hist.overridden(dk, ws.CurrentLimit.Unit, at):
 			cause = "limit override ignored"
 		case es.CurrentLimit != nil && (hist.overLimitBefore(dk, es.CurrentLimit.Unit, at) || earlier[windowKey(dk, es.CurrentLimit.Unit, at)]):
@@ -608,7 +642,7 @@ func headerMap(r *pb.RateLimitResponse) map[string]string {
 }
 
 func (ta *tally) report(t *testing.T, total int) {
-	modes := []string{string(weirDefault), string(weirFixedWindow)}
+	modes := []string{string(weirDefault), string(weirFixedWindow), string(weirFixedX3)}
 	for _, m := range modes {
 		t.Logf("weir %s: %d requests, %d answered the same in every field, %d in every field but the headers, %d not compared (window boundary)",
 			m, ta.requests[m], ta.exact[m], ta.statuses[m], ta.excluded[m])

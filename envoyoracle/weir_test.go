@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,32 +46,38 @@ func weirBinary(t *testing.T) string {
 	return weirBin
 }
 
-// weirMode is how `weir serve` imports the descriptors.
+// weirMode is how `weir serve` imports the descriptors, and on how many
+// nodes.
 type weirMode string
 
 const (
-	weirDefault     weirMode = "default"      // token buckets (envoy.mode: shared)
-	weirFixedWindow weirMode = "fixed_window" // envoy.fixed_window: true
+	weirDefault     weirMode = "default"         // token buckets (envoy.mode: shared), one node
+	weirFixedWindow weirMode = "fixed_window"    // envoy.fixed_window: true, one node
+	weirFixedX3     weirMode = "fixed_window x3" // envoy.fixed_window: true, a 3-node cluster
 )
 
 // weirConfig writes a `weir serve` config serving the descriptor files on
-// ephemeral loopback ports.
-func weirConfig(t *testing.T, files []string, mode weirMode) string {
+// ephemeral loopback ports; gossip, when not empty, is the node's gossip
+// section (a cluster member).
+func weirConfig(t *testing.T, files []string, fixedWindow bool, name, gossip string) string {
 	t.Helper()
 	quoted := make([]string, len(files))
 	for i, f := range files {
 		quoted[i] = fmt.Sprintf("%q", f)
 	}
 	extra := ""
-	if mode == weirFixedWindow {
+	if fixedWindow {
 		extra = ", fixed_window: true"
 	}
-	body := fmt.Sprintf(`node: {name: oracle}
+	body := fmt.Sprintf(`node: {name: %s, region: eu}
 envoy: {listen: "127.0.0.1:0", descriptors: [%s]%s}
 http: {listen: "127.0.0.1:0"}
 log: {level: error}
-`, strings.Join(quoted, ", "), extra)
-	p := filepath.Join(t.TempDir(), "weir.yaml")
+`, name, strings.Join(quoted, ", "), extra)
+	if gossip != "" {
+		body += gossip + "\n" + `peer: {rpc: "127.0.0.1:0", decide_timeout: 5s, call_timeout: 5s}` + "\n"
+	}
+	p := filepath.Join(t.TempDir(), name+".yaml")
 	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +88,7 @@ log: {level: error}
 // weir accepts them, else its error output.
 func weirChecks(t *testing.T, files []string) error {
 	t.Helper()
-	cmd := exec.Command(weirBinary(t), "serve", "--check", "--config", weirConfig(t, files, weirDefault))
+	cmd := exec.Command(weirBinary(t), "serve", "--check", "--config", weirConfig(t, files, false, "oracle", ""))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -93,20 +100,97 @@ func weirChecks(t *testing.T, files []string) error {
 	return nil
 }
 
-// weirServe is one `weir serve` process.
+// weirServe is one `weir serve` process, or a cluster of them asked in
+// turn.
 type weirServe struct {
-	mode   weirMode
-	client pb.RateLimitServiceClient
+	mode    weirMode
+	clients []pb.RateLimitServiceClient
+	next    int
 }
 
-// startWeir starts `weir serve` over the descriptor files and waits for its
-// ready line. It is killed when the test ends.
+// client is the node to ask next.
+func (w *weirServe) client() pb.RateLimitServiceClient {
+	c := w.clients[w.next%len(w.clients)]
+	w.next++
+	return c
+}
+
+// weirAddrs is a `weir serve` ready line.
+type weirAddrs struct {
+	Ready  bool   `json:"ready"`
+	RLS    string `json:"rls"`
+	HTTP   string `json:"http"`
+	Gossip string `json:"gossip"`
+}
+
+// startWeir starts `weir serve` over the descriptor files on one node.
 func startWeir(t *testing.T, files []string, mode weirMode) *weirServe {
 	t.Helper()
-	cmd := exec.Command(weirBinary(t), "serve", "--config", weirConfig(t, files, mode))
+	a := startWeirProc(t, weirConfig(t, files, mode == weirFixedWindow, "oracle", ""))
+	return &weirServe{mode: mode, clients: []pb.RateLimitServiceClient{dial(t, a.RLS)}}
+}
+
+// startWeirCluster starts a 3-node cluster of `weir serve` with fixed
+// windows (each identity's owner counts its window) and waits until every
+// node sees the three members.
+func startWeirCluster(t *testing.T, files []string) *weirServe {
+	t.Helper()
+	label := fmt.Sprintf("oracle-%d-%d", os.Getpid(), time.Now().UnixNano())
+	gossip := func(join string) string {
+		g := fmt.Sprintf(`gossip: {bind: "127.0.0.1:0", local_timing: true, label: %s`, label)
+		if join != "" {
+			g += fmt.Sprintf(", join: [%q]", join)
+		}
+		return g + "}"
+	}
+	first := startWeirProc(t, weirConfig(t, files, true, "n1", gossip("")))
+	nodes := []weirAddrs{first}
+	for _, name := range []string{"n2", "n3"} {
+		nodes = append(nodes, startWeirProc(t, weirConfig(t, files, true, name, gossip(first.Gossip))))
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !allSeeMembers(nodes, 3) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the 3 weir nodes did not all see 3 members within 60s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w := &weirServe{mode: weirFixedX3}
+	for _, n := range nodes {
+		w.clients = append(w.clients, dial(t, n.RLS))
+	}
+	return w
+}
+
+// allSeeMembers reads every node's /v1/status.
+func allSeeMembers(nodes []weirAddrs, n int) bool {
+	for _, a := range nodes {
+		resp, err := http.Get("http://" + a.HTTP + "/v1/status")
+		if err != nil {
+			return false
+		}
+		var ov struct {
+			Members []struct {
+				InRing bool `json:"in_ring"`
+			} `json:"members"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&ov)
+		resp.Body.Close()
+		if err != nil || len(ov.Members) != n {
+			return false
+		}
+	}
+	return true
+}
+
+// startWeirProc starts `weir serve --config cfg` and waits for its ready
+// line. It is killed when the test ends.
+func startWeirProc(t *testing.T, cfg string) weirAddrs {
+	t.Helper()
+	cmd := exec.Command(weirBinary(t), "serve", "--config", cfg)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &lockedBuf{}
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,19 +214,34 @@ func startWeir(t *testing.T, files []string, mode weirMode) *weirServe {
 		_ = cmd.Process.Kill() // the process this test started
 		<-done
 	})
-	var addrs struct {
-		Ready bool   `json:"ready"`
-		RLS   string `json:"rls"`
-	}
+	var a weirAddrs
 	select {
 	case line := <-ready:
-		if err := json.Unmarshal(line, &addrs); err != nil || addrs.RLS == "" {
+		if err := json.Unmarshal(line, &a); err != nil || a.RLS == "" {
 			t.Fatalf("weir serve ready line %q: %v", line, err)
 		}
 	case <-done:
-		t.Fatalf("weir serve exited before its ready line:\n%s", stderr.String())
+		t.Fatalf("weir serve exited before its ready line:\n%s", stderr)
 	case <-time.After(60 * time.Second):
-		t.Fatalf("weir serve: no ready line within 60s:\n%s", stderr.String())
+		t.Fatalf("weir serve: no ready line within 60s:\n%s", stderr)
 	}
-	return &weirServe{mode: mode, client: dial(t, addrs.RLS)}
+	return a
+}
+
+// lockedBuf collects a child's output.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
