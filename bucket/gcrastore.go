@@ -180,7 +180,29 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 // count to compute). GCRA.Decision gives the whole Decision from it. Safe
 // for concurrent use.
 func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
-	h := mix(key)
+	return st.AllowTagged(key, 0, now, g, cost, nil)
+}
+
+// TATConverter converts a TAT written under the rule a tag names to the rule
+// of the caller's tag (see GCRAStore.AllowTagged).
+type TATConverter interface {
+	// ConvertTAT returns tat, written under the rule that tag names, carried
+	// over to the caller's rule at now, and true; or false if tag names a
+	// rule it does not know (the entry is then used as it is and keeps its
+	// tag).
+	ConvertTAT(tag uint16, tat TAT, now int64) (TAT, bool)
+}
+
+// AllowTagged is Allow for an entry that records the rule it was written
+// under: tag (below 1<<TagBits) names that rule, for the caller. An entry
+// of key written under another tag is first converted by conv under the
+// shard mutex and re-tagged, then stepped; a nil conv uses every entry as it
+// is. A key's entry is found whatever its tag: a tag is a label, not part of
+// the key. For a key already present under tag it costs what Allow costs.
+// Safe for concurrent use.
+func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cost int64, conv TATConverter) Verdict {
+	h := keyWord(key)
+	want := h | uint64(tag&tagMask)
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
 		s := t.slots
@@ -189,7 +211,7 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 		for {
 			e := &s[i&mask]
 			k := e.key.Load()
-			if k == h {
+			if k == want || (conv == nil && k&^tagMask == h) {
 				v := e.tat.Load()
 				for v >= 0 { // live: step it, CAS the change in
 					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
@@ -209,20 +231,25 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 				if v != tombTAT {
 					break // sealed: rebuild or Update in progress
 				}
-			} else if k == 0 {
-				break // absent here: insert under the mutex
+			} else if k == 0 || k&^tagMask == h {
+				break // absent here, or under another tag: under the mutex
 			}
 			i++
 		}
 	}
-	return st.allowSlow(sh, h, now, g, cost)
+	return st.allowSlow(sh, h, tag, now, g, cost, conv)
 }
 
-// allowSlow is Allow under the shard mutex.
-func (st *GCRAStore) allowSlow(sh *gshard, h uint64, now int64, g *GCRA, cost int64) Verdict {
+// allowSlow is AllowTagged under the shard mutex.
+func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, now int64, g *GCRA, cost int64, conv TATConverter) Verdict {
 	sh.mu.Lock()
 	t := sh.table.Load()
 	i, ok := st.find(t, h)
+	if ok && conv != nil && !st.retag(sh, t, i, h, tag, now, conv) {
+		ok = false // converted to a full bucket: the entry is gone
+		t = sh.table.Load()
+		i, _ = st.find(t, h)
+	}
 	if ok {
 		e := &t.slots[i]
 		for {
@@ -247,40 +274,80 @@ func (st *GCRAStore) allowSlow(sh *gshard, h uint64, now int64, g *GCRA, cost in
 	}
 	d, n := g.verdict(0, now, cost)
 	if cost > 0 && n > now && n > 0 {
-		st.insert(sh, t, h, i, n, now)
+		st.insert(sh, t, h|uint64(tag&tagMask), i, n, now)
 	}
 	sh.mu.Unlock()
 	return d
 }
 
+// retag converts the entry at slot i of t (key word h, live) to tag with
+// conv, under the shard mutex, sealing it against fast paths while it
+// changes. It reports whether the entry is still there (false: it converted
+// to a full bucket and was tombstoned).
+func (st *GCRAStore) retag(sh *gshard, t *gtable, i int, h uint64, tag uint16, now int64, conv TATConverter) bool {
+	e := &t.slots[i]
+	k := e.key.Load()
+	from := uint16(k & tagMask)
+	if from == tag&tagMask {
+		return true
+	}
+	v := e.tat.Load()
+	for !e.tat.CompareAndSwap(v, v|sealBit) {
+		v = e.tat.Load()
+	}
+	n, ok := conv.ConvertTAT(from, TAT(v), now)
+	if !ok {
+		e.tat.Store(v)
+		return true
+	}
+	e.key.Store(h | uint64(tag&tagMask))
+	if int64(n) > now && n > 0 {
+		e.tat.Store(int64(n))
+		return true
+	}
+	e.tat.Store(tombTAT)
+	sh.live--
+	sh.tombs++
+	st.maybeShrink(sh, t, now)
+	return false
+}
+
 // Peek returns key's TAT and true if an entry exists and is not idle at now;
 // otherwise 0 and false. Lock-free unless a rebuild is in progress.
 func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
-	h := mix(key)
+	tat, _, ok := st.PeekTagged(key, now)
+	return tat, ok
+}
+
+// PeekTagged is Peek that also returns the tag the entry was written under
+// (see AllowTagged). It converts nothing. Lock-free unless a rebuild is in
+// progress.
+func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	t := sh.table.Load()
 	if t == nil {
-		return 0, false // tables only ever go from nil to non-nil
+		return 0, 0, false // tables only ever go from nil to non-nil
 	}
 	s := t.slots
 	mask := len(s) - 1
 	for i := int((h << (st.shardBits & 63)) >> (t.shift & 63)); ; i++ {
 		e := &s[i&mask]
 		k := e.key.Load()
-		if k == h {
+		if k&^tagMask == h {
 			v := e.tat.Load()
 			if v >= 0 {
 				if v <= now {
-					return 0, false
+					return 0, 0, false
 				}
-				return TAT(v), true
+				return TAT(v), uint16(k & tagMask), true
 			}
 			if v != tombTAT {
 				break
 			}
 		} else if k == 0 {
 			if sh.table.Load() == t {
-				return 0, false
+				return 0, 0, false
 			}
 			break
 		}
@@ -290,12 +357,67 @@ func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
 	t = sh.table.Load()
 	i, ok := st.find(t, h)
 	if !ok {
-		return 0, false
+		return 0, 0, false
 	}
 	if v := t.slots[i].tat.Load(); v > now {
-		return TAT(v), true
+		return TAT(v), uint16(t.slots[i].key.Load() & tagMask), true
 	}
-	return 0, false
+	return 0, 0, false
+}
+
+// Take removes key's entry and returns its TAT and tag, and true if it was
+// there and not idle at now. Safe for concurrent use.
+func (st *GCRAStore) Take(key uint64, now int64) (TAT, uint16, bool) {
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.table.Load()
+	i, ok := st.find(t, h)
+	if !ok {
+		return 0, 0, false
+	}
+	e := &t.slots[i]
+	tag := uint16(e.key.Load() & tagMask)
+	v := e.tat.Swap(tombTAT) // a fast path's CAS then fails (I5)
+	sh.live--
+	sh.tombs++
+	st.maybeShrink(sh, t, now)
+	if v <= now {
+		return 0, 0, false
+	}
+	return TAT(v), tag, true
+}
+
+// Put stores tat under tag for key, replacing any entry (a TAT idle at now
+// removes it). Safe for concurrent use.
+func (st *GCRAStore) Put(key uint64, tag uint16, now int64, tat TAT) {
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.table.Load()
+	i, ok := st.find(t, h)
+	if ok {
+		e := &t.slots[i]
+		v := e.tat.Load()
+		for !e.tat.CompareAndSwap(v, v|sealBit) {
+			v = e.tat.Load()
+		}
+		e.key.Store(h | uint64(tag&tagMask))
+		if int64(tat) > now && tat > 0 {
+			e.tat.Store(int64(tat))
+			return
+		}
+		e.tat.Store(tombTAT)
+		sh.live--
+		sh.tombs++
+		st.maybeShrink(sh, t, now)
+		return
+	}
+	if int64(tat) > now && tat > 0 {
+		st.insert(sh, t, h|uint64(tag&tagMask), i, int64(tat), now)
+	}
 }
 
 // Update calls fn on key's TAT under the shard mutex (a zero TAT if absent),
@@ -304,7 +426,7 @@ func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
 // is called exactly once and must not call the store. Safe for concurrent
 // use.
 func (st *GCRAStore) Update(key uint64, now int64, fn func(s *TAT)) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -344,7 +466,7 @@ func (st *GCRAStore) Update(key uint64, now int64, fn func(s *TAT)) {
 
 // Delete removes key's entry if present. Safe for concurrent use.
 func (st *GCRAStore) Delete(key uint64) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	sh.mu.Lock()
 	t := sh.table.Load()
@@ -396,7 +518,7 @@ func (st *GCRAStore) find(t *gtable, h uint64) (int, bool) {
 		if k == 0 {
 			return i, false
 		}
-		if k == h && e.tat.Load() >= 0 {
+		if k&^tagMask == h&^tagMask && e.tat.Load() >= 0 {
 			return i, true
 		}
 		i = (i + 1) & mask

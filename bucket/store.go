@@ -129,6 +129,26 @@ func newLayout(cfg StoreConfig) (layout, int, error) {
 	return layout{shardShift: 64 - sb, shardBits: sb, perShard: (cfg.MaxKeys + cfg.Shards - 1) / cfg.Shards}, cfg.Shards, nil
 }
 
+// TagBits is the width of the tag an entry of a Store or GCRAStore records
+// (AllowTagged, ApplyTagged): tags are below 1<<TagBits.
+const TagBits = 12
+
+// tagMask selects the tag in a stored key word: the low TagBits bits, the
+// worst-mixed bits of a multiplicative hash. Shards and home slots are
+// picked from the high bits, so a tag change never moves an entry; keys
+// compare on the bits above the tag.
+const tagMask = 1<<TagBits - 1
+
+// keyWord maps a caller's key to its stored key word with a zero tag: mix's
+// bits above the tag, never 0.
+func keyWord(key uint64) uint64 {
+	h := mix(key) &^ tagMask
+	if h == 0 {
+		h = golden &^ tagMask
+	}
+	return h
+}
+
 // mix maps a caller's key to the stored key: a bijection with 0 reserved.
 func mix(key uint64) uint64 {
 	if key == 0 {
@@ -156,7 +176,7 @@ func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) {
 	i := st.home(sh, h)
 	for {
 		k := sh.slots[i].key
-		if k == h {
+		if k&^tagMask == h&^tagMask {
 			return i, true
 		}
 		if k == 0 {
@@ -172,10 +192,36 @@ func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) {
 // the key cap, evict one (see StoreStats). Apply allocates nothing except when
 // a table grows. Safe for concurrent use.
 func (st *Store[S, P]) Apply(key uint64, now int64, alg Stepper[S], cost int64) Decision {
-	h := mix(key)
+	return st.ApplyTagged(key, 0, now, alg, cost, nil)
+}
+
+// Converter converts a state written under the rule a tag names to the rule
+// of the caller's tag (see Store.ApplyTagged).
+type Converter[S any] interface {
+	// Convert carries *s, written under the rule that tag names, over to the
+	// caller's rule at now in place and returns true; or returns false,
+	// leaving *s alone, if tag names a rule it does not know (the entry is
+	// then used as it is and keeps its tag).
+	Convert(tag uint16, s *S, now int64) bool
+}
+
+// ApplyTagged is Apply for an entry that records the rule it was written
+// under: tag (below 1<<TagBits) names that rule, for the caller. An entry
+// of key written under another tag is first converted by conv and
+// re-tagged, then stepped; a nil conv uses every entry as it is. A key's
+// entry is found whatever its tag: a tag is a label, not part of the key.
+// Safe for concurrent use.
+func (st *Store[S, P]) ApplyTagged(key uint64, tag uint16, now int64, alg Stepper[S], cost int64, conv Converter[S]) Decision {
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	i, ok := st.find(sh, h)
+	if ok && conv != nil {
+		ok = st.retag(sh, i, h, tag, now, conv)
+		if !ok {
+			i, _ = st.find(sh, h)
+		}
+	}
 	if ok {
 		p := &sh.slots[i].state
 		d := alg.Step(p, now, cost)
@@ -190,39 +236,47 @@ func (st *Store[S, P]) Apply(key uint64, now int64, alg Stepper[S], cost int64) 
 	*sh.scratch = zero
 	d := alg.Step(sh.scratch, now, cost)
 	if !P(sh.scratch).Idle(now) {
-		st.insert(sh, h, i, now)
+		st.insert(sh, h|uint64(tag&tagMask), i, now)
 	}
 	sh.mu.Unlock()
 	return d
 }
 
-// Peek returns a copy of key's state and true if an entry exists and is not
-// Idle at now; otherwise the zero state and false. The copy is shallow: for
-// SlidingLogState it shares the ring with the stored entry, so read it only
-// while no Apply on the key can run. Safe for concurrent use.
-func (st *Store[S, P]) Peek(key uint64, now int64) (S, bool) {
-	h := mix(key)
-	sh := st.shardOf(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	i, ok := st.find(sh, h)
-	if !ok || P(&sh.slots[i].state).Idle(now) {
-		var zero S
-		return zero, false
+// retag converts the entry at slot i (key word h) to tag with conv, under
+// the shard lock. It reports whether the entry is still there (false: it
+// converted to an idle state and was dropped).
+func (st *Store[S, P]) retag(sh *shard[S, P], i int, h uint64, tag uint16, now int64, conv Converter[S]) bool {
+	e := &sh.slots[i]
+	from := uint16(e.key & tagMask)
+	if from == tag&tagMask || !conv.Convert(from, &e.state, now) {
+		return true
 	}
-	return sh.slots[i].state, true
+	e.key = h | uint64(tag&tagMask)
+	if P(&e.state).Idle(now) {
+		st.deleteAt(sh, i)
+		st.maybeShrink(sh)
+		return false
+	}
+	return true
 }
 
-// Update calls fn on key's state under the shard lock, inserting a zero state
-// first if the key is absent, and drops the entry if it is Idle afterwards.
-// For rare paths (releasing a concurrency slot, inspection); fn must not call
-// the Store. May allocate. Safe for concurrent use.
-func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
-	h := mix(key)
+// UpdateTagged is Update for tagged entries: an entry of key written under
+// another tag is converted by conv and re-tagged first (as in ApplyTagged;
+// with a nil conv it keeps its tag), and a key inserted by fn's change gets
+// tag. May allocate. Safe for
+// concurrent use.
+func (st *Store[S, P]) UpdateTagged(key uint64, tag uint16, now int64, conv Converter[S], fn func(s *S)) {
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, ok := st.find(sh, h)
+	if ok && conv != nil {
+		ok = st.retag(sh, i, h, tag, now, conv)
+		if !ok {
+			i, _ = st.find(sh, h)
+		}
+	}
 	if ok {
 		fn(&sh.slots[i].state)
 		if P(&sh.slots[i].state).Idle(now) {
@@ -235,13 +289,90 @@ func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
 	*sh.scratch = zero
 	fn(sh.scratch)
 	if !P(sh.scratch).Idle(now) {
-		st.insert(sh, h, i, now)
+		st.insert(sh, h|uint64(tag&tagMask), i, now)
 	}
+}
+
+// Take removes key's entry and returns its state and tag, and true if it
+// was there and not Idle at now. Safe for concurrent use.
+func (st *Store[S, P]) Take(key uint64, now int64) (S, uint16, bool) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	var zero S
+	i, ok := st.find(sh, h)
+	if !ok {
+		return zero, 0, false
+	}
+	s, tag := sh.slots[i].state, uint16(sh.slots[i].key&tagMask)
+	st.deleteAt(sh, i)
+	st.maybeShrink(sh)
+	if P(&s).Idle(now) {
+		return zero, 0, false
+	}
+	return s, tag, true
+}
+
+// Put stores s under tag for key, replacing any entry (an Idle s removes
+// it). May allocate. Safe for concurrent use.
+func (st *Store[S, P]) Put(key uint64, tag uint16, now int64, s S) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, ok := st.find(sh, h)
+	if ok {
+		sh.slots[i] = slot[S]{key: h | uint64(tag&tagMask), state: s}
+		if P(&sh.slots[i].state).Idle(now) {
+			st.deleteAt(sh, i)
+			st.maybeShrink(sh)
+		}
+		return
+	}
+	*sh.scratch = s
+	if !P(sh.scratch).Idle(now) {
+		st.insert(sh, h|uint64(tag&tagMask), i, now)
+	}
+	var zero S
+	*sh.scratch = zero
+}
+
+// Peek returns a copy of key's state and true if an entry exists and is not
+// Idle at now; otherwise the zero state and false. The copy is shallow: for
+// SlidingLogState it shares the ring with the stored entry, so read it only
+// while no Apply on the key can run. Safe for concurrent use.
+func (st *Store[S, P]) Peek(key uint64, now int64) (S, bool) {
+	s, _, ok := st.PeekTagged(key, now)
+	return s, ok
+}
+
+// PeekTagged is Peek that also returns the tag the entry was written under
+// (see ApplyTagged). It converts nothing. Safe for concurrent use.
+func (st *Store[S, P]) PeekTagged(key uint64, now int64) (S, uint16, bool) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, ok := st.find(sh, h)
+	if !ok || P(&sh.slots[i].state).Idle(now) {
+		var zero S
+		return zero, 0, false
+	}
+	return sh.slots[i].state, uint16(sh.slots[i].key & tagMask), true
+}
+
+// Update calls fn on key's state under the shard lock, inserting a zero state
+// first if the key is absent, and drops the entry if it is Idle afterwards.
+// For rare paths (releasing a concurrency slot, inspection); fn must not call
+// the Store. May allocate. Safe for concurrent use.
+func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
+	st.UpdateTagged(key, 0, now, nil, fn)
 }
 
 // Delete removes key's entry if present. Safe for concurrent use.
 func (st *Store[S, P]) Delete(key uint64) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	if i, ok := st.find(sh, h); ok {
