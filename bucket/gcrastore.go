@@ -180,27 +180,25 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 // count to compute). GCRA.Decision gives the whole Decision from it. Safe
 // for concurrent use.
 func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
-	return st.AllowTagged(key, 0, now, g, cost, nil)
+	v, _ := st.allow(key, 0, false, now, g, cost)
+	return v
 }
 
-// TATConverter converts a TAT written under the rule a tag names to the rule
-// of the caller's tag (see GCRAStore.AllowTagged).
-type TATConverter interface {
-	// ConvertTAT returns tat, written under the rule that tag names, carried
-	// over to the caller's rule at now, and true; or false if tag names a
-	// rule it does not know (the entry is then used as it is and keeps its
-	// tag).
-	ConvertTAT(tag uint16, tat TAT, now int64) (TAT, bool)
+// AllowTagged is Allow for entries that record the rule they were written
+// under: tag (below 1<<TagBits) names that rule, for the caller, and a key
+// inserted here gets it. If key holds a live entry under another tag it
+// changes nothing and returns false: the caller converts the entry with
+// Retag and asks again. A key's entry is found whatever its tag (a tag is a
+// label, not part of the key), so Allow, Peek and Update see it too. For a
+// key already present under tag it costs what Allow costs. Safe for
+// concurrent use.
+func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cost int64) (Verdict, bool) {
+	return st.allow(key, tag, true, now, g, cost)
 }
 
-// AllowTagged is Allow for an entry that records the rule it was written
-// under: tag (below 1<<TagBits) names that rule, for the caller. An entry
-// of key written under another tag is first converted by conv under the
-// shard mutex and re-tagged, then stepped; a nil conv uses every entry as it
-// is. A key's entry is found whatever its tag: a tag is a label, not part of
-// the key. For a key already present under tag it costs what Allow costs.
-// Safe for concurrent use.
-func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cost int64, conv TATConverter) Verdict {
+// allow is Allow (strict false: an entry of any tag is stepped) and
+// AllowTagged (strict: an entry of another tag is left alone).
+func (st *GCRAStore) allow(key uint64, tag uint16, strict bool, now int64, g *GCRA, cost int64) (Verdict, bool) {
 	h := keyWord(key)
 	want := h | uint64(tag&tagMask)
 	sh := &st.shards[h>>st.shardShift]
@@ -211,14 +209,14 @@ func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cos
 		for {
 			e := &s[i&mask]
 			k := e.key.Load()
-			if k == want || (conv == nil && k&^tagMask == h) {
+			if k == want || (!strict && k&^tagMask == h) {
 				v := e.tat.Load()
 				for v >= 0 { // live: step it, CAS the change in
 					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
 						n := satAdd(max(v, now), cost*g.t)
 						if used := n - now; used <= g.tau {
 							if e.tat.CompareAndSwap(v, n) {
-								return Verdict{Reset: time.Duration(used)}
+								return Verdict{Reset: time.Duration(used)}, true
 							}
 							v = e.tat.Load()
 							continue
@@ -226,29 +224,28 @@ func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cos
 					}
 					// A rejection or cost <= 0: the state does not change.
 					d, _ := g.verdict(v, now, cost)
-					return d
+					return d, true
 				}
 				if v != tombTAT {
 					break // sealed: rebuild or Update in progress
 				}
-			} else if k == 0 || k&^tagMask == h {
+			} else if k == 0 || (k&^tagMask == h && e.tat.Load() != tombTAT) {
 				break // absent here, or under another tag: under the mutex
 			}
 			i++
 		}
 	}
-	return st.allowSlow(sh, h, tag, now, g, cost, conv)
+	return st.allowSlow(sh, h, tag, strict, now, g, cost)
 }
 
-// allowSlow is AllowTagged under the shard mutex.
-func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, now int64, g *GCRA, cost int64, conv TATConverter) Verdict {
+// allowSlow is allow under the shard mutex.
+func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, strict bool, now int64, g *GCRA, cost int64) (Verdict, bool) {
 	sh.mu.Lock()
 	t := sh.table.Load()
 	i, ok := st.find(t, h)
-	if ok && conv != nil && !st.retag(sh, t, i, h, tag, now, conv) {
-		ok = false // converted to a full bucket: the entry is gone
-		t = sh.table.Load()
-		i, _ = st.find(t, h)
+	if ok && strict && t.slots[i].key.Load() != h|uint64(tag&tagMask) {
+		sh.mu.Unlock()
+		return Verdict{}, false
 	}
 	if ok {
 		e := &t.slots[i]
@@ -269,7 +266,7 @@ func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, now int64, g *G
 				continue
 			}
 			sh.mu.Unlock()
-			return d
+			return d, true
 		}
 	}
 	d, n := g.verdict(0, now, cost)
@@ -277,17 +274,27 @@ func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, now int64, g *G
 		st.insert(sh, t, h|uint64(tag&tagMask), i, n, now)
 	}
 	sh.mu.Unlock()
-	return d
+	return d, true
 }
 
-// retag converts the entry at slot i of t (key word h, live) to tag with
-// conv, under the shard mutex, sealing it against fast paths while it
-// changes. It reports whether the entry is still there (false: it converted
-// to a full bucket and was tombstoned).
-func (st *GCRAStore) retag(sh *gshard, t *gtable, i int, h uint64, tag uint16, now int64, conv TATConverter) bool {
+// Retag converts key's entry, if it holds one under another tag than tag,
+// to tag: fn gets the entry's tag and TAT and returns the TAT under tag (a
+// TAT idle at now removes the entry), or false to leave the entry as it is.
+// It runs under the shard mutex with the entry sealed against fast paths;
+// fn must not call the store. Retag reports false only when fn did. Safe for
+// concurrent use.
+func (st *GCRAStore) Retag(key uint64, tag uint16, now int64, fn func(from uint16, tat TAT) (TAT, bool)) bool {
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.table.Load()
+	i, ok := st.find(t, h)
+	if !ok {
+		return true
+	}
 	e := &t.slots[i]
-	k := e.key.Load()
-	from := uint16(k & tagMask)
+	from := uint16(e.key.Load() & tagMask)
 	if from == tag&tagMask {
 		return true
 	}
@@ -295,10 +302,10 @@ func (st *GCRAStore) retag(sh *gshard, t *gtable, i int, h uint64, tag uint16, n
 	for !e.tat.CompareAndSwap(v, v|sealBit) {
 		v = e.tat.Load()
 	}
-	n, ok := conv.ConvertTAT(from, TAT(v), now)
+	n, ok := fn(from, TAT(v))
 	if !ok {
 		e.tat.Store(v)
-		return true
+		return false
 	}
 	e.key.Store(h | uint64(tag&tagMask))
 	if int64(n) > now && n > 0 {
@@ -309,7 +316,7 @@ func (st *GCRAStore) retag(sh *gshard, t *gtable, i int, h uint64, tag uint16, n
 	sh.live--
 	sh.tombs++
 	st.maybeShrink(sh, t, now)
-	return false
+	return true
 }
 
 // Peek returns key's TAT and true if an entry exists and is not idle at now;

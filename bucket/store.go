@@ -192,45 +192,47 @@ func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) {
 // the key cap, evict one (see StoreStats). Apply allocates nothing except when
 // a table grows. Safe for concurrent use.
 func (st *Store[S, P]) Apply(key uint64, now int64, alg Stepper[S], cost int64) Decision {
-	return st.ApplyTagged(key, 0, now, alg, cost, nil)
+	d, _ := st.apply(key, 0, false, now, alg, cost)
+	return d
 }
 
-// Converter converts a state written under the rule a tag names to the rule
-// of the caller's tag (see Store.ApplyTagged).
-type Converter[S any] interface {
-	// Convert carries *s, written under the rule that tag names, over to the
-	// caller's rule at now in place and returns true; or returns false,
-	// leaving *s alone, if tag names a rule it does not know (the entry is
-	// then used as it is and keeps its tag).
-	Convert(tag uint16, s *S, now int64) bool
+// ApplyTagged is Apply for entries that record the rule they were written
+// under: tag (below 1<<TagBits) names that rule, for the caller, and a key
+// inserted here gets it. If key holds an entry under another tag it changes
+// nothing and returns false: the caller converts the entry with Retag and
+// asks again. A key's entry is found whatever its tag (a tag is a label, not
+// part of the key), so Apply, Peek and Update see it too. Safe for
+// concurrent use.
+func (st *Store[S, P]) ApplyTagged(key uint64, tag uint16, now int64, alg Stepper[S], cost int64) (Decision, bool) {
+	return st.apply(key, tag, true, now, alg, cost)
 }
 
-// ApplyTagged is Apply for an entry that records the rule it was written
-// under: tag (below 1<<TagBits) names that rule, for the caller. An entry
-// of key written under another tag is first converted by conv and
-// re-tagged, then stepped; a nil conv uses every entry as it is. A key's
-// entry is found whatever its tag: a tag is a label, not part of the key.
-// Safe for concurrent use.
-func (st *Store[S, P]) ApplyTagged(key uint64, tag uint16, now int64, alg Stepper[S], cost int64, conv Converter[S]) Decision {
+// apply is Apply (strict false: an entry of any tag is stepped) and
+// ApplyTagged (strict: an entry of another tag is left alone).
+func (st *Store[S, P]) apply(key uint64, tag uint16, strict bool, now int64, alg Stepper[S], cost int64) (Decision, bool) {
 	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	i, ok := st.find(sh, h)
-	if ok && conv != nil {
-		ok = st.retag(sh, i, h, tag, now, conv)
-		if !ok {
-			i, _ = st.find(sh, h)
-		}
-	}
 	if ok {
-		p := &sh.slots[i].state
+		e := &sh.slots[i]
+		if strict && e.key != h|uint64(tag&tagMask) {
+			if !P(&e.state).Idle(now) {
+				sh.mu.Unlock()
+				return Decision{}, false
+			}
+			// Idle equals no entry, under any rule: start it afresh.
+			var zero S
+			e.key, e.state = h|uint64(tag&tagMask), zero
+		}
+		p := &e.state
 		d := alg.Step(p, now, cost)
 		if P(p).Idle(now) {
 			st.deleteAt(sh, i)
 			st.maybeShrink(sh)
 		}
 		sh.mu.Unlock()
-		return d
+		return d, true
 	}
 	var zero S
 	*sh.scratch = zero
@@ -239,44 +241,74 @@ func (st *Store[S, P]) ApplyTagged(key uint64, tag uint16, now int64, alg Steppe
 		st.insert(sh, h|uint64(tag&tagMask), i, now)
 	}
 	sh.mu.Unlock()
-	return d
+	return d, true
 }
 
-// retag converts the entry at slot i (key word h) to tag with conv, under
-// the shard lock. It reports whether the entry is still there (false: it
-// converted to an idle state and was dropped).
-func (st *Store[S, P]) retag(sh *shard[S, P], i int, h uint64, tag uint16, now int64, conv Converter[S]) bool {
-	e := &sh.slots[i]
-	from := uint16(e.key & tagMask)
-	if from == tag&tagMask || !conv.Convert(from, &e.state, now) {
-		return true
-	}
-	e.key = h | uint64(tag&tagMask)
-	if P(&e.state).Idle(now) {
-		st.deleteAt(sh, i)
-		st.maybeShrink(sh)
-		return false
-	}
-	return true
-}
-
-// UpdateTagged is Update for tagged entries: an entry of key written under
-// another tag is converted by conv and re-tagged first (as in ApplyTagged;
-// with a nil conv it keeps its tag), and a key inserted by fn's change gets
-// tag. May allocate. Safe for
-// concurrent use.
-func (st *Store[S, P]) UpdateTagged(key uint64, tag uint16, now int64, conv Converter[S], fn func(s *S)) {
+// Retag converts key's entry, if it holds one under another tag than tag,
+// to tag: fn gets the entry's tag and state, converts the state in place
+// and returns true, or returns false to leave the entry as it is (an Idle
+// result removes the entry). It runs under the shard lock; fn must not call
+// the store. Retag reports false only when fn did. Safe for concurrent use.
+func (st *Store[S, P]) Retag(key uint64, tag uint16, now int64, fn func(from uint16, s *S) bool) bool {
 	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, ok := st.find(sh, h)
-	if ok && conv != nil {
-		ok = st.retag(sh, i, h, tag, now, conv)
-		if !ok {
-			i, _ = st.find(sh, h)
-		}
+	if !ok {
+		return true
 	}
+	e := &sh.slots[i]
+	from := uint16(e.key & tagMask)
+	if from == tag&tagMask {
+		return true
+	}
+	if !fn(from, &e.state) {
+		return false
+	}
+	e.key = h | uint64(tag&tagMask)
+	if P(&e.state).Idle(now) {
+		st.deleteAt(sh, i)
+		st.maybeShrink(sh)
+	}
+	return true
+}
+
+// Peek returns a copy of key's state and true if an entry exists and is not
+// Idle at now; otherwise the zero state and false. The copy is shallow: for
+// SlidingLogState it shares the ring with the stored entry, so read it only
+// while no Apply on the key can run. Safe for concurrent use.
+func (st *Store[S, P]) Peek(key uint64, now int64) (S, bool) {
+	s, _, ok := st.PeekTagged(key, now)
+	return s, ok
+}
+
+// PeekTagged is Peek that also returns the tag the entry was written under
+// (see ApplyTagged). It converts nothing. Safe for concurrent use.
+func (st *Store[S, P]) PeekTagged(key uint64, now int64) (S, uint16, bool) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, ok := st.find(sh, h)
+	if !ok || P(&sh.slots[i].state).Idle(now) {
+		var zero S
+		return zero, 0, false
+	}
+	return sh.slots[i].state, uint16(sh.slots[i].key & tagMask), true
+}
+
+// Update calls fn on key's state under the shard lock, inserting a zero state
+// first if the key is absent, and drops the entry if it is Idle afterwards.
+// An entry keeps its tag; one inserted here gets tag 0. For rare paths
+// (releasing a concurrency slot, inspection); fn must not call the Store.
+// May allocate. Safe for concurrent use.
+func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, ok := st.find(sh, h)
 	if ok {
 		fn(&sh.slots[i].state)
 		if P(&sh.slots[i].state).Idle(now) {
@@ -289,7 +321,7 @@ func (st *Store[S, P]) UpdateTagged(key uint64, tag uint16, now int64, conv Conv
 	*sh.scratch = zero
 	fn(sh.scratch)
 	if !P(sh.scratch).Idle(now) {
-		st.insert(sh, h|uint64(tag&tagMask), i, now)
+		st.insert(sh, h, i, now)
 	}
 }
 
@@ -336,38 +368,6 @@ func (st *Store[S, P]) Put(key uint64, tag uint16, now int64, s S) {
 	}
 	var zero S
 	*sh.scratch = zero
-}
-
-// Peek returns a copy of key's state and true if an entry exists and is not
-// Idle at now; otherwise the zero state and false. The copy is shallow: for
-// SlidingLogState it shares the ring with the stored entry, so read it only
-// while no Apply on the key can run. Safe for concurrent use.
-func (st *Store[S, P]) Peek(key uint64, now int64) (S, bool) {
-	s, _, ok := st.PeekTagged(key, now)
-	return s, ok
-}
-
-// PeekTagged is Peek that also returns the tag the entry was written under
-// (see ApplyTagged). It converts nothing. Safe for concurrent use.
-func (st *Store[S, P]) PeekTagged(key uint64, now int64) (S, uint16, bool) {
-	h := keyWord(key)
-	sh := st.shardOf(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	i, ok := st.find(sh, h)
-	if !ok || P(&sh.slots[i].state).Idle(now) {
-		var zero S
-		return zero, 0, false
-	}
-	return sh.slots[i].state, uint16(sh.slots[i].key & tagMask), true
-}
-
-// Update calls fn on key's state under the shard lock, inserting a zero state
-// first if the key is absent, and drops the entry if it is Idle afterwards.
-// For rare paths (releasing a concurrency slot, inspection); fn must not call
-// the Store. May allocate. Safe for concurrent use.
-func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
-	st.UpdateTagged(key, 0, now, nil, fn)
 }
 
 // Delete removes key's entry if present. Safe for concurrent use.

@@ -5,42 +5,39 @@ import (
 	"time"
 )
 
-// tatShift is a TATConverter that moves a TAT by the tag's offset and
-// records the calls.
-type tatShift struct{ calls []uint16 }
-
-func (c *tatShift) ConvertTAT(tag uint16, tat TAT, now int64) (TAT, bool) {
-	if tag == 7 {
-		return tat, false // unknown
-	}
-	c.calls = append(c.calls, tag)
-	return TAT(now), true // converted to full
-}
-
-// A tagged GCRAStore entry is converted once when read under another tag,
-// and re-tagged; an unknown tag leaves it as it is; Take and Put move it.
+// A tagged GCRAStore entry read under another tag is left alone until
+// Retag converts it; an untagged caller sees it whatever its tag; Take and
+// Put move it.
 func TestGCRAStoreTags(t *testing.T) {
 	st, _ := NewGCRAStore(StoreConfig{Shards: 1})
 	g, _ := NewGCRA(1, time.Second, 1)
-	var c tatShift
 	now := int64(time.Hour)
-	if !st.AllowTagged(42, 1, now, &g, 1, &c).Allowed() {
+	if v, ok := st.AllowTagged(42, 1, now, &g, 1); !ok || !v.Allowed() {
 		t.Fatal("first admission rejected")
 	}
-	if st.AllowTagged(42, 1, now, &g, 1, &c).Allowed() {
+	if v, ok := st.AllowTagged(42, 1, now, &g, 1); !ok || v.Allowed() {
 		t.Fatal("spent bucket admitted under its own tag")
+	}
+	if _, ok := st.AllowTagged(42, 2, now, &g, 1); ok {
+		t.Fatal("an entry of tag 1 was stepped under tag 2")
 	}
 	if _, tag, ok := st.PeekTagged(42, now); !ok || tag != 1 {
 		t.Fatalf("peek: tag %d ok %v", tag, ok)
 	}
-	// Under tag 2 the converter empties the debt: admitted, tag 2.
-	if !st.AllowTagged(42, 2, now, &g, 1, &c).Allowed() || len(c.calls) != 1 || c.calls[0] != 1 {
-		t.Fatalf("conversion: calls %v", c.calls)
+	if st.Retag(42, 2, now, func(uint16, TAT) (TAT, bool) { return 0, false }) {
+		t.Fatal("a refused conversion reported done")
 	}
-	if _, tag, _ := st.PeekTagged(42, now); tag != 2 {
-		t.Fatalf("tag after conversion %d", tag)
+	var from []uint16
+	if !st.Retag(42, 2, now, func(f uint16, tat TAT) (TAT, bool) { from = append(from, f); return tat, true }) || len(from) != 1 || from[0] != 1 {
+		t.Fatalf("retag: %v", from)
 	}
-	// An untagged caller sees the entry whatever its tag.
+	st.Retag(42, 2, now, func(f uint16, tat TAT) (TAT, bool) { from = append(from, f); return tat, true })
+	if len(from) != 1 {
+		t.Fatal("an entry already under the tag was converted again")
+	}
+	if v, ok := st.AllowTagged(42, 2, now, &g, 1); !ok || v.Allowed() {
+		t.Fatal("converted spent bucket admitted")
+	}
 	if st.Allow(42, now, &g, 1).Allowed() {
 		t.Fatal("untagged read missed the tagged entry")
 	}
@@ -52,38 +49,33 @@ func TestGCRAStoreTags(t *testing.T) {
 		t.Fatal("entry left after Take")
 	}
 	st.Put(42, 7, now, tat)
-	if st.AllowTagged(42, 3, now, &g, 1, &c).Allowed() {
-		t.Fatal("unknown tag converted")
-	}
 	if _, tag, _ := st.PeekTagged(42, now); tag != 7 {
-		t.Fatalf("unknown tag replaced: %d", tag)
+		t.Fatalf("put: tag %d", tag)
+	}
+	// A conversion to a full bucket removes the entry.
+	st.Retag(42, 3, now, func(uint16, TAT) (TAT, bool) { return TAT(now), true })
+	if _, _, ok := st.PeekTagged(42, now); ok || st.Stats().Live != 0 {
+		t.Fatal("a full converted bucket was kept")
 	}
 }
 
-// fixedReset is a Converter that empties a window for tag 1.
-type fixedReset struct{ calls int }
-
-func (c *fixedReset) Convert(tag uint16, s *FixedState, now int64) bool {
-	if tag != 1 {
-		return false
-	}
-	c.calls++
-	*s = FixedState{}
-	return true
-}
-
-// The same for the generic Store, where a conversion to an idle state drops
-// the entry.
+// The same for the generic Store, where an idle entry of another tag starts
+// afresh and a conversion to an idle state drops the entry.
 func TestStoreTags(t *testing.T) {
 	st, _ := NewStore[FixedState](StoreConfig{Shards: 1})
 	f, _ := NewFixedWindow(1, time.Second)
-	var c fixedReset
 	now := int64(time.Hour)
-	if !st.ApplyTagged(9, 1, now, &f, 1, &c).Allowed || st.ApplyTagged(9, 1, now, &f, 1, &c).Allowed {
-		t.Fatal("window of 1 not spent by one request")
+	if d, _ := st.ApplyTagged(9, 1, now, &f, 1); !d.Allowed {
+		t.Fatal("first admission rejected")
 	}
-	if d := st.ApplyTagged(9, 2, now, &f, 1, &c); !d.Allowed || c.calls != 1 {
-		t.Fatalf("conversion: %+v calls %d", d, c.calls)
+	if _, ok := st.ApplyTagged(9, 2, now, &f, 1); ok {
+		t.Fatal("an entry of tag 1 was stepped under tag 2")
+	}
+	if !st.Retag(9, 2, now, func(from uint16, s *FixedState) bool { return from == 1 }) {
+		t.Fatal("retag refused")
+	}
+	if d, ok := st.ApplyTagged(9, 2, now, &f, 1); !ok || d.Allowed {
+		t.Fatalf("converted window: %+v %v", d, ok)
 	}
 	if _, tag, ok := st.PeekTagged(9, now); !ok || tag != 2 {
 		t.Fatalf("peek: %d %v", tag, ok)
@@ -96,8 +88,14 @@ func TestStoreTags(t *testing.T) {
 	if _, tag, ok := st.PeekTagged(9, now); !ok || tag != 5 {
 		t.Fatalf("put: %d %v", tag, ok)
 	}
-	st.Put(9, 5, now, FixedState{})
+	// Idle at a later time: another tag's Apply starts it afresh.
+	later := now + int64(time.Second)
+	if d, ok := st.ApplyTagged(9, 6, later, &f, 1); !ok || !d.Allowed {
+		t.Fatalf("idle entry of another tag: %+v %v", d, ok)
+	}
+	st.Retag(9, 8, later, func(uint16, *FixedState) bool { return true })
+	st.Retag(9, 9, later, func(_ uint16, s *FixedState) bool { *s = FixedState{}; return true })
 	if st.Stats().Live != 0 {
-		t.Fatal("an idle Put kept the entry")
+		t.Fatal("an idle converted entry was kept")
 	}
 }
