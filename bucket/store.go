@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // StoreConfig configures a Store. The zero value works: 10 M keys over 256
@@ -74,6 +76,7 @@ type shard[S any, P State[S]] struct {
 type Store[S any, P State[S]] struct {
 	shards []shard[S, P]
 	layout
+	grace atomic.Int64 // SetGrace
 }
 
 // NewStore returns an empty Store. Tables are allocated lazily on first
@@ -217,13 +220,10 @@ func (st *Store[S, P]) apply(key uint64, tag uint16, strict bool, now int64, alg
 	if ok {
 		e := &sh.slots[i]
 		if strict && e.key != h|uint64(tag&tagMask) {
-			if !P(&e.state).Idle(now) {
-				sh.mu.Unlock()
-				return Decision{}, false
-			}
-			// Idle equals no entry, under any rule: start it afresh.
-			var zero S
-			e.key, e.state = h|uint64(tag&tagMask), zero
+			// Even an idle entry: converted, it may be live again (a
+			// lengthened window).
+			sh.mu.Unlock()
+			return Decision{}, false
 		}
 		p := &e.state
 		d := alg.Step(p, now, cost)
@@ -280,23 +280,36 @@ func (st *Store[S, P]) Retag(key uint64, tag uint16, now int64, fn func(from uin
 // while no Apply on the key can run. Safe for concurrent use.
 func (st *Store[S, P]) Peek(key uint64, now int64) (S, bool) {
 	s, _, ok := st.PeekTagged(key, now)
-	return s, ok
+	if !ok || P(&s).Idle(now) {
+		var zero S
+		return zero, false
+	}
+	return s, true
 }
 
-// PeekTagged is Peek that also returns the tag the entry was written under
-// (see ApplyTagged). It converts nothing. Safe for concurrent use.
+// PeekTagged returns a copy of key's state (shallow, as Peek's), the tag it
+// was written under (see ApplyTagged) and true if an entry exists, Idle or
+// not (converted to another rule, an idle state may be live again). It
+// converts nothing. Safe for concurrent use.
 func (st *Store[S, P]) PeekTagged(key uint64, now int64) (S, uint16, bool) {
 	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, ok := st.find(sh, h)
-	if !ok || P(&sh.slots[i].state).Idle(now) {
+	if !ok {
 		var zero S
 		return zero, 0, false
 	}
 	return sh.slots[i].state, uint16(sh.slots[i].key & tagMask), true
 }
+
+// SetGrace makes the sweep and the key cap treat an entry as idle only once
+// it has been Idle for d ns: while some tagged entries may still be
+// converted to rules under which they live longer (a lengthened window),
+// they are kept that long. 0 (the default) drops entries as soon as they
+// are Idle. Safe for concurrent use.
+func (st *Store[S, P]) SetGrace(d time.Duration) { st.grace.Store(int64(max(d, 0))) }
 
 // Update calls fn on key's state under the shard lock, inserting a zero state
 // first if the key is absent, and drops the entry if it is Idle afterwards.
@@ -326,7 +339,8 @@ func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
 }
 
 // Take removes key's entry and returns its state and tag, and true if it
-// was there and not Idle at now. Safe for concurrent use.
+// was there (Idle or not: converted to another rule, an idle state may be
+// live again). Safe for concurrent use.
 func (st *Store[S, P]) Take(key uint64, now int64) (S, uint16, bool) {
 	h := keyWord(key)
 	sh := st.shardOf(h)
@@ -340,9 +354,6 @@ func (st *Store[S, P]) Take(key uint64, now int64) (S, uint16, bool) {
 	s, tag := sh.slots[i].state, uint16(sh.slots[i].key&tagMask)
 	st.deleteAt(sh, i)
 	st.maybeShrink(sh)
-	if P(&s).Idle(now) {
-		return zero, 0, false
-	}
 	return s, tag, true
 }
 
@@ -401,6 +412,7 @@ func (st *Store[S, P]) Stats() StoreStats {
 // find stopped (-1 if there is no table). It evicts at the cap, grows at
 // load 3/4, and advances the sweep hand.
 func (st *Store[S, P]) insert(sh *shard[S, P], h uint64, at int, now int64) {
+	now -= st.grace.Load() // idle for the sweep and the cap: see SetGrace
 	moved := false
 	if sh.count >= st.perShard {
 		if st.perShard == 0 {

@@ -59,8 +59,8 @@ func TestGCRAStoreTags(t *testing.T) {
 	}
 }
 
-// The same for the generic Store, where an idle entry of another tag starts
-// afresh and a conversion to an idle state drops the entry.
+// The same for the generic Store, where a conversion to an idle state drops
+// the entry.
 func TestStoreTags(t *testing.T) {
 	st, _ := NewStore[FixedState](StoreConfig{Shards: 1})
 	f, _ := NewFixedWindow(1, time.Second)
@@ -88,14 +88,46 @@ func TestStoreTags(t *testing.T) {
 	if _, tag, ok := st.PeekTagged(9, now); !ok || tag != 5 {
 		t.Fatalf("put: %d %v", tag, ok)
 	}
-	// Idle at a later time: another tag's Apply starts it afresh.
+	// Idle at a later time, an entry of another tag is still left to the
+	// caller to convert (converted, it may be live again), and seen by
+	// PeekTagged though not by Peek.
 	later := now + int64(time.Second)
-	if d, ok := st.ApplyTagged(9, 6, later, &f, 1); !ok || !d.Allowed {
-		t.Fatalf("idle entry of another tag: %+v %v", d, ok)
+	if _, ok := st.ApplyTagged(9, 6, later, &f, 1); ok {
+		t.Fatal("an idle entry of another tag was stepped")
+	}
+	if _, _, ok := st.PeekTagged(9, later); !ok {
+		t.Fatal("PeekTagged missed an idle entry")
+	}
+	if _, ok := st.Peek(9, later); ok {
+		t.Fatal("Peek returned an idle entry")
 	}
 	st.Retag(9, 8, later, func(uint16, *FixedState) bool { return true })
 	st.Retag(9, 9, later, func(_ uint16, s *FixedState) bool { *s = FixedState{}; return true })
 	if st.Stats().Live != 0 {
 		t.Fatal("an idle converted entry was kept")
+	}
+}
+
+// With a grace, the sweep keeps entries idle for less than it.
+func TestStoreGrace(t *testing.T) {
+	st, _ := NewStore[FixedState](StoreConfig{Shards: 1})
+	f, _ := NewFixedWindow(1, time.Second)
+	st.SetGrace(time.Hour)
+	for k := range uint64(64) {
+		st.ApplyTagged(k, 1, 0, &f, 1) // windows ending at 1s
+	}
+	later := int64(time.Minute)
+	for k := range uint64(64) {
+		st.ApplyTagged(1000+k, 1, later, &f, 1) // inserts sweep
+	}
+	if s := st.Stats(); s.Live != 128 || s.Swept != 0 {
+		t.Fatalf("with a grace of 1h: %+v", s)
+	}
+	st.SetGrace(0)
+	for k := range uint64(64) {
+		st.ApplyTagged(2000+k, 1, later, &f, 1)
+	}
+	if s := st.Stats(); s.Swept == 0 {
+		t.Fatalf("without a grace nothing swept: %+v", s)
 	}
 }
