@@ -370,11 +370,11 @@ func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
 		return bd, true
 	}
 	if p.remote() {
-		bd := p.spec.lim.peek(p, now, 0)
+		bd := p.spec.lim.peek(p.key, p.id, now, 0)
 		bd.Allowed, bd.RetryAfter = true, 0
 		return bd, false
 	}
-	return p.spec.lim.peek(p, now, p.cost), false
+	return p.spec.lim.peek(p.key, p.id, now, p.cost), false
 }
 
 // locked reports whether p's identity sits in the rule's penalty box, with
@@ -409,7 +409,7 @@ func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int
 func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
 	bd, locked := n.peek(p, now)
 	if bd.Allowed && !p.remote() { // a remote rule's peek is already the state as it stands
-		bd = p.spec.lim.peek(p, now, 0)
+		bd = p.spec.lim.peek(p.key, p.id, now, 0)
 		bd.Allowed = true
 	}
 	n.report(d, p, bd, locked, now, false, false)
@@ -431,7 +431,7 @@ func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
 		n.report(d, p, bd, false, now, true, degraded)
 		return
 	}
-	n.report(d, p, p.spec.lim.take(p, now), false, now, true, false)
+	n.report(d, p, p.spec.lim.take(p.key, p.id, now, p.cost), false, now, true, false)
 }
 
 // report turns one rule's bucket decision into the request's result. A

@@ -14,11 +14,12 @@ import (
 // entry of other parameters is converted to the limiter's before it is
 // decided or looked at.
 type limiter interface {
-	// take charges p's cost to its key at now and reports the decision.
-	take(p *pending, now int64) bucket.Decision
+	// take charges cost to key, identity id's key, at now and reports the
+	// decision.
+	take(key uint64, id string, now, cost int64) bucket.Decision
 	// peek reports what take would decide for cost, changing nothing a
 	// decision can observe.
-	peek(p *pending, now, cost int64) bucket.Decision
+	peek(key uint64, id string, now, cost int64) bucket.Decision
 	// bind sets the tag entries are written under, in rule history h.
 	bind(rec *tagRec, h *ruleHist)
 }
@@ -52,27 +53,27 @@ type storeLimiter[S any, P bucket.State[S]] struct {
 	field  func(a *anyState) *S
 }
 
-func (l *storeLimiter[S, P]) take(p *pending, now int64) bucket.Decision {
+func (l *storeLimiter[S, P]) take(key uint64, id string, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, p, now)
+		l.s.migrate(l.h, l.rec, key, id, now)
 	}
 	for range 2 {
-		if d, ok := l.st.ApplyTagged(p.key, l.rec.tag, now, l.alg, p.cost); ok {
+		if d, ok := l.st.ApplyTagged(key, l.rec.tag, now, l.alg, cost); ok {
 			return d
 		}
-		l.retag(p, now)
+		l.retag(key, id, now)
 	}
 	// Re-tagged meanwhile by a decision under other rules (one racing a
 	// rule change): decide on the entry as it is.
-	return l.st.Apply(p.key, now, l.alg, p.cost)
+	return l.st.Apply(key, now, l.alg, cost)
 }
 
 // retag converts p's entry, if it is of another tag, to the limiter's.
-func (l *storeLimiter[S, P]) retag(p *pending, now int64) {
-	l.st.Retag(p.key, l.rec.tag, now, func(from uint16, s *S) bool {
+func (l *storeLimiter[S, P]) retag(key uint64, id string, now int64) {
+	l.st.Retag(key, l.rec.tag, now, func(from uint16, s *S) bool {
 		a := anyState{alg: l.rec.p.alg}
 		*l.field(&a) = *s
-		if l.h.carry(from, &a, p.id, l.rec, now) {
+		if l.h.carry(from, &a, id, l.rec, now) {
 			*s = *l.field(&a)
 		}
 		return true // an unknown tag is adopted as it is
@@ -80,18 +81,18 @@ func (l *storeLimiter[S, P]) retag(p *pending, now int64) {
 }
 
 // ready converts p's entry for a look.
-func (l *storeLimiter[S, P]) ready(p *pending, now int64) {
+func (l *storeLimiter[S, P]) ready(key uint64, id string, now int64) {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, p, now)
+		l.s.migrate(l.h, l.rec, key, id, now)
 	}
-	if _, tag, ok := l.st.PeekTagged(p.key, now); ok && tag != l.rec.tag {
-		l.retag(p, now)
+	if _, tag, ok := l.st.PeekTagged(key, now); ok && tag != l.rec.tag {
+		l.retag(key, id, now)
 	}
 }
 
-func (l *storeLimiter[S, P]) peek(p *pending, now, cost int64) bucket.Decision {
-	l.ready(p, now)
-	s, _ := l.st.Peek(p.key, now)
+func (l *storeLimiter[S, P]) peek(key uint64, id string, now, cost int64) bucket.Decision {
+	l.ready(key, id, now)
+	s, _ := l.st.Peek(key, now)
 	return l.peekFn(s, now, cost)
 }
 
@@ -108,45 +109,45 @@ type gcraLimiter struct {
 	g  bucket.GCRA
 }
 
-func (l *gcraLimiter) take(p *pending, now int64) bucket.Decision {
+func (l *gcraLimiter) take(key uint64, id string, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, p, now)
+		l.s.migrate(l.h, l.rec, key, id, now)
 	}
-	v, ok := l.st.AllowTagged(p.key, l.rec.tag, now, &l.g, p.cost)
+	v, ok := l.st.AllowTagged(key, l.rec.tag, now, &l.g, cost)
 	if !ok {
-		v = l.takeSlow(p, now)
+		v = l.takeSlow(key, id, now, cost)
 	}
 	return l.g.Decision(v)
 }
 
 // takeSlow is take for an entry of another tag: convert it, then decide.
-func (l *gcraLimiter) takeSlow(p *pending, now int64) bucket.Verdict {
-	l.retag(p, now)
-	if v, ok := l.st.AllowTagged(p.key, l.rec.tag, now, &l.g, p.cost); ok {
+func (l *gcraLimiter) takeSlow(key uint64, id string, now, cost int64) bucket.Verdict {
+	l.retag(key, id, now)
+	if v, ok := l.st.AllowTagged(key, l.rec.tag, now, &l.g, cost); ok {
 		return v
 	}
-	return l.st.Allow(p.key, now, &l.g, p.cost) // re-tagged meanwhile: as it is
+	return l.st.Allow(key, now, &l.g, cost) // re-tagged meanwhile: as it is
 }
 
 // retag converts p's entry, if it is of another tag, to the limiter's.
-func (l *gcraLimiter) retag(p *pending, now int64) {
-	l.st.Retag(p.key, l.rec.tag, now, func(from uint16, tat bucket.TAT) (bucket.TAT, bool) {
+func (l *gcraLimiter) retag(key uint64, id string, now int64) {
+	l.st.Retag(key, l.rec.tag, now, func(from uint16, tat bucket.TAT) (bucket.TAT, bool) {
 		a := anyState{alg: quota.AlgorithmGCRA, tat: tat}
-		if l.h.carry(from, &a, p.id, l.rec, now) {
+		if l.h.carry(from, &a, id, l.rec, now) {
 			return a.tat, true
 		}
 		return tat, true // an unknown tag is adopted as it is
 	})
 }
 
-func (l *gcraLimiter) peek(p *pending, now, cost int64) bucket.Decision {
+func (l *gcraLimiter) peek(key uint64, id string, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, p, now)
+		l.s.migrate(l.h, l.rec, key, id, now)
 	}
-	tat, tag, ok := l.st.PeekTagged(p.key, now)
+	tat, tag, ok := l.st.PeekTagged(key, now)
 	if ok && tag != l.rec.tag {
-		l.retag(p, now)
-		tat, _ = l.st.Peek(p.key, now)
+		l.retag(key, id, now)
+		tat, _ = l.st.Peek(key, now)
 	}
 	return l.g.Step(&tat, now, cost) // on a copy: nothing is charged
 }
@@ -158,10 +159,10 @@ type logLimiter struct {
 	log *bucket.SlidingLog
 }
 
-func (l *logLimiter) peek(p *pending, now, cost int64) bucket.Decision {
-	l.ready(p, now)
+func (l *logLimiter) peek(key uint64, id string, now, cost int64) bucket.Decision {
+	l.ready(key, id, now)
 	var d bucket.Decision
-	l.st.Update(p.key, now, func(s *bucket.SlidingLogState) { d = l.log.Peek(*s, now) })
+	l.st.Update(key, now, func(s *bucket.SlidingLogState) { d = l.log.Peek(*s, now) })
 	if cost > 0 && d.Remaining < cost {
 		d.Allowed = false
 		if cost > d.Limit {
@@ -337,16 +338,16 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 // (rulegen.go) and puts it where the new algorithm reads it. Decisions on
 // one key are serialized here while a migration may be pending, so no two
 // take the same entry's spend or decide between its take and its put.
-func (s *stores) migrate(h *ruleHist, want *tagRec, p *pending, now int64) {
-	mu := &s.migrating[p.key%uint64(len(s.migrating))]
+func (s *stores) migrate(h *ruleHist, want *tagRec, key uint64, id string, now int64) {
+	mu := &s.migrating[key%uint64(len(s.migrating))]
 	mu.Lock()
 	defer mu.Unlock()
 	for _, alg := range h.otherAlgs {
-		a, tag, ok := s.take(alg, p.key, now)
-		if !ok || !h.carry(tag, &a, p.id, want, now) || s.present(want.p.alg, p.key, now) {
+		a, tag, ok := s.take(alg, key, now)
+		if !ok || !h.carry(tag, &a, id, want, now) || s.present(want.p.alg, key, now) {
 			continue // nothing there, of a forgotten tag, or already carried
 		}
-		s.put(want.tag, p.key, now, &a)
+		s.put(want.tag, key, now, &a)
 	}
 }
 
