@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
@@ -52,7 +53,9 @@ func (p *params) same(q *params) bool {
 // horizon bounds how long a state written under p can stay non-idle after
 // its last write, with a wide margin (a bound too short would read a live
 // entry with the wrong parameters; one too long only keeps history longer).
-// A concurrency slot has none: in-flight requests hold it until they end.
+// A concurrency slot is held until its request ends, and carries over
+// changes of the limit as it is, so any entry of a forgotten tag is right
+// as it is; its horizon only bounds how long its generation is kept.
 func (p *params) horizon() int64 {
 	var h int64
 	switch p.alg {
@@ -65,7 +68,7 @@ func (p *params) horizon() int64 {
 	case quota.AlgorithmLeakyBucket:
 		h = int64(p.delay) + int64(p.leaky.Interval())*(p.burst+2)
 	default:
-		return math.MaxInt64
+		h = int64(time.Hour)
 	}
 	if h > math.MaxInt64/4 {
 		return math.MaxInt64
@@ -86,9 +89,18 @@ type tagRec struct {
 type genRec struct {
 	at        int64 // when it was installed, ns
 	maxH      int64 // the longest horizon of its tags
+	window    time.Duration
+	alg       quota.Algorithm
 	base      *tagRec
 	overrides map[string]*tagRec // by identity
 	tiers     map[string]*tagRec // by name
+	tags      []*tagRec          // all of the above, once each
+	// deadline is the instant after which no entry written under this
+	// generation can be live, even converted through the later ones (a
+	// lengthened window keeps a converted entry live longer than its own
+	// state says); math.MaxInt64 while it is in force. Only installs read
+	// and write it, under histories.mu.
+	deadline int64
 }
 
 // variant returns the tag an identity under tier is decided with in g, as
@@ -104,17 +116,74 @@ func (g *genRec) variant(identity, tier string) *tagRec {
 	return g.base
 }
 
+// tagTable maps a rule's tags to their records: shared by every history of
+// one incarnation, written by installs only (under histories.mu) and read
+// by decisions lock-free. Chunks are allocated as tags are.
+type tagTable struct {
+	chunks [1 << (bucket.TagBits - 6)]atomic.Pointer[[64]atomic.Pointer[tagRec]]
+	n      int    // tags in use
+	next   uint16 // where the search for a free tag starts
+}
+
+func (tt *tagTable) get(t uint16) *tagRec {
+	c := tt.chunks[t>>6&(1<<(bucket.TagBits-6)-1)].Load()
+	if c == nil {
+		return nil
+	}
+	return c[t&63].Load()
+}
+
+func (tt *tagTable) set(t uint16, r *tagRec) {
+	i := t >> 6 & (1<<(bucket.TagBits-6) - 1)
+	c := tt.chunks[i].Load()
+	if c == nil {
+		c = new([64]atomic.Pointer[tagRec])
+		tt.chunks[i].Store(c)
+	}
+	if old := c[t&63].Swap(r); old == nil && r != nil {
+		tt.n++
+	} else if old != nil && r == nil {
+		tt.n--
+	}
+}
+
+// free returns a tag not in use (tag 0 is never used: it is what untagged
+// writes record).
+func (tt *tagTable) free() (uint16, bool) {
+	const n = 1 << bucket.TagBits
+	if tt.n >= n-1 {
+		return 0, false
+	}
+	for {
+		t := tt.next
+		if tt.next++; tt.next >= n {
+			tt.next = 1
+		}
+		if t != 0 && tt.get(t) == nil {
+			return t, true
+		}
+	}
+}
+
+// maxGens bounds the generations a rule keeps: a rule changed that often
+// within its identities' horizon starts a new incarnation instead, which
+// forgets their spend (and is logged).
+const maxGens = 256
+
 // ruleHist is the history of one incarnation of a rule. A published
-// ruleHist is immutable: an install that changes the rule publishes a new
-// one, so a decision reads one consistent history without a lock.
+// ruleHist is immutable but for its generations' deadlines and its tag
+// table, which only installs write: an install that changes the rule
+// publishes a new one, so a decision reads one consistent history without a
+// lock. (Generations are appended to a shared array beyond the length of
+// every published history, and a tag is reused only once no entry can hold
+// it.)
 type ruleHist struct {
 	id          string
 	incarnation int
 	salt        uint64
+	tags        *tagTable
 	first       int       // the number of gens[0]
 	gens        []*genRec // oldest first; the last is in force
-	tags        map[uint16]*tagRec
-	next        uint16 // where the search for a free tag starts
 	// migrateUntil is the instant until which an entry of this rule may
 	// still sit in another algorithm's store (0: none can).
 	migrateUntil int64
@@ -128,7 +197,7 @@ type ruleHist struct {
 // cur returns the generation in force.
 func (h *ruleHist) cur() *genRec { return h.gens[len(h.gens)-1] }
 
-// gen returns generation number g, nil if it was pruned.
+// gen returns generation number g, nil if it was pruned or is newer than h.
 func (h *ruleHist) gen(g int) *genRec {
 	if g < h.first || g-h.first >= len(h.gens) {
 		return nil
@@ -192,106 +261,62 @@ func (v *variants) sameAs(g *genRec) bool {
 
 // advance returns the history of rule id after an install at now with
 // variants v (and a penalty box or not), given its history before (nil for
-// a rule not in force). It reuses old when nothing a stored state depends
-// on changed. ok is false when the rule ran out of tags: then it starts a
-// new incarnation, which forgets its identities' spend.
+// a rule never seen; removedBefore for one not in the set in force). It
+// reuses old when nothing a stored state depends on changed, and costs
+// O(generations kept), whatever the number of live keys. ok is false when
+// the rule changed more than maxGens times, or ran out of tags, within its
+// identities' horizon: then it starts a new incarnation, which forgets
+// their spend.
 func advance(hs bucket.Hasher, old *ruleHist, id string, v *variants, penalty bool, now int64, removedBefore bool) (h *ruleHist, ok bool) {
 	if old != nil && !removedBefore && v.sameAs(old.cur()) && old.penalty == penalty {
 		return old, true
+	}
+	fresh := func(inc, penaltyInc int) *ruleHist {
+		h := &ruleHist{id: id, incarnation: inc, salt: ruleSalt(hs, id, inc), tags: &tagTable{next: 1}, penalty: penalty, penaltyInc: penaltyInc}
+		if !h.addGen(v, now) {
+			panic("weir: a new rule history has no room for its tags") // NewSet caps overrides and tiers well below 4 095
+		}
+		return h
 	}
 	if old == nil || removedBefore {
 		inc := 0
 		if old != nil {
 			inc = old.incarnation + 1
 		}
-		h = &ruleHist{id: id, incarnation: inc, salt: ruleSalt(hs, id, inc), tags: map[uint16]*tagRec{}, next: 1, penalty: penalty}
-		if !h.addGen(v, now) {
-			panic("weir: a new rule history has no room for its tags") // 4 095 tags: NewSet caps overrides and tiers below that
-		}
-		return h, true
+		return fresh(inc, 0), true
 	}
-	h = old.pruned(now)
+	nh := *old
+	h = &nh
+	h.prune(now)
 	h.penalty = penalty
 	if penalty && !old.penalty {
 		h.penaltyInc = old.penaltyInc + 1
 	}
-	if !h.addGen(v, now) {
-		// Every tag is held by an entry that may still be live: forget the
-		// rule's state rather than read an entry under wrong parameters.
-		nh := &ruleHist{id: id, incarnation: old.incarnation + 1, tags: map[uint16]*tagRec{}, next: 1, penalty: penalty, penaltyInc: h.penaltyInc}
-		nh.salt = ruleSalt(hs, id, nh.incarnation)
-		nh.addGen(v, now)
-		return nh, false
+	if len(h.gens) >= maxGens || !h.addGen(v, now) {
+		return fresh(old.incarnation+1, h.penaltyInc), false
 	}
 	return h, true
 }
 
-// pruned returns a copy of h without the tags and generations no entry can
-// still need at now.
-func (h *ruleHist) pruned(now int64) *ruleHist {
-	nh := *h
-	nh.tags = make(map[uint16]*tagRec, len(h.tags))
-	oldest := h.first + len(h.gens) - 1
-	for t, r := range h.tags {
-		if now > h.deadline(r) {
-			continue // every entry of it is idle, converted or not
+// prune drops, oldest first, the generations no entry can still need at
+// now, and frees their tags. (A generation is kept while an older one is:
+// pruning from the front keeps the chain of conversions whole.)
+func (h *ruleHist) prune(now int64) {
+	for len(h.gens) > 1 && h.gens[0].deadline < now {
+		for _, r := range h.gens[0].tags {
+			h.tags.set(r.tag, nil)
 		}
-		nh.tags[t] = r
-		oldest = min(oldest, r.gen)
+		h.gens = h.gens[1:]
+		h.first++
 	}
-	nh.gens = h.gens[oldest-h.first:]
-	nh.first = oldest
-	return &nh
-}
-
-// deadline is the instant after which no entry written under r can be
-// live, even converted through the later generations (a lengthened window
-// keeps a converted entry live longer than its own state says).
-// math.MaxInt64 while r is of the generation in force, and for concurrency
-// (a slot is held until its request ends).
-func (h *ruleHist) deadline(r *tagRec) int64 {
-	next := h.gen(r.gen + 1)
-	if next == nil || r.p.alg == quota.AlgorithmConcurrency {
-		return math.MaxInt64
-	}
-	d := satAdd(next.at, max(r.p.horizon(), next.maxH))
-	for g := r.gen + 2; ; g++ {
-		gr := h.gen(g)
-		if gr == nil {
-			return d
-		}
-		if gr.at < d {
-			d = max(d, satAdd(gr.at, gr.maxH))
-		}
-	}
-}
-
-// grace returns, per algorithm, how long after an entry of an earlier
-// generation looks idle a conversion may still make it live: twice the
-// longest window among the rule's tags of that algorithm, while it has any
-// of an earlier generation (0 otherwise).
-func (h *ruleHist) grace(alg quota.Algorithm) time.Duration {
-	var w time.Duration
-	old := false
-	cur := h.first + len(h.gens) - 1
-	for _, r := range h.tags {
-		if r.p.alg == alg {
-			w = max(w, r.p.window)
-			old = old || r.gen < cur
-		}
-	}
-	if !old {
-		return 0
-	}
-	return 2 * w
 }
 
 // addGen appends a generation of variants v installed at now, allocating
-// its tags, and recomputes migrateUntil. It reports false if the tags ran
-// out (h is then unusable).
+// its tags, updates the earlier generations' deadlines, and recomputes
+// migrateUntil. It reports false if the tags ran out (h is then unusable).
 func (h *ruleHist) addGen(v *variants, now int64) bool {
 	num := h.first + len(h.gens)
-	g := &genRec{at: now}
+	g := &genRec{at: now, alg: v.base.alg, deadline: math.MaxInt64}
 	var shared []*tagRec // the rule's and its overrides' tags, by parameters
 	get := func(p *params, tier string) *tagRec {
 		if tier == "" {
@@ -301,12 +326,15 @@ func (h *ruleHist) addGen(v *variants, now int64) bool {
 				}
 			}
 		}
-		t, ok := h.freeTag()
+		t, ok := h.tags.free()
 		if !ok {
 			return nil
 		}
 		r := &tagRec{tag: t, gen: num, tier: tier, p: p}
-		h.tags[t] = r
+		h.tags.set(t, r)
+		g.tags = append(g.tags, r)
+		g.maxH = max(g.maxH, p.horizon())
+		g.window = max(g.window, p.window)
 		if tier == "" {
 			shared = append(shared, r)
 		}
@@ -331,24 +359,29 @@ func (h *ruleHist) addGen(v *variants, now int64) bool {
 			}
 		}
 	}
-	for _, r := range h.tags {
-		if r.gen == num {
-			g.maxH = max(g.maxH, r.p.horizon())
+	// An entry of an earlier generation converted at now lives at most
+	// g.maxH longer: extend the deadlines it can still reach.
+	if len(h.gens) > 0 {
+		prev := h.cur()
+		prev.deadline = satAdd(now, max(prev.maxH, g.maxH))
+		for _, e := range h.gens[:len(h.gens)-1] {
+			if e.deadline >= now {
+				e.deadline = max(e.deadline, satAdd(now, g.maxH))
+			}
 		}
 	}
-	h.gens = append(h.gens[:len(h.gens):len(h.gens)], g)
+	h.gens = append(h.gens, g)
 	// Entries of another algorithm (other than concurrency, which starts
-	// over) are carried over from their store until their horizon.
-	alg := v.base.alg
+	// over) are carried over from their store until their deadline.
 	h.migrateUntil, h.otherAlgs = 0, nil
-	if alg != quota.AlgorithmConcurrency {
-		for _, r := range h.tags {
-			if r.p.alg == alg || r.p.alg == quota.AlgorithmConcurrency {
+	if g.alg != quota.AlgorithmConcurrency {
+		for _, e := range h.gens[:len(h.gens)-1] {
+			if e.alg == g.alg || e.alg == quota.AlgorithmConcurrency {
 				continue
 			}
-			h.migrateUntil = max(h.migrateUntil, h.deadline(r)) // r is of an earlier generation
-			if !slices.Contains(h.otherAlgs, r.p.alg) {
-				h.otherAlgs = append(h.otherAlgs, r.p.alg)
+			h.migrateUntil = max(h.migrateUntil, e.deadline)
+			if !slices.Contains(h.otherAlgs, e.alg) {
+				h.otherAlgs = append(h.otherAlgs, e.alg)
 			}
 		}
 		slices.Sort(h.otherAlgs)
@@ -356,31 +389,21 @@ func (h *ruleHist) addGen(v *variants, now int64) bool {
 	return true
 }
 
-// freeTag returns a tag no live entry of the rule can hold (tag 0 is never
-// used: it is what untagged writes record).
-func (h *ruleHist) freeTag() (uint16, bool) {
-	const n = 1 << bucket.TagBits
-	if len(h.tags) >= n-1 {
-		return 0, false
+// grace returns how long after an entry of an earlier generation of alg
+// looks idle a conversion may still make it live: twice the longest window
+// among the rule's generations of alg, while it has an earlier one (0
+// otherwise).
+func (h *ruleHist) grace(alg quota.Algorithm) time.Duration {
+	if len(h.gens) < 2 {
+		return 0
 	}
-	for {
-		t := h.next
-		h.next++
-		if h.next >= n {
-			h.next = 1
-		}
-		if _, used := h.tags[t]; !used && t != 0 {
-			return t, true
+	var w time.Duration
+	for _, g := range h.gens {
+		if g.alg == alg {
+			w = max(w, g.window)
 		}
 	}
-}
-
-// satAdd is a + b for b >= 0, saturating at math.MaxInt64.
-func satAdd(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
+	return 2 * w
 }
 
 // anyState is an identity's stored state of any algorithm while it is
@@ -466,8 +489,8 @@ func convertState(from, to *params, s *anyState, at int64) {
 // s's algorithm (a tag written under a newer history than h, by a decision
 // racing an install, or one pruned because every entry of it is idle).
 func (h *ruleHist) carry(from uint16, s *anyState, identity string, want *tagRec, now int64) bool {
-	r := h.tags[from]
-	if r == nil || r.p.alg != s.alg {
+	r := h.tags.get(from)
+	if r == nil || r.p.alg != s.alg || r.gen > h.first+len(h.gens)-1 {
 		return false
 	}
 	for g := r.gen + 1; ; g++ {
@@ -509,7 +532,7 @@ func (n *Node) bindHistory(c *crule, now int64) {
 	h, ok := advance(n.hasher, old, c.r.ID, &v, c.r.Penalty != nil, now, old != nil && !hs.seen[c.r.ID])
 	if !ok {
 		n.log.Warn("rule changed too often within its identities' horizon: its identities start afresh",
-			"rule", c.r.ID, "tags", 1<<bucket.TagBits-1)
+			"rule", c.r.ID, "generations", maxGens)
 	}
 	hs.rules[c.r.ID] = h
 	c.hist, c.salt = h, h.salt
@@ -541,4 +564,12 @@ func (hs *histories) installed(e *engine, st *stores) {
 	st.fixed.SetGrace(fixed)
 	st.sliding.SetGrace(sliding)
 	st.log.SetGrace(log)
+}
+
+// satAdd is a + b for b >= 0, saturating at math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
