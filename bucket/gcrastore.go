@@ -180,8 +180,43 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 // count to compute). GCRA.Decision gives the whole Decision from it. Safe
 // for concurrent use.
 func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
-	v, _ := st.allow(key, 0, false, now, g, cost)
-	return v
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	if t := sh.table.Load(); t != nil {
+		s := t.slots
+		mask := len(s) - 1
+		i := int((h << (st.shardBits & 63)) >> (t.shift & 63)) // both < 64: no shift-overflow fixup
+		for {
+			e := &s[i&mask]
+			k := e.key.Load()
+			if k&^tagMask == h { // whatever its tag
+				v := e.tat.Load()
+				for v >= 0 { // live: step it, CAS the change in
+					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
+						n := satAdd(max(v, now), cost*g.t)
+						if used := n - now; used <= g.tau {
+							if e.tat.CompareAndSwap(v, n) {
+								return Verdict{Reset: time.Duration(used)}
+							}
+							v = e.tat.Load()
+							continue
+						}
+					}
+					// A rejection or cost <= 0: the state does not change.
+					d, _ := g.verdict(v, now, cost)
+					return d
+				}
+				if v != tombTAT {
+					break // sealed: rebuild or Update in progress
+				}
+			} else if k == 0 {
+				break // absent here: insert under the mutex
+			}
+			i++
+		}
+	}
+	d, _ := st.allowSlow(sh, h, 0, false, now, g, cost)
+	return d
 }
 
 // AllowTagged is Allow for entries that record the rule they were written
@@ -192,13 +227,10 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 // label, not part of the key), so Allow, Peek and Update see it too. For a
 // key already present under tag it costs what Allow costs. Safe for
 // concurrent use.
+//
+// Its fast path is a copy of Allow's with an exact key compare, so that
+// neither pays for the other's test.
 func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cost int64) (Verdict, bool) {
-	return st.allow(key, tag, true, now, g, cost)
-}
-
-// allow is Allow (strict false: an entry of any tag is stepped) and
-// AllowTagged (strict: an entry of another tag is left alone).
-func (st *GCRAStore) allow(key uint64, tag uint16, strict bool, now int64, g *GCRA, cost int64) (Verdict, bool) {
 	h := keyWord(key)
 	want := h | uint64(tag&tagMask)
 	sh := &st.shards[h>>st.shardShift]
@@ -209,7 +241,7 @@ func (st *GCRAStore) allow(key uint64, tag uint16, strict bool, now int64, g *GC
 		for {
 			e := &s[i&mask]
 			k := e.key.Load()
-			if k == want || (!strict && k&^tagMask == h) {
+			if k == want {
 				v := e.tat.Load()
 				for v >= 0 { // live: step it, CAS the change in
 					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
@@ -235,10 +267,12 @@ func (st *GCRAStore) allow(key uint64, tag uint16, strict bool, now int64, g *GC
 			i++
 		}
 	}
-	return st.allowSlow(sh, h, tag, strict, now, g, cost)
+	return st.allowSlow(sh, h, tag, true, now, g, cost)
 }
 
-// allowSlow is allow under the shard mutex.
+// allowSlow is Allow (strict false: an entry of any tag is stepped) and
+// AllowTagged (strict: an entry of another tag is left alone) under the
+// shard mutex.
 func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, strict bool, now int64, g *GCRA, cost int64) (Verdict, bool) {
 	sh.mu.Lock()
 	t := sh.table.Load()
