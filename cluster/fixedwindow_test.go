@@ -83,7 +83,7 @@ func TestFixedWindowExactAcrossNodes(t *testing.T) {
 // until its end, and starts over at the aligned boundary.
 func TestFixedWindowRollover(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 3, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 3, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	start := t0 + int64(400*time.Millisecond)
 	c.SetTable(start, ring)
@@ -212,7 +212,7 @@ func TestFixedWindowHandoffOnLeave(t *testing.T) {
 // add, and the later end holds; a handed window that is over is ignored.
 func TestFixedWindowHandoffMerge(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "b"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "b"}})
 	c.SetTable(t0, ring)
 	for range 4 {
@@ -243,7 +243,7 @@ func TestFixedWindowHandoffMerge(t *testing.T) {
 // limit) keeps the window's count, as a gcra rule keeps its TAT.
 func TestFixedWindowRuleChangeKeepsCount(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	for range 6 {
@@ -256,7 +256,7 @@ func TestFixedWindowRuleChangeKeepsCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetRules([]RuleParams{p})
+	c.SetRules(0, []RuleParams{p})
 	got := 0
 	for range 5 {
 		if decideFW(t, c, t0+1, "x") {
@@ -272,7 +272,7 @@ func TestFixedWindowRuleChangeKeepsCount(t *testing.T) {
 // its window lasts, never into a later window.
 func TestFixedWindowRefund(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 2, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 2, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	decideFW(t, c, t0, "x")
@@ -298,7 +298,7 @@ func TestFixedWindowRefund(t *testing.T) {
 // rule became exact) is charged to the window, over the limit if need be.
 func TestFixedWindowChargedSpend(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}, {Name: "b"}})
 	c.SetTable(t0, ring)
 	id := ""
@@ -395,7 +395,7 @@ func TestAlgorithmChangeStartsOver(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
 	g := gcraRule("fw", quota.ModeExact, 10, time.Hour, 10)
 	keep := gcraRule("keep", quota.ModeExact, 10, time.Hour, 10)
-	c.SetRules(ruleParams(t, []quota.Rule{g, keep}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{g, keep}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	for range 10 {
@@ -405,14 +405,14 @@ func TestAlgorithmChangeStartsOver(t *testing.T) {
 	if decideFW(t, c, t0, "x") {
 		t.Fatal("the spent gcra bucket admitted")
 	}
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Hour), keep}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Hour), keep}))
 	if !decideFW(t, c, t0, "x") {
 		t.Error("a gcra TAT was read as a fixed window")
 	}
 	if o, _ := c.Decide(t0, "keep", "x", 1); o.Allowed {
 		t.Error("a rule that kept its algorithm lost its bucket")
 	}
-	c.SetRules(ruleParams(t, []quota.Rule{g, keep}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{g, keep}))
 	if !decideFW(t, c, t0, "x") {
 		t.Error("a fixed window's end was read as a gcra TAT")
 	}
