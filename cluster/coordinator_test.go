@@ -554,7 +554,7 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetRules(0, []RuleParams{p2})
+	c.SetRules(now, []RuleParams{p2})
 	if o, _ := c.Decide(now, "r", "x", 1); o.Allowed {
 		t.Fatal("the bucket spent before SetRules admitted an 11th request of a burst of 10")
 	}

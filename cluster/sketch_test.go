@@ -502,14 +502,14 @@ func TestSketchGate(t *testing.T) {
 		}
 	}
 	p, _ := NewRuleParams(&rule, 2)
-	c.SetRules(0, []RuleParams{p})
+	c.SetRules(h.now, []RuleParams{p})
 	if o, _ := c.Decide(h.now, "r", fresh, 2); o.Source == SourceSketch {
 		t.Fatalf("counts lost on a version change: %+v", o)
 	}
 	c.Refund(h.now, "r", fresh, 1, SourceSketch) // a no-op, by design
 	wide := gatedRule("r", 6000, time.Minute, 100, &quota.Sketch{Threshold: 3, Width: 1024})
 	p, _ = NewRuleParams(&wide, 3)
-	c.SetRules(0, []RuleParams{p})
+	c.SetRules(h.now, []RuleParams{p})
 	if o, _ := c.Decide(h.now, "r", "reload-2", 3); o.Source != SourceSketch {
 		t.Fatalf("new layout: %+v", o)
 	}
