@@ -804,8 +804,9 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 // changed is carried over as tokens, as on one node (docs/rules.md, "When
 // a rule changes"): owner buckets, this node's views of them and its
 // fallback buckets are converted at now; spend not yet acknowledged is
-// still reported. A rule whose algorithm changes starts its owner buckets
-// over.
+// still reported. A rule whose algorithm changes charges the whole tokens
+// spent to a fresh owner state of the new algorithm; a rule removed drops
+// its owner buckets, so that one added again starts empty.
 func (c *Coordinator) SetRules(now int64, rules []RuleParams) {
 	next := make(map[string]*RuleParams, len(rules))
 	for i := range rules {
@@ -844,7 +845,7 @@ func (c *Coordinator) SetRules(now int64, rules []RuleParams) {
 	for _, k := range changed {
 		c.watch(c.entries.get(k))
 	}
-	c.dropRetyped(next)
+	c.retype(next, now)
 	c.setSketches(c.rules, next)
 	c.rules = next
 	c.lastRule = nil
@@ -905,28 +906,59 @@ func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
 	}
 }
 
-// dropRetyped drops the owner entries of rules whose algorithm changes
-// (from gcra to fixed_window, say): a TAT read as a window's end or a
-// queue's departure means nothing, so the identity starts over. Rules that
-// keep their algorithm keep their state: a GCRA bucket its TAT, a window
-// its count, a queue its departure.
-func (c *Coordinator) dropRetyped(next map[string]*RuleParams) {
-	var drop []entryKey
+// retype carries, at now, the owner entries of rules whose algorithm
+// changes (from gcra to fixed_window, say) across the change, and drops
+// those of rules that next no longer has: the whole tokens an identity had
+// spent under the old algorithm are charged to a fresh state of the new one
+// (bucket's Spent and Booked: never more than the new rule allows), and a
+// rule removed and added again later starts empty. A leased rule's state is
+// its share's: across an algorithm change it starts over.
+func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
+	var keys []entryKey
 	for id, old := range c.rules {
-		if r, ok := next[id]; ok && r.Algorithm != old.Algorithm {
+		if r, ok := next[id]; !ok || r.Algorithm != old.Algorithm {
 			if t := c.owned.of(id, false); t != nil {
 				ids, _ := t.appendAll(nil, nil)
 				for _, identity := range ids {
-					drop = append(drop, entryKey{id, identity})
+					keys = append(keys, entryKey{id, identity})
 				}
 			}
 		}
 	}
-	// Dropped in key order, not map order (the key cap's heaps).
-	slices.SortFunc(drop, cmpKey)
-	for _, k := range drop {
-		c.dropOwned(c.owned.get(k))
+	// In key order, not map order (the key cap's heaps).
+	slices.SortFunc(keys, cmpKey)
+	for _, k := range keys {
+		oe := c.owned.get(k)
+		if oe == nil || oe.dead {
+			continue
+		}
+		o, r := c.rules[k.rule], next[k.rule]
+		if r == nil || o.leased || r.leased {
+			c.dropOwned(oe)
+			continue
+		}
+		spent := o.spentOwned(oe, now)
+		switch {
+		case r.fixed:
+			oe.setFixed(r.fw.Booked(spent, now))
+		case r.leaky:
+			oe.tat, oe.count = bucket.TAT(r.lk.Booked(spent, now)), 0
+		default:
+			oe.tat, oe.count = r.gcra.Booked(spent, now), 0
+		}
+		c.watchOwned(oe)
 	}
+}
+
+// spentOwned returns the whole tokens oe had spent under rule o at now.
+func (o *RuleParams) spentOwned(oe *ownerEntry, now int64) int64 {
+	switch {
+	case o.fixed:
+		return o.fw.Spent(oe.fixedState(), now)
+	case o.leaky:
+		return o.lk.Spent(bucket.Departure(oe.tat), now)
+	}
+	return o.gcra.Spent(oe.tat, now)
 }
 
 // Stats returns the coordinator's counters.

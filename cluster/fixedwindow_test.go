@@ -387,15 +387,15 @@ func TestFixedWindowForwardedResult(t *testing.T) {
 	}
 }
 
-// TestAlgorithmChangeStartsOver: a rule that changes from gcra to
-// fixed_window (or back) under the same id drops its owner state, which
-// means nothing under the other algorithm; one that keeps its algorithm
-// keeps it.
-func TestAlgorithmChangeStartsOver(t *testing.T) {
+// TestAlgorithmChangeCarriesWholeSpend: an algorithm change (gcra to
+// fixed_window and back) charges the whole tokens spent to the new
+// algorithm's state, read as that algorithm's (a gcra TAT is never read
+// as a window's end); a rule that keeps its algorithm keeps its bucket.
+func TestAlgorithmChangeCarriesWholeSpend(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
 	g := gcraRule("fw", quota.ModeExact, 10, time.Hour, 10)
 	keep := gcraRule("keep", quota.ModeExact, 10, time.Hour, 10)
-	c.SetRules(0, ruleParams(t, []quota.Rule{g, keep}))
+	c.SetRules(t0, ruleParams(t, []quota.Rule{g, keep}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	for range 10 {
@@ -405,16 +405,22 @@ func TestAlgorithmChangeStartsOver(t *testing.T) {
 	if decideFW(t, c, t0, "x") {
 		t.Fatal("the spent gcra bucket admitted")
 	}
-	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Hour), keep}))
-	if !decideFW(t, c, t0, "x") {
-		t.Error("a gcra TAT was read as a fixed window")
+	c.SetRules(t0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Hour), keep}))
+	if decideFW(t, c, t0, "x") {
+		t.Error("the 10 tokens spent under gcra were not charged to the fixed window")
 	}
 	if o, _ := c.Decide(t0, "keep", "x", 1); o.Allowed {
 		t.Error("a rule that kept its algorithm lost its bucket")
 	}
-	c.SetRules(0, ruleParams(t, []quota.Rule{g, keep}))
-	if !decideFW(t, c, t0, "x") {
-		t.Error("a fixed window's end was read as a gcra TAT")
+	c.SetRules(t0, ruleParams(t, []quota.Rule{g, keep}))
+	if decideFW(t, c, t0, "x") {
+		t.Error("the window's count was not charged to the gcra bucket")
+	}
+	// A fresh identity of the changed rule has its whole burst.
+	for i := range 10 {
+		if !decideFW(t, c, t0, "y") {
+			t.Fatalf("a fresh identity refused at its request %d", i)
+		}
 	}
 }
 

@@ -141,3 +141,61 @@ func TestFixedWindowRaiseCarriesCount(t *testing.T) {
 		t.Fatalf("%d admitted in the window after raising 5 to 10 with 3 counted, want 7", got)
 	}
 }
+
+// TestAlgorithmChangeCarriesSpend: an exact gcra rule of 10/min burst 10,
+// 3 spent, changed to a fixed_window of 10 per minute: the 3 whole tokens
+// spent are charged to the window, so 7 more are admitted in it.
+func TestAlgorithmChangeCarriesSpend(t *testing.T) {
+	h := newHarness(t, 3, time.Millisecond, gcraRule("fw", quota.ModeExact, 10, time.Minute, 10))
+	id := "retyped"
+	owner := h.ring.OwnerName(id)
+	for range 3 {
+		if !decideFW(t, h.nodes[owner], h.now, id) {
+			t.Fatal("the owner refused a full bucket")
+		}
+	}
+	p, err := NewRuleParams(new(fixedRule("fw", 10, time.Minute)), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range h.names {
+		h.nodes[n].SetRules(h.now, []RuleParams{p})
+	}
+	got := 0
+	for range 10 {
+		if decideFW(t, h.nodes[owner], h.now, id) {
+			got++
+		}
+	}
+	if got != 7 {
+		t.Fatalf("%d admitted after changing gcra to fixed_window with 3 spent, want 7", got)
+	}
+}
+
+// TestRemovedRuleReaddedStartsEmpty: a rule removed by one SetRules and
+// added again by the next is a new incarnation: its identities start with
+// a full bucket.
+func TestRemovedRuleReaddedStartsEmpty(t *testing.T) {
+	rule := gcraRule("api", quota.ModeShared, 5, time.Minute, 5)
+	h := newHarness(t, 3, time.Millisecond, rule)
+	id := "readded"
+	owner := h.ring.OwnerName(id)
+	for range 5 {
+		if !decideAPI(t, h, owner, id) {
+			t.Fatal("the owner refused a full bucket")
+		}
+	}
+	for _, n := range h.names {
+		h.nodes[n].SetRules(h.now, nil)
+	}
+	setAll(t, h, h.names, rule, 3)
+	got := 0
+	for range 5 {
+		if decideAPI(t, h, owner, id) {
+			got++
+		}
+	}
+	if got != 5 {
+		t.Fatalf("%d of a burst of 5 admitted by a re-added rule, want 5 (a new incarnation starts empty)", got)
+	}
+}
