@@ -17,11 +17,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,7 +62,10 @@ type Config struct {
 	Rules []quota.Rule
 
 	// DefaultRules are the safe defaults enforced while RulesFile is
-	// unreadable or invalid at start. Empty means no rule applies then.
+	// unreadable or invalid at start; setting them opts in to starting on
+	// them (the node logs the file's error and reports UsingDefaultRules).
+	// Empty means an unusable RulesFile at start is an error from New:
+	// a node never starts with no rules because its file could not be read.
 	DefaultRules []quota.Rule
 
 	// ReloadPoll is how often the rule file is re-read as a fallback to file
@@ -77,8 +80,9 @@ type Config struct {
 	// (the metrics are still kept and served by AdminHandler's JSON).
 	Registerer prometheus.Registerer
 
-	// Logger receives reloads, rule errors and fail-open events. Nil means a
-	// logger that discards everything.
+	// Logger receives reloads, rule errors and fail-open events. Nil means
+	// the warnings and errors go to slog.Default() (as it is when New is
+	// called) and the informational lines are dropped.
 	Logger *slog.Logger
 
 	// TrustedProxies are the CIDRs or addresses whose X-Forwarded-For and
@@ -100,9 +104,11 @@ type Config struct {
 	// tier.
 	TierFunc func(*http.Request) string
 
-	// MaxKeys caps the live keys of each algorithm's store. At the cap full
-	// buckets are evicted first; evicting a partly spent one forgives it and
-	// is counted. Zero means 10 000 000.
+	// MaxKeys caps the live keys of each algorithm's store. At the cap a new
+	// key evicts an idle one (a full bucket, an ended window) first, else the
+	// least indebted of the keys examined; what that one owed is forgiven
+	// and counted (StoreStats, docs/overshoot.md: the local key cap). Zero
+	// means 10 000 000.
 	MaxKeys int
 
 	// MaxIdentityBytes caps the length of an identity. Longer identities are
@@ -137,14 +143,17 @@ type Config struct {
 
 // Node is one weir limiter. It is safe for concurrent use by many goroutines.
 type Node struct {
-	cfg     Config
-	now     func() int64
-	log     *slog.Logger
-	hasher  bucket.Hasher
-	stores  *stores
-	ip      *clientip.Resolver
-	metrics *metrics
-	maxID   int
+	cfg    Config
+	now    func() int64
+	log    *slog.Logger
+	hasher bucket.Hasher
+	// keyFormat is the bucket key format in force (keys.go): the latest
+	// alone, else the lowest any member of the cluster speaks.
+	keyFormat atomic.Uint32
+	stores    *stores
+	ip        *clientip.Resolver
+	metrics   *metrics
+	maxID     int
 
 	throttled *hitters.Sketch
 	shadowed  *hitters.Sketch
@@ -203,11 +212,12 @@ func New(cfg Config) (*Node, error) {
 		ruleStats: make(map[string]*ruleStats),
 	}
 	if n.log == nil {
-		n.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		n.log = slog.New(warnAndAbove{slog.Default().Handler()})
 	}
 	if n.maxID == 0 {
 		n.maxID = DefaultMaxIdentityBytes
 	}
+	n.keyFormat.Store(keyFormatLatest) // a cluster lowers it to what every member speaks
 	if cfg.HashSeed != 0 {
 		n.hasher = bucket.NewSeededHasher(cfg.HashSeed)
 	} else {
@@ -299,8 +309,19 @@ func (n *Node) loadInitialRules() error {
 	if err := n.checkDurable(slices.Values(n.cfg.DefaultRules)); err != nil {
 		return fmt.Errorf("weir: Config.DefaultRules: %w", err)
 	}
-	set, loadErr := quota.LoadOrDefault(n.cfg.RulesFile, n.cfg.DefaultRules)
-	if set == nil {
+	var set *quota.Set
+	var loadErr error
+	if len(n.cfg.DefaultRules) == 0 {
+		// Starting with no rules would admit everything: an unusable file
+		// is refused unless the caller chose defaults to start on.
+		rules, err := quota.LoadFile(n.cfg.RulesFile)
+		if err == nil {
+			set, err = quota.NewSet(rules, 1)
+		}
+		if err != nil {
+			return fmt.Errorf("weir: Config.RulesFile %s unusable (set Config.DefaultRules to start on defaults instead): %w", n.cfg.RulesFile, err)
+		}
+	} else if set, loadErr = quota.LoadOrDefault(n.cfg.RulesFile, n.cfg.DefaultRules); set == nil {
 		return fmt.Errorf("weir: Config.RulesFile: %w", loadErr)
 	}
 	if err := n.checkDurable(setRules(set)); err != nil {
@@ -390,6 +411,11 @@ type Status struct {
 	UsingDefaultRules bool `json:"using_default_rules"`
 	// LastReloadError is the last failed reload, cleared by a good one.
 	LastReloadError string `json:"last_reload_error,omitempty"`
+	// KeyFormat is the bucket key format in force: 2 when identity
+	// sources are namespaces (docs/security.md), 1 while some member of
+	// the cluster speaks only format 1, in which every source of a chain
+	// counts under its bare value (docs/operations.md, "Upgrading").
+	KeyFormat uint32 `json:"key_format"`
 }
 
 // Status reports the rule state of the node.
@@ -397,7 +423,8 @@ func (n *Node) Status() Status {
 	set := n.eng.load().set
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault}
+	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault,
+		KeyFormat: n.keyFormat.Load()}
 	if n.lastErr != nil {
 		st.LastReloadError = n.lastErr.Error()
 	}
@@ -438,4 +465,22 @@ func (n *Node) Close() error {
 	}
 	n.unregister()
 	return err
+}
+
+// warnAndAbove passes on the records of Warn level and above: the default
+// logger of a Node whose Config.Logger is nil, so that errors (an invalid
+// rule file, a refused reload, a fail-open) are seen and routine lines are
+// not.
+type warnAndAbove struct{ slog.Handler }
+
+func (h warnAndAbove) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+
+func (h warnAndAbove) WithAttrs(as []slog.Attr) slog.Handler {
+	return warnAndAbove{h.Handler.WithAttrs(as)}
+}
+
+func (h warnAndAbove) WithGroup(name string) slog.Handler {
+	return warnAndAbove{h.Handler.WithGroup(name)}
 }
