@@ -29,13 +29,9 @@ func (h *engineHolder) store(e *engine) { h.p.Store(e) }
 // crule is one compiled rule.
 type crule struct {
 	r          *quota.Rule
-<<<<<<< HEAD
 	salt       uint64    // mixed with the identity hash so rules never share a key
 	hist       *ruleHist // the rule's generations: what its entries' tags mean
-=======
-	salt       uint64  // mixed with the identity hash so rules never share a key
-	keys       keyForm // per key-chain source: the namespaces of keyFormatNamespaced (keys.go)
->>>>>>> main
+	keys       keyForm   // per key-chain source: the namespaces of keyFormatNamespaced (keys.go)
 	base       limitSpec
 	overrides  []map[string]*limitSpec // by key-chain source: identity → its override's limits; nil without overrides
 	tiers      map[string]*limitSpec
@@ -76,11 +72,6 @@ func (n *Node) install(set *quota.Set) {
 			// Shadowed elsewhere, enforced in this node's region.
 			c.r.Shadow = false
 		}
-<<<<<<< HEAD
-=======
-		c.salt = n.hasher.Sum("rule\x00" + r.ID)
-		n.compileKeys(c)
->>>>>>> main
 		for _, k := range r.Key {
 			e.needs.ip = e.needs.ip || k.Kind == quota.KeyIP
 			e.needs.user = e.needs.user || k.Kind == quota.KeyUser
@@ -98,7 +89,7 @@ func (n *Node) install(set *quota.Set) {
 		}
 		c.base = *spec("", r.Limit, r.Burst)
 		if len(r.Overrides) > 0 {
-			c.overrides = make([]map[string]*limitSpec, len(c.keys.salts))
+			c.overrides = make([]map[string]*limitSpec, max(1, len(r.Key)))
 			for _, o := range r.Overrides {
 				src := c.sourceIndex(o.Source)
 				if src < 0 {
@@ -119,6 +110,7 @@ func (n *Node) install(set *quota.Set) {
 			}
 		}
 		n.bindHistory(c, now)
+		n.compileKeys(c) // from the salt of the incarnation bindHistory bound
 		if r.Penalty != nil {
 			p, err := bucket.NewPenalty(bucket.PenaltyConfig{Threshold: r.Penalty.After, Window: r.Penalty.Within, Base: r.Penalty.Base, Max: r.Penalty.Max})
 			if err != nil {
@@ -210,6 +202,9 @@ type pending struct {
 	key    uint64
 	cost   int64
 }
+
+// ident returns p's identity as its rule's variants are picked by.
+func (p *pending) ident() ident { return ident{p.id, int(p.source)} }
 
 // newPending returns rule c's part of a request of identity id under spec
 // with format 1's key (namespace moves it to its namespace), idh being
@@ -404,11 +399,11 @@ func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
 		return bd, true
 	}
 	if p.remote() {
-		bd := p.spec.lim.peek(p.key, p.id, now, 0)
+		bd := p.spec.lim.peek(p.key, p.ident(), now, 0)
 		bd.Allowed, bd.RetryAfter = true, 0
 		return bd, false
 	}
-	return p.spec.lim.peek(p.key, p.id, now, p.cost), false
+	return p.spec.lim.peek(p.key, p.ident(), now, p.cost), false
 }
 
 // locked reports whether p's identity sits in the rule's penalty box, with
@@ -443,7 +438,7 @@ func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int
 func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
 	bd, locked := n.peek(p, now)
 	if bd.Allowed && !p.remote() { // a remote rule's peek is already the state as it stands
-		bd = p.spec.lim.peek(p.key, p.id, now, 0)
+		bd = p.spec.lim.peek(p.key, p.ident(), now, 0)
 		bd.Allowed = true
 	}
 	n.report(d, p, bd, locked, now, false, false)
@@ -465,7 +460,7 @@ func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
 		n.report(d, p, bd, false, now, true, degraded)
 		return
 	}
-	n.report(d, p, p.spec.lim.take(p.key, p.id, now, p.cost), false, now, true, false)
+	n.report(d, p, p.spec.lim.take(p.key, p.ident(), now, p.cost), false, now, true, false)
 }
 
 // report turns one rule's bucket decision into the request's result. A

@@ -92,7 +92,7 @@ type genRec struct {
 	window    time.Duration
 	alg       quota.Algorithm
 	base      *tagRec
-	overrides map[string]*tagRec // by identity
+	overrides map[ident]*tagRec  // by identity and key-chain source
 	tiers     map[string]*tagRec // by name
 	tags      []*tagRec          // all of the above, once each
 	// deadline is the instant after which no entry written under this
@@ -106,7 +106,7 @@ type genRec struct {
 // variant returns the tag an identity under tier is decided with in g, as
 // crule.specFor picks its limits: its override, else its tier, else the
 // rule's own.
-func (g *genRec) variant(identity, tier string) *tagRec {
+func (g *genRec) variant(identity ident, tier string) *tagRec {
 	if r, ok := g.overrides[identity]; ok {
 		return r
 	}
@@ -232,10 +232,18 @@ type histories struct {
 	seen  map[string]bool // ids in the set in force
 }
 
+// ident is an identity as a rule's variants are picked by: its value and
+// the position in the rule's key chain of the source that yielded it (an
+// override matches within its source's namespace only).
+type ident struct {
+	v   string
+	src int
+}
+
 // variants are the parameters of one rule's variants in a new install.
 type variants struct {
 	base      *params
-	overrides map[string]*params
+	overrides map[ident]*params
 	tiers     map[string]*params
 }
 
@@ -344,7 +352,7 @@ func (h *ruleHist) addGen(v *variants, now int64) bool {
 		return false
 	}
 	if len(v.overrides) > 0 {
-		g.overrides = make(map[string]*tagRec, len(v.overrides))
+		g.overrides = make(map[ident]*tagRec, len(v.overrides))
 		for id, p := range v.overrides {
 			if g.overrides[id] = get(p, ""); g.overrides[id] == nil {
 				return false
@@ -488,7 +496,7 @@ func convertState(from, to *params, s *anyState, at int64) {
 // now. It reports false, leaving s alone, when from is not a tag of h of
 // s's algorithm (a tag written under a newer history than h, by a decision
 // racing an install, or one pruned because every entry of it is idle).
-func (h *ruleHist) carry(from uint16, s *anyState, identity string, want *tagRec, now int64) bool {
+func (h *ruleHist) carry(from uint16, s *anyState, identity ident, want *tagRec, now int64) bool {
 	r := h.tags.get(from)
 	if r == nil || r.p.alg != s.alg || r.gen > h.first+len(h.gens)-1 {
 		return false
@@ -517,9 +525,11 @@ func (n *Node) bindHistory(c *crule, now int64) {
 	}
 	v := variants{base: c.base.p}
 	if len(c.overrides) > 0 {
-		v.overrides = make(map[string]*params, len(c.overrides))
-		for id, s := range c.overrides {
-			v.overrides[id] = s.p
+		v.overrides = make(map[ident]*params)
+		for src, m := range c.overrides {
+			for id, s := range m {
+				v.overrides[ident{id, src}] = s.p
+			}
 		}
 	}
 	if len(c.tiers) > 0 {
@@ -538,8 +548,10 @@ func (n *Node) bindHistory(c *crule, now int64) {
 	c.hist, c.salt = h, h.salt
 	g := h.cur()
 	c.base.lim.bind(g.base, h)
-	for id, s := range c.overrides {
-		s.lim.bind(g.overrides[id], h)
+	for src, m := range c.overrides {
+		for id, s := range m {
+			s.lim.bind(g.overrides[ident{id, src}], h)
+		}
 	}
 	for name, s := range c.tiers {
 		s.lim.bind(g.tiers[name], h)

@@ -16,10 +16,10 @@ import (
 type limiter interface {
 	// take charges cost to key, identity id's key, at now and reports the
 	// decision.
-	take(key uint64, id string, now, cost int64) bucket.Decision
+	take(key uint64, id ident, now, cost int64) bucket.Decision
 	// peek reports what take would decide for cost, changing nothing a
 	// decision can observe.
-	peek(key uint64, id string, now, cost int64) bucket.Decision
+	peek(key uint64, id ident, now, cost int64) bucket.Decision
 	// bind sets the tag entries are written under, in rule history h.
 	bind(rec *tagRec, h *ruleHist)
 }
@@ -53,7 +53,7 @@ type storeLimiter[S any, P bucket.State[S]] struct {
 	field  func(a *anyState) *S
 }
 
-func (l *storeLimiter[S, P]) take(key uint64, id string, now, cost int64) bucket.Decision {
+func (l *storeLimiter[S, P]) take(key uint64, id ident, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
 		l.s.migrate(l.h, l.rec, key, id, now)
 	}
@@ -69,7 +69,7 @@ func (l *storeLimiter[S, P]) take(key uint64, id string, now, cost int64) bucket
 }
 
 // retag converts p's entry, if it is of another tag, to the limiter's.
-func (l *storeLimiter[S, P]) retag(key uint64, id string, now int64) {
+func (l *storeLimiter[S, P]) retag(key uint64, id ident, now int64) {
 	l.st.Retag(key, l.rec.tag, now, func(from uint16, s *S) bool {
 		a := anyState{alg: l.rec.p.alg}
 		*l.field(&a) = *s
@@ -81,7 +81,7 @@ func (l *storeLimiter[S, P]) retag(key uint64, id string, now int64) {
 }
 
 // ready converts p's entry for a look.
-func (l *storeLimiter[S, P]) ready(key uint64, id string, now int64) {
+func (l *storeLimiter[S, P]) ready(key uint64, id ident, now int64) {
 	if now < l.migrateUntil {
 		l.s.migrate(l.h, l.rec, key, id, now)
 	}
@@ -90,7 +90,7 @@ func (l *storeLimiter[S, P]) ready(key uint64, id string, now int64) {
 	}
 }
 
-func (l *storeLimiter[S, P]) peek(key uint64, id string, now, cost int64) bucket.Decision {
+func (l *storeLimiter[S, P]) peek(key uint64, id ident, now, cost int64) bucket.Decision {
 	l.ready(key, id, now)
 	s, _ := l.st.Peek(key, now)
 	return l.peekFn(s, now, cost)
@@ -109,7 +109,7 @@ type gcraLimiter struct {
 	g  bucket.GCRA
 }
 
-func (l *gcraLimiter) take(key uint64, id string, now, cost int64) bucket.Decision {
+func (l *gcraLimiter) take(key uint64, id ident, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
 		l.s.migrate(l.h, l.rec, key, id, now)
 	}
@@ -121,7 +121,7 @@ func (l *gcraLimiter) take(key uint64, id string, now, cost int64) bucket.Decisi
 }
 
 // takeSlow is take for an entry of another tag: convert it, then decide.
-func (l *gcraLimiter) takeSlow(key uint64, id string, now, cost int64) bucket.Verdict {
+func (l *gcraLimiter) takeSlow(key uint64, id ident, now, cost int64) bucket.Verdict {
 	l.retag(key, id, now)
 	if v, ok := l.st.AllowTagged(key, l.rec.tag, now, &l.g, cost); ok {
 		return v
@@ -130,7 +130,7 @@ func (l *gcraLimiter) takeSlow(key uint64, id string, now, cost int64) bucket.Ve
 }
 
 // retag converts p's entry, if it is of another tag, to the limiter's.
-func (l *gcraLimiter) retag(key uint64, id string, now int64) {
+func (l *gcraLimiter) retag(key uint64, id ident, now int64) {
 	l.st.Retag(key, l.rec.tag, now, func(from uint16, tat bucket.TAT) (bucket.TAT, bool) {
 		a := anyState{alg: quota.AlgorithmGCRA, tat: tat}
 		if l.h.carry(from, &a, id, l.rec, now) {
@@ -140,7 +140,7 @@ func (l *gcraLimiter) retag(key uint64, id string, now int64) {
 	})
 }
 
-func (l *gcraLimiter) peek(key uint64, id string, now, cost int64) bucket.Decision {
+func (l *gcraLimiter) peek(key uint64, id ident, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
 		l.s.migrate(l.h, l.rec, key, id, now)
 	}
@@ -159,7 +159,7 @@ type logLimiter struct {
 	log *bucket.SlidingLog
 }
 
-func (l *logLimiter) peek(key uint64, id string, now, cost int64) bucket.Decision {
+func (l *logLimiter) peek(key uint64, id ident, now, cost int64) bucket.Decision {
 	l.ready(key, id, now)
 	var d bucket.Decision
 	l.st.Update(key, now, func(s *bucket.SlidingLogState) { d = l.log.Peek(*s, now) })
@@ -356,7 +356,7 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 // (rulegen.go) and puts it where the new algorithm reads it. Decisions on
 // one key are serialized here while a migration may be pending, so no two
 // take the same entry's spend or decide between its take and its put.
-func (s *stores) migrate(h *ruleHist, want *tagRec, key uint64, id string, now int64) {
+func (s *stores) migrate(h *ruleHist, want *tagRec, key uint64, id ident, now int64) {
 	mu := &s.migrating[key%uint64(len(s.migrating))]
 	mu.Lock()
 	defer mu.Unlock()
