@@ -485,7 +485,7 @@ func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket
 	if err != nil {
 		// The caller gave up (ctx) or the rule is unknown mid-reload: the
 		// rule's local fallback decides, degraded.
-		o.Decision = p.spec.lim.take(p.key, now, p.cost)
+		o.Decision = p.spec.lim.take(p.key, p.ident(), now, p.cost)
 		o.Degraded = true
 		o.Source = cluster.SourceFailure
 	}

@@ -29,8 +29,9 @@ func (h *engineHolder) store(e *engine) { h.p.Store(e) }
 // crule is one compiled rule.
 type crule struct {
 	r          *quota.Rule
-	salt       uint64  // mixed with the identity hash so rules never share a key
-	keys       keyForm // per key-chain source: the namespaces of keyFormatNamespaced (keys.go)
+	salt       uint64    // mixed with the identity hash so rules never share a key
+	hist       *ruleHist // the rule's generations: what its entries' tags mean
+	keys       keyForm   // per key-chain source: the namespaces of keyFormatNamespaced (keys.go)
 	base       limitSpec
 	overrides  []map[string]*limitSpec // by key-chain source: identity → its override's limits; nil without overrides
 	tiers      map[string]*limitSpec
@@ -47,14 +48,21 @@ type crule struct {
 type limitSpec struct {
 	cid    string // the coordinator's rule id when the cluster decides it
 	lim    limiter
+	p      *params  // what lim's entries depend on
 	rel    releaser // lim as a releaser, nil for algorithms that hold nothing
 	limit  int64
 	burst  int64
 	window time.Duration
 }
 
-// install compiles set and makes it the one in force.
+// install compiles set and makes it the one in force. It costs O(rules),
+// whatever the number of live keys: entries are converted to changed rules
+// lazily (rulegen.go).
 func (n *Node) install(set *quota.Set) {
+	h := &n.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := n.now()
 	e := &engine{set: set, rules: make([]crule, set.Len())}
 	for i := range e.rules {
 		r := set.Rule(i)
@@ -64,8 +72,6 @@ func (n *Node) install(set *quota.Set) {
 			// Shadowed elsewhere, enforced in this node's region.
 			c.r.Shadow = false
 		}
-		c.salt = n.hasher.Sum("rule\x00" + r.ID)
-		n.compileKeys(c)
 		for _, k := range r.Key {
 			e.needs.ip = e.needs.ip || k.Kind == quota.KeyIP
 			e.needs.user = e.needs.user || k.Kind == quota.KeyUser
@@ -83,7 +89,7 @@ func (n *Node) install(set *quota.Set) {
 		}
 		c.base = *spec("", r.Limit, r.Burst)
 		if len(r.Overrides) > 0 {
-			c.overrides = make([]map[string]*limitSpec, len(c.keys.salts))
+			c.overrides = make([]map[string]*limitSpec, max(1, len(r.Key)))
 			for _, o := range r.Overrides {
 				src := c.sourceIndex(o.Source)
 				if src < 0 {
@@ -103,6 +109,8 @@ func (n *Node) install(set *quota.Set) {
 				c.tiers[t.Name] = spec(" tier "+t.Name, l, b)
 			}
 		}
+		n.bindHistory(c, now)
+		n.compileKeys(c) // from the salt of the incarnation bindHistory bound
 		if r.Penalty != nil {
 			p, err := bucket.NewPenalty(bucket.PenaltyConfig{Threshold: r.Penalty.After, Window: r.Penalty.Within, Base: r.Penalty.Base, Max: r.Penalty.Max})
 			if err != nil {
@@ -113,6 +121,7 @@ func (n *Node) install(set *quota.Set) {
 			c.penaltyRec = &rec
 		}
 	}
+	n.hist.installed(e, n.stores)
 	n.globalRules(e)
 	n.clusterRules(e)
 	for i := range e.rules {
@@ -193,6 +202,9 @@ type pending struct {
 	key    uint64
 	cost   int64
 }
+
+// ident returns p's identity as its rule's variants are picked by.
+func (p *pending) ident() ident { return ident{p.id, int(p.source)} }
 
 // newPending returns rule c's part of a request of identity id under spec
 // with format 1's key (namespace moves it to its namespace), idh being
@@ -387,11 +399,11 @@ func (n *Node) peek(p *pending, now int64) (bucket.Decision, bool) {
 		return bd, true
 	}
 	if p.remote() {
-		bd := p.spec.lim.peek(p.key, now, 0)
+		bd := p.spec.lim.peek(p.key, p.ident(), now, 0)
 		bd.Allowed, bd.RetryAfter = true, 0
 		return bd, false
 	}
-	return p.spec.lim.peek(p.key, now, p.cost), false
+	return p.spec.lim.peek(p.key, p.ident(), now, p.cost), false
 }
 
 // locked reports whether p's identity sits in the rule's penalty box, with
@@ -400,7 +412,7 @@ func (n *Node) locked(p *pending, now int64) (bucket.Decision, bool) {
 	if p.c.penalty == nil {
 		return bucket.Decision{}, false
 	}
-	bd := n.stores.penalty.Apply(p.key, now, p.c.penalty, 0)
+	bd := n.stores.penalty.Apply(p.c.hist.penaltyKey(p.key), now, p.c.penalty, 0)
 	return bd, !bd.Allowed
 }
 
@@ -426,7 +438,7 @@ func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int
 func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
 	bd, locked := n.peek(p, now)
 	if bd.Allowed && !p.remote() { // a remote rule's peek is already the state as it stands
-		bd = p.spec.lim.peek(p.key, now, 0)
+		bd = p.spec.lim.peek(p.key, p.ident(), now, 0)
 		bd.Allowed = true
 	}
 	n.report(d, p, bd, locked, now, false, false)
@@ -448,7 +460,7 @@ func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
 		n.report(d, p, bd, false, now, true, degraded)
 		return
 	}
-	n.report(d, p, p.spec.lim.take(p.key, now, p.cost), false, now, true, false)
+	n.report(d, p, p.spec.lim.take(p.key, p.ident(), now, p.cost), false, now, true, false)
 }
 
 // report turns one rule's bucket decision into the request's result. A
@@ -492,7 +504,7 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 		n.ops.recent.add(p.key, now, true)
 		n.addHitter(n.throttled, now, p)
 		if c.penalty != nil && !locked {
-			if bl := n.stores.penalty.Apply(p.key, now, c.penaltyRec, 1); !bl.Allowed {
+			if bl := n.stores.penalty.Apply(p.c.hist.penaltyKey(p.key), now, c.penaltyRec, 1); !bl.Allowed {
 				c.stats.lockouts.add(stripe)
 			}
 		}

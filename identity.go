@@ -208,12 +208,12 @@ func (n *Node) bucketReport(ctx context.Context, p *pending, now int64) BucketRe
 	}
 	// The state as it stands (a look at cost 0), and whether one request
 	// of the rule's cost would pass now (a look at that cost).
-	st := p.spec.lim.peek(p.key, now, 0)
+	st := p.spec.lim.peek(p.key, p.ident(), now, 0)
 	br.Known = true
 	br.Remaining = st.Remaining
 	br.ResetAfterMS = durMS(st.Reset)
 	br.Full = st.Reset <= 0
-	if bd := p.spec.lim.peek(p.key, now, p.cost); !br.Locked && !bd.Allowed {
+	if bd := p.spec.lim.peek(p.key, p.ident(), now, p.cost); !br.Locked && !bd.Allowed {
 		br.RetryAfterMS = max(durMS(bd.RetryAfter), 1)
 		if bd.RetryAfter == bucket.Never {
 			br.RetryAfterMS = -1

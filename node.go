@@ -161,6 +161,7 @@ type Node struct {
 	holder  *quota.Holder
 	watcher *quota.Watcher
 	eng     engineHolder
+	hist    histories    // every rule's generations (rulegen.go)
 	cluster *clusterPart // nil without Config.Cluster
 	lease   *leasePart   // nil without Config.Lease
 	global  *globalPart  // nil unless global rules are leased (global_node.go)

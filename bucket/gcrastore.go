@@ -180,7 +180,7 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 // count to compute). GCRA.Decision gives the whole Decision from it. Safe
 // for concurrent use.
 func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
-	h := mix(key)
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
 		s := t.slots
@@ -189,7 +189,7 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 		for {
 			e := &s[i&mask]
 			k := e.key.Load()
-			if k == h {
+			if k&^tagMask == h { // whatever its tag
 				v := e.tat.Load()
 				for v >= 0 { // live: step it, CAS the change in
 					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
@@ -215,14 +215,72 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 			i++
 		}
 	}
-	return st.allowSlow(sh, h, now, g, cost)
+	d, _ := st.allowSlow(sh, h, 0, false, now, g, cost)
+	return d
 }
 
-// allowSlow is Allow under the shard mutex.
-func (st *GCRAStore) allowSlow(sh *gshard, h uint64, now int64, g *GCRA, cost int64) Verdict {
+// AllowTagged is Allow for entries that record the rule they were written
+// under: tag (below 1<<TagBits) names that rule, for the caller, and a key
+// inserted here gets it. If key holds a live entry under another tag it
+// changes nothing and returns false: the caller converts the entry with
+// Retag and asks again. A key's entry is found whatever its tag (a tag is a
+// label, not part of the key), so Allow, Peek and Update see it too. For a
+// key already present under tag it costs what Allow costs. Safe for
+// concurrent use.
+//
+// Its fast path is a copy of Allow's with an exact key compare, so that
+// neither pays for the other's test.
+func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cost int64) (Verdict, bool) {
+	h := keyWord(key)
+	want := h | uint64(tag&tagMask)
+	sh := &st.shards[h>>st.shardShift]
+	if t := sh.table.Load(); t != nil {
+		s := t.slots
+		mask := len(s) - 1
+		i := int((h << (st.shardBits & 63)) >> (t.shift & 63)) // both < 64: no shift-overflow fixup
+		for {
+			e := &s[i&mask]
+			k := e.key.Load()
+			if k == want {
+				v := e.tat.Load()
+				for v >= 0 { // live: step it, CAS the change in
+					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
+						n := satAdd(max(v, now), cost*g.t)
+						if used := n - now; used <= g.tau {
+							if e.tat.CompareAndSwap(v, n) {
+								return Verdict{Reset: time.Duration(used)}, true
+							}
+							v = e.tat.Load()
+							continue
+						}
+					}
+					// A rejection or cost <= 0: the state does not change.
+					d, _ := g.verdict(v, now, cost)
+					return d, true
+				}
+				if v != tombTAT {
+					break // sealed: rebuild or Update in progress
+				}
+			} else if k == 0 || (k&^tagMask == h && e.tat.Load() != tombTAT) {
+				break // absent here, or under another tag: under the mutex
+			}
+			i++
+		}
+	}
+	return st.allowSlow(sh, h, tag, true, now, g, cost)
+}
+
+// allowSlow is Allow (strict false: an entry of any tag is stepped) and
+// AllowTagged (strict: an entry of another tag is left alone) under the
+// shard mutex.
+func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, strict bool, now int64, g *GCRA, cost int64) (Verdict, bool) {
 	sh.mu.Lock()
 	t := sh.table.Load()
 	i, ok := st.find(t, h)
+	if ok && strict && t.slots[i].key.Load() != h|uint64(tag&tagMask) {
+		sh.mu.Unlock()
+		return Verdict{}, false
+	}
 	if ok {
 		e := &t.slots[i]
 		for {
@@ -242,45 +300,95 @@ func (st *GCRAStore) allowSlow(sh *gshard, h uint64, now int64, g *GCRA, cost in
 				continue
 			}
 			sh.mu.Unlock()
-			return d
+			return d, true
 		}
 	}
 	d, n := g.verdict(0, now, cost)
 	if cost > 0 && n > now && n > 0 {
-		st.insert(sh, t, h, i, n, now)
+		st.insert(sh, t, h|uint64(tag&tagMask), i, n, now)
 	}
 	sh.mu.Unlock()
-	return d
+	return d, true
+}
+
+// Retag converts key's entry, if it holds one under another tag than tag,
+// to tag: fn gets the entry's tag and TAT and returns the TAT under tag (a
+// TAT idle at now removes the entry), or false to leave the entry as it is.
+// It runs under the shard mutex with the entry sealed against fast paths;
+// fn must not call the store. Retag reports false only when fn did. Safe for
+// concurrent use.
+func (st *GCRAStore) Retag(key uint64, tag uint16, now int64, fn func(from uint16, tat TAT) (TAT, bool)) bool {
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.table.Load()
+	i, ok := st.find(t, h)
+	if !ok {
+		return true
+	}
+	e := &t.slots[i]
+	from := uint16(e.key.Load() & tagMask)
+	if from == tag&tagMask {
+		return true
+	}
+	v := e.tat.Load()
+	for !e.tat.CompareAndSwap(v, v|sealBit) {
+		v = e.tat.Load()
+	}
+	n, ok := fn(from, TAT(v))
+	if !ok {
+		e.tat.Store(v)
+		return false
+	}
+	e.key.Store(h | uint64(tag&tagMask))
+	if int64(n) > now && n > 0 {
+		e.tat.Store(int64(n))
+		return true
+	}
+	e.tat.Store(tombTAT)
+	sh.live--
+	sh.tombs++
+	st.maybeShrink(sh, t, now)
+	return true
 }
 
 // Peek returns key's TAT and true if an entry exists and is not idle at now;
 // otherwise 0 and false. Lock-free unless a rebuild is in progress.
 func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
-	h := mix(key)
+	tat, _, ok := st.PeekTagged(key, now)
+	return tat, ok
+}
+
+// PeekTagged is Peek that also returns the tag the entry was written under
+// (see AllowTagged). It converts nothing. Lock-free unless a rebuild is in
+// progress.
+func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	t := sh.table.Load()
 	if t == nil {
-		return 0, false // tables only ever go from nil to non-nil
+		return 0, 0, false // tables only ever go from nil to non-nil
 	}
 	s := t.slots
 	mask := len(s) - 1
 	for i := int((h << (st.shardBits & 63)) >> (t.shift & 63)); ; i++ {
 		e := &s[i&mask]
 		k := e.key.Load()
-		if k == h {
+		if k&^tagMask == h {
 			v := e.tat.Load()
 			if v >= 0 {
 				if v <= now {
-					return 0, false
+					return 0, 0, false
 				}
-				return TAT(v), true
+				return TAT(v), uint16(k & tagMask), true
 			}
 			if v != tombTAT {
 				break
 			}
 		} else if k == 0 {
 			if sh.table.Load() == t {
-				return 0, false
+				return 0, 0, false
 			}
 			break
 		}
@@ -290,12 +398,67 @@ func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
 	t = sh.table.Load()
 	i, ok := st.find(t, h)
 	if !ok {
-		return 0, false
+		return 0, 0, false
 	}
 	if v := t.slots[i].tat.Load(); v > now {
-		return TAT(v), true
+		return TAT(v), uint16(t.slots[i].key.Load() & tagMask), true
 	}
-	return 0, false
+	return 0, 0, false
+}
+
+// Take removes key's entry and returns its TAT and tag, and true if it was
+// there and not idle at now. Safe for concurrent use.
+func (st *GCRAStore) Take(key uint64, now int64) (TAT, uint16, bool) {
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.table.Load()
+	i, ok := st.find(t, h)
+	if !ok {
+		return 0, 0, false
+	}
+	e := &t.slots[i]
+	tag := uint16(e.key.Load() & tagMask)
+	v := e.tat.Swap(tombTAT) // a fast path's CAS then fails (I5)
+	sh.live--
+	sh.tombs++
+	st.maybeShrink(sh, t, now)
+	if v <= now {
+		return 0, 0, false
+	}
+	return TAT(v), tag, true
+}
+
+// Put stores tat under tag for key, replacing any entry (a TAT idle at now
+// removes it). Safe for concurrent use.
+func (st *GCRAStore) Put(key uint64, tag uint16, now int64, tat TAT) {
+	h := keyWord(key)
+	sh := &st.shards[h>>st.shardShift]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.table.Load()
+	i, ok := st.find(t, h)
+	if ok {
+		e := &t.slots[i]
+		v := e.tat.Load()
+		for !e.tat.CompareAndSwap(v, v|sealBit) {
+			v = e.tat.Load()
+		}
+		e.key.Store(h | uint64(tag&tagMask))
+		if int64(tat) > now && tat > 0 {
+			e.tat.Store(int64(tat))
+			return
+		}
+		e.tat.Store(tombTAT)
+		sh.live--
+		sh.tombs++
+		st.maybeShrink(sh, t, now)
+		return
+	}
+	if int64(tat) > now && tat > 0 {
+		st.insert(sh, t, h|uint64(tag&tagMask), i, int64(tat), now)
+	}
 }
 
 // Update calls fn on key's TAT under the shard mutex (a zero TAT if absent),
@@ -304,7 +467,7 @@ func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
 // is called exactly once and must not call the store. Safe for concurrent
 // use.
 func (st *GCRAStore) Update(key uint64, now int64, fn func(s *TAT)) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -344,7 +507,7 @@ func (st *GCRAStore) Update(key uint64, now int64, fn func(s *TAT)) {
 
 // Delete removes key's entry if present. Safe for concurrent use.
 func (st *GCRAStore) Delete(key uint64) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	sh.mu.Lock()
 	t := sh.table.Load()
@@ -396,7 +559,7 @@ func (st *GCRAStore) find(t *gtable, h uint64) (int, bool) {
 		if k == 0 {
 			return i, false
 		}
-		if k == h && e.tat.Load() >= 0 {
+		if k&^tagMask == h&^tagMask && e.tat.Load() >= 0 {
 			return i, true
 		}
 		i = (i + 1) & mask

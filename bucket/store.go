@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // StoreConfig configures a Store. The zero value works: 10 M keys over 256
@@ -84,6 +86,7 @@ type shard[S any, P State[S]] struct {
 type Store[S any, P State[S]] struct {
 	shards []shard[S, P]
 	layout
+	grace atomic.Int64 // SetGrace
 }
 
 // NewStore returns an empty Store. Tables are allocated lazily on first
@@ -160,6 +163,26 @@ func newLayout(cfg StoreConfig) (layout, int, error) {
 	return layout{shardShift: 64 - sb, shardBits: sb, perShard: (cfg.MaxKeys + cfg.Shards - 1) / cfg.Shards}, cfg.Shards, nil
 }
 
+// TagBits is the width of the tag an entry of a Store or GCRAStore records
+// (AllowTagged, ApplyTagged): tags are below 1<<TagBits.
+const TagBits = 12
+
+// tagMask selects the tag in a stored key word: the low TagBits bits, the
+// worst-mixed bits of a multiplicative hash. Shards and home slots are
+// picked from the high bits, so a tag change never moves an entry; keys
+// compare on the bits above the tag.
+const tagMask = 1<<TagBits - 1
+
+// keyWord maps a caller's key to its stored key word with a zero tag: mix's
+// bits above the tag, never 0.
+func keyWord(key uint64) uint64 {
+	h := mix(key) &^ tagMask
+	if h == 0 {
+		h = golden &^ tagMask
+	}
+	return h
+}
+
 // mix maps a caller's key to the stored key: a bijection with 0 reserved.
 func mix(key uint64) uint64 {
 	if key == 0 {
@@ -187,7 +210,7 @@ func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) {
 	i := st.home(sh, h)
 	for {
 		k := sh.slots[i].key
-		if k == h {
+		if k&^tagMask == h&^tagMask {
 			return i, true
 		}
 		if k == 0 {
@@ -203,28 +226,83 @@ func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) {
 // the key cap, evict one (see StoreStats). Apply allocates nothing except when
 // a table grows. Safe for concurrent use.
 func (st *Store[S, P]) Apply(key uint64, now int64, alg Stepper[S], cost int64) Decision {
-	h := mix(key)
+	d, _ := st.apply(key, 0, false, now, alg, cost)
+	return d
+}
+
+// ApplyTagged is Apply for entries that record the rule they were written
+// under: tag (below 1<<TagBits) names that rule, for the caller, and a key
+// inserted here gets it. If key holds an entry under another tag it changes
+// nothing and returns false: the caller converts the entry with Retag and
+// asks again. A key's entry is found whatever its tag (a tag is a label, not
+// part of the key), so Apply, Peek and Update see it too. Safe for
+// concurrent use.
+func (st *Store[S, P]) ApplyTagged(key uint64, tag uint16, now int64, alg Stepper[S], cost int64) (Decision, bool) {
+	return st.apply(key, tag, true, now, alg, cost)
+}
+
+// apply is Apply (strict false: an entry of any tag is stepped) and
+// ApplyTagged (strict: an entry of another tag is left alone).
+func (st *Store[S, P]) apply(key uint64, tag uint16, strict bool, now int64, alg Stepper[S], cost int64) (Decision, bool) {
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	i, ok := st.find(sh, h)
 	if ok {
-		p := &sh.slots[i].state
+		e := &sh.slots[i]
+		if strict && e.key != h|uint64(tag&tagMask) {
+			// Even an idle entry: converted, it may be live again (a
+			// lengthened window).
+			sh.mu.Unlock()
+			return Decision{}, false
+		}
+		p := &e.state
 		d := alg.Step(p, now, cost)
 		if P(p).Idle(now) {
 			st.deleteAt(sh, i)
 			st.maybeShrink(sh)
 		}
 		sh.mu.Unlock()
-		return d
+		return d, true
 	}
 	var zero S
 	*sh.scratch = zero
 	d := alg.Step(sh.scratch, now, cost)
 	if !P(sh.scratch).Idle(now) {
-		st.insert(sh, h, i, now)
+		st.insert(sh, h|uint64(tag&tagMask), i, now)
 	}
 	sh.mu.Unlock()
-	return d
+	return d, true
+}
+
+// Retag converts key's entry, if it holds one under another tag than tag,
+// to tag: fn gets the entry's tag and state, converts the state in place
+// and returns true, or returns false to leave the entry as it is (an Idle
+// result removes the entry). It runs under the shard lock; fn must not call
+// the store. Retag reports false only when fn did. Safe for concurrent use.
+func (st *Store[S, P]) Retag(key uint64, tag uint16, now int64, fn func(from uint16, s *S) bool) bool {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, ok := st.find(sh, h)
+	if !ok {
+		return true
+	}
+	e := &sh.slots[i]
+	from := uint16(e.key & tagMask)
+	if from == tag&tagMask {
+		return true
+	}
+	if !fn(from, &e.state) {
+		return false
+	}
+	e.key = h | uint64(tag&tagMask)
+	if P(&e.state).Idle(now) {
+		st.deleteAt(sh, i)
+		st.maybeShrink(sh)
+	}
+	return true
 }
 
 // Peek returns a copy of key's state and true if an entry exists and is not
@@ -232,24 +310,45 @@ func (st *Store[S, P]) Apply(key uint64, now int64, alg Stepper[S], cost int64) 
 // SlidingLogState it shares the ring with the stored entry, so read it only
 // while no Apply on the key can run. Safe for concurrent use.
 func (st *Store[S, P]) Peek(key uint64, now int64) (S, bool) {
-	h := mix(key)
+	s, _, ok := st.PeekTagged(key, now)
+	if !ok || P(&s).Idle(now) {
+		var zero S
+		return zero, false
+	}
+	return s, true
+}
+
+// PeekTagged returns a copy of key's state (shallow, as Peek's), the tag it
+// was written under (see ApplyTagged) and true if an entry exists, Idle or
+// not (converted to another rule, an idle state may be live again). It
+// converts nothing. Safe for concurrent use.
+func (st *Store[S, P]) PeekTagged(key uint64, now int64) (S, uint16, bool) {
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, ok := st.find(sh, h)
-	if !ok || P(&sh.slots[i].state).Idle(now) {
+	if !ok {
 		var zero S
-		return zero, false
+		return zero, 0, false
 	}
-	return sh.slots[i].state, true
+	return sh.slots[i].state, uint16(sh.slots[i].key & tagMask), true
 }
+
+// SetGrace makes the sweep and the key cap treat an entry as idle only once
+// it has been Idle for d ns: while some tagged entries may still be
+// converted to rules under which they live longer (a lengthened window),
+// they are kept that long. 0 (the default) drops entries as soon as they
+// are Idle. Safe for concurrent use.
+func (st *Store[S, P]) SetGrace(d time.Duration) { st.grace.Store(int64(max(d, 0))) }
 
 // Update calls fn on key's state under the shard lock, inserting a zero state
 // first if the key is absent, and drops the entry if it is Idle afterwards.
-// For rare paths (releasing a concurrency slot, inspection); fn must not call
-// the Store. May allocate. Safe for concurrent use.
+// An entry keeps its tag; one inserted here gets tag 0. For rare paths
+// (releasing a concurrency slot, inspection); fn must not call the Store.
+// May allocate. Safe for concurrent use.
 func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -270,9 +369,52 @@ func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
 	}
 }
 
+// Take removes key's entry and returns its state and tag, and true if it
+// was there (Idle or not: converted to another rule, an idle state may be
+// live again). Safe for concurrent use.
+func (st *Store[S, P]) Take(key uint64, now int64) (S, uint16, bool) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	var zero S
+	i, ok := st.find(sh, h)
+	if !ok {
+		return zero, 0, false
+	}
+	s, tag := sh.slots[i].state, uint16(sh.slots[i].key&tagMask)
+	st.deleteAt(sh, i)
+	st.maybeShrink(sh)
+	return s, tag, true
+}
+
+// Put stores s under tag for key, replacing any entry (an Idle s removes
+// it). May allocate. Safe for concurrent use.
+func (st *Store[S, P]) Put(key uint64, tag uint16, now int64, s S) {
+	h := keyWord(key)
+	sh := st.shardOf(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, ok := st.find(sh, h)
+	if ok {
+		sh.slots[i] = slot[S]{key: h | uint64(tag&tagMask), state: s}
+		if P(&sh.slots[i].state).Idle(now) {
+			st.deleteAt(sh, i)
+			st.maybeShrink(sh)
+		}
+		return
+	}
+	*sh.scratch = s
+	if !P(sh.scratch).Idle(now) {
+		st.insert(sh, h|uint64(tag&tagMask), i, now)
+	}
+	var zero S
+	*sh.scratch = zero
+}
+
 // Delete removes key's entry if present. Safe for concurrent use.
 func (st *Store[S, P]) Delete(key uint64) {
-	h := mix(key)
+	h := keyWord(key)
 	sh := st.shardOf(h)
 	sh.mu.Lock()
 	if i, ok := st.find(sh, h); ok {
@@ -301,6 +443,7 @@ func (st *Store[S, P]) Stats() StoreStats {
 // find stopped (-1 if there is no table). It evicts at the cap, grows at
 // load 3/4, and advances the sweep hand.
 func (st *Store[S, P]) insert(sh *shard[S, P], h uint64, at int, now int64) {
+	now -= st.grace.Load() // idle for the sweep and the cap: see SetGrace
 	moved := false
 	if sh.count >= st.perShard {
 		if st.perShard == 0 {

@@ -171,8 +171,8 @@ func (sw *SlidingWindow) Peek(s SlidingState, now int64) Decision {
 	return sw.decide(sw.current(s, now), now, 0)
 }
 
-// current rolls the state to the aligned window containing now (or keeps it
-// when now went back before its start).
+// current rolls the state to the window containing now (or keeps it when
+// now went back before its start).
 func (sw *SlidingWindow) current(s SlidingState, now int64) SlidingState {
 	if s.Prev == 0 && s.Cur == 0 {
 		start := floorDiv(now, sw.w) * sw.w
@@ -181,10 +181,13 @@ func (sw *SlidingWindow) current(s SlidingState, now int64) SlidingState {
 	if now < s.End {
 		return s
 	}
-	start := floorDiv(now, sw.w) * sw.w
-	if start == s.End {
-		return SlidingState{Start: start, End: start + sw.w, Prev: s.Cur}
+	if now < s.End+sw.w {
+		// The next window: for an aligned state the one containing now. (A
+		// state carried over from another window length by Convert is not
+		// aligned; its windows follow on from it.)
+		return SlidingState{Start: s.End, End: s.End + sw.w, Prev: s.Cur}
 	}
+	start := floorDiv(now, sw.w) * sw.w
 	return SlidingState{Start: start, End: start + sw.w}
 }
 

@@ -192,10 +192,13 @@ type RuleParams struct {
 	// the queue's departure time, which its entry holds in tat. Its
 	// spacing T equals gcra's (both ⌈window ÷ limit⌉), so gcra's Charge
 	// and the handoff's debt arithmetic apply to the departure unchanged.
-	leaky  bool
-	lk     bucket.Leaky
-	sk     *countMin // this coordinator's sketch of a gated rule
-	leased bool      // decided on the owner through CoordinatorConfig.Shares
+	leaky bool
+	lk    bucket.Leaky
+	// maxDelay is the rule's MaxDelay (ns) as given, which a handoff
+	// names with the other parameters (HandoffItem).
+	maxDelay int64
+	sk       *countMin // this coordinator's sketch of a gated rule
+	leased   bool      // decided on the owner through CoordinatorConfig.Shares
 	// plain: a gcra rule that is not leased, decided on the owner by
 	// gcra.Step alone (SetRules sets it): ownerStep's one test.
 	plain bool
@@ -258,7 +261,8 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	}
 	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
 		Limit: r.Limit, Window: r.Window, Burst: burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme,
-		Algorithm: algo, gcra: g, fixed: algo == quota.AlgorithmFixedWindow, fw: fw, leaky: algo == quota.AlgorithmLeakyBucket, lk: lk}, nil
+		Algorithm: algo, gcra: g, fixed: algo == quota.AlgorithmFixedWindow, fw: fw, leaky: algo == quota.AlgorithmLeakyBucket, lk: lk,
+		maxDelay: int64(r.MaxDelay)}, nil
 }
 
 // Slack returns the slack sᵢ every node of a region of n live nodes holds
@@ -492,11 +496,22 @@ type ResultItem struct {
 // queue is appended to the new owner's, as debts add); for a fixed_window
 // rule the time until the window ends (ns), and Count the tokens counted
 // in it. Count is 0 for the other algorithms.
+//
+// Algorithm, Limit, Window, Burst and MaxDelay are the parameters of the
+// rule the state was written under: a new owner whose rule has changed
+// since converts the state to its rule as SetRules converts its own
+// buckets (an algorithm changed: the identity starts over). Limit 0 means
+// unknown: the state is read under the new owner's rule as it is.
 type HandoffItem struct {
-	Rule     string
-	Identity string
-	Debt     int64
-	Count    int64
+	Rule      string
+	Identity  string
+	Debt      int64
+	Count     int64
+	Algorithm quota.Algorithm
+	Limit     int64
+	Window    int64 // ns
+	Burst     int64
+	MaxDelay  int64 // ns
 }
 
 // Envelope is a message and its destination.
@@ -798,9 +813,15 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 	}
 }
 
-// SetRules installs the rules the coordinator decides. A rule whose version
-// changed loses its cached views (not its spend, which is still reported).
-func (c *Coordinator) SetRules(rules []RuleParams) {
+// SetRules installs the rules the coordinator decides, at now (unix ns).
+// An identity's state under a rule whose limit, burst, window or max delay
+// changed is carried over as tokens, as on one node (docs/rules.md, "When
+// a rule changes"): owner buckets, this node's views of them and its
+// fallback buckets are converted at now; spend not yet acknowledged is
+// still reported. A rule whose algorithm changes charges the whole tokens
+// spent to a fresh owner state of the new algorithm; a rule removed drops
+// its owner buckets, so that one added again starts empty.
+func (c *Coordinator) SetRules(now int64, rules []RuleParams) {
 	next := make(map[string]*RuleParams, len(rules))
 	for i := range rules {
 		r := rules[i]
@@ -813,10 +834,24 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	var changed []entryKey
 	c.entries.all(func(k entryKey, e *nodeEntry) {
 		if r, ok := next[k.rule]; ok && r.Version != e.version {
-			e.view, e.version = 0, r.Version
+			// The view of a GCRA bucket or a queue converts as the owner
+			// converts the bucket; a window's is dropped (the next sync
+			// brings it). The fallback is a GCRA bucket of the rule.
+			if o := c.rules[k.rule]; o != nil && convertible(o, r) {
+				if !r.fixed && e.view != 0 {
+					e.view = int64(r.convertTAT(o, bucket.TAT(e.view), now))
+				} else {
+					e.view = 0
+				}
+				e.fallback = r.gcra.Convert(o.gcra, e.fallback, now)
+			} else {
+				e.view = 0
+			}
+			e.version = r.Version
 			changed = append(changed, k)
 		}
 	})
+	c.convertOwned(next, now)
 	// Queued on the wake heaps in key order, not map order: which of the
 	// entries due at the same time leaves a heap first depends on the
 	// order they went in, and the key cap picks its victims from there.
@@ -824,7 +859,7 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	for _, k := range changed {
 		c.watch(c.entries.get(k))
 	}
-	c.dropRetyped(next)
+	c.retype(next, now)
 	c.setSketches(c.rules, next)
 	c.rules = next
 	c.lastRule = nil
@@ -834,28 +869,110 @@ func (c *Coordinator) SetRules(rules []RuleParams) {
 	}
 }
 
-// dropRetyped drops the owner entries of rules whose algorithm changes
-// (from gcra to fixed_window, say): a TAT read as a window's end or a
-// queue's departure means nothing, so the identity starts over. Rules that
-// keep their algorithm keep their state: a GCRA bucket its TAT, a window
-// its count, a queue its departure.
-func (c *Coordinator) dropRetyped(next map[string]*RuleParams) {
-	var drop []entryKey
-	for id, old := range c.rules {
-		if r, ok := next[id]; ok && r.Algorithm != old.Algorithm {
+// convertible reports whether the state of rule o carries over to r by
+// conversion: same algorithm, other parameters, and not decided through
+// leases (whose shares are the lease group's).
+func convertible(o, r *RuleParams) bool {
+	return o.Algorithm == r.Algorithm && !o.leased && !r.leased
+}
+
+// sameState reports whether o and r read a stored state alike.
+func sameState(o, r *RuleParams) bool {
+	return o.gcra == r.gcra && o.fw == r.fw && o.lk == r.lk
+}
+
+// convertTAT carries a TAT (a GCRA bucket's, or a leaky queue's departure)
+// of rule o over to r at now.
+func (r *RuleParams) convertTAT(o *RuleParams, tat bucket.TAT, now int64) bucket.TAT {
+	if r.leaky {
+		return bucket.TAT(r.lk.Convert(o.lk, bucket.Departure(tat), now))
+	}
+	return r.gcra.Convert(o.gcra, tat, now)
+}
+
+// convertOwned converts, at now, the owner buckets of the rules whose
+// parameters change to next and keep their algorithm, in key order.
+func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
+	var keys []entryKey
+	for id, o := range c.rules {
+		if r, ok := next[id]; ok && convertible(o, r) && !sameState(o, r) {
 			if t := c.owned.of(id, false); t != nil {
 				ids, _ := t.appendAll(nil, nil)
 				for _, identity := range ids {
-					drop = append(drop, entryKey{id, identity})
+					keys = append(keys, entryKey{id, identity})
 				}
 			}
 		}
 	}
-	// Dropped in key order, not map order (the key cap's heaps).
-	slices.SortFunc(drop, cmpKey)
-	for _, k := range drop {
-		c.dropOwned(c.owned.get(k))
+	slices.SortFunc(keys, cmpKey)
+	for _, k := range keys {
+		oe := c.owned.get(k)
+		if oe == nil || oe.dead {
+			continue
+		}
+		o, r := c.rules[k.rule], next[k.rule]
+		if r.fixed {
+			oe.setFixed(r.fw.Convert(o.fw, oe.fixedState(), now))
+		} else {
+			oe.tat = r.convertTAT(o, oe.tat, now)
+		}
+		c.watchOwned(oe)
 	}
+}
+
+// retype carries, at now, the owner entries of rules whose algorithm
+// changes (from gcra to fixed_window, say) across the change, and drops
+// those of rules that next no longer has: the whole tokens an identity had
+// spent under the old algorithm are charged to a fresh state of the new one
+// (bucket's Spent and Booked: never more than the new rule allows), and a
+// rule removed and added again later starts empty. A leased rule's state is
+// its share's: across an algorithm change it starts over.
+func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
+	var keys []entryKey
+	for id, old := range c.rules {
+		if r, ok := next[id]; !ok || r.Algorithm != old.Algorithm {
+			if t := c.owned.of(id, false); t != nil {
+				ids, _ := t.appendAll(nil, nil)
+				for _, identity := range ids {
+					keys = append(keys, entryKey{id, identity})
+				}
+			}
+		}
+	}
+	// In key order, not map order (the key cap's heaps).
+	slices.SortFunc(keys, cmpKey)
+	for _, k := range keys {
+		oe := c.owned.get(k)
+		if oe == nil || oe.dead {
+			continue
+		}
+		o, r := c.rules[k.rule], next[k.rule]
+		if r == nil || o.leased || r.leased {
+			c.dropOwned(oe)
+			continue
+		}
+		spent := o.spentOwned(oe, now)
+		switch {
+		case r.fixed:
+			oe.setFixed(r.fw.Booked(spent, now))
+		case r.leaky:
+			oe.tat, oe.count = bucket.TAT(r.lk.Booked(spent, now)), 0
+		default:
+			oe.tat, oe.count = r.gcra.Booked(spent, now), 0
+		}
+		c.watchOwned(oe)
+	}
+}
+
+// spentOwned returns the whole tokens oe had spent under rule o at now.
+func (o *RuleParams) spentOwned(oe *ownerEntry, now int64) int64 {
+	switch {
+	case o.fixed:
+		return o.fw.Spent(oe.fixedState(), now)
+	case o.leaky:
+		return o.lk.Spent(bucket.Departure(oe.tat), now)
+	}
+	return o.gcra.Spent(oe.tat, now)
 }
 
 // Stats returns the coordinator's counters.
@@ -1243,6 +1360,8 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 	for _, h := range hs {
 		k := entryKey{h.Rule, h.Identity}
 		hk := hashID(k.identity)
+		r := c.rules[h.Rule]
+		keep := r == nil || convertHandoff(now, r, &h)
 		oe := c.owned.getH(k, hk)
 		if oe == nil || oe.handed {
 			// What we kept after handing it over is in the state
@@ -1258,9 +1377,11 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 		// node re-reported here that the old owner had also charged but
 		// not yet acknowledged is counted twice: at most its slack, once
 		// per ring change, never an excess.)
-		if r := c.rules[h.Rule]; r != nil && r.fixed {
+		switch {
+		case !keep:
+		case r != nil && r.fixed:
 			mergeFixed(now, oe, h)
-		} else {
+		default:
 			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
 		}
 		// The state is here: the warm-up ends, unless requests relayed to
@@ -1271,6 +1392,41 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 		}
 		c.watchOwned(oe)
 	}
+}
+
+// convertHandoff converts, at now, the state h hands over from the rule it
+// was written under to r, the rule this node decides, when they differ: as
+// SetRules converts an owner bucket. It reports false when the state does
+// not carry over (the algorithm changed: the identity starts over). A
+// leased rule's state is its share's, read as it is; so is a state whose
+// rule h does not name (Limit 0).
+func convertHandoff(now int64, r *RuleParams, h *HandoffItem) bool {
+	if h.Limit == 0 || r.leased {
+		return true
+	}
+	if h.Algorithm == r.Algorithm && h.Limit == r.Limit && h.Window == int64(r.Window) && h.Burst == r.Burst && h.MaxDelay == r.maxDelay {
+		return true
+	}
+	if h.Algorithm != r.Algorithm {
+		return false
+	}
+	o, err := NewRuleParams(&quota.Rule{ID: h.Rule, Mode: quota.ModeExact, Algorithm: h.Algorithm,
+		Limit: h.Limit, Window: time.Duration(h.Window), Burst: h.Burst, MaxDelay: time.Duration(h.MaxDelay)}, 0)
+	if err != nil {
+		// Parameters no rule has: the state is read as it is, as from a
+		// node that names none.
+		return true
+	}
+	if r.fixed {
+		st := r.fw.Convert(o.fw, bucket.FixedState{End: now + max(h.Debt, 0), Count: h.Count}, now)
+		h.Debt, h.Count = st.End-now, st.Count
+		if st.Idle(now) {
+			h.Debt, h.Count = 0, 0
+		}
+		return true
+	}
+	h.Debt = int64(r.convertTAT(&o, bucket.TAT(now+max(h.Debt, 0)), now)) - now
+	return true
 }
 
 // mergeFixed merges a handed-over window into oe's under a fixed_window
@@ -1744,8 +1900,12 @@ func (c *Coordinator) handOff(now int64, to string, oe *ownerEntry) {
 	if int64(oe.tat) <= now {
 		return
 	}
+	h := HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now, Count: oe.count}
+	if r := c.rules[oe.key.rule]; r != nil {
+		h.Algorithm, h.Limit, h.Window, h.Burst, h.MaxDelay = r.Algorithm, r.Limit, int64(r.Window), r.Burst, r.maxDelay
+	}
 	m := c.outbox(to)
-	m.Handoffs = appendItem(m.Handoffs, &c.pools.handoffs, HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now, Count: oe.count})
+	m.Handoffs = appendItem(m.Handoffs, &c.pools.handoffs, h)
 }
 
 // markHandedOver tells every other member of t that this node has queued

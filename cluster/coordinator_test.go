@@ -65,7 +65,7 @@ func newHarness(t *testing.T, n int, oneway time.Duration, rules ...quota.Rule) 
 	params := ruleParams(t, rules)
 	for _, name := range h.names {
 		c := NewCoordinator(CoordinatorConfig{Self: name, SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
-		c.SetRules(params)
+		c.SetRules(0, params)
 		c.SetTable(h.now, ring)
 		h.nodes[name] = c
 		h.waiting[name] = map[uint64]int64{}
@@ -421,7 +421,7 @@ func TestLostMessagesCannotDoubleCount(t *testing.T) {
 	rule := gcraRule("r", quota.ModeShared, 6000, time.Minute, 1000)
 	c := NewCoordinator(CoordinatorConfig{Self: "owner"})
 	p, _ := NewRuleParams(&rule, 1)
-	c.SetRules([]RuleParams{p})
+	c.SetRules(0, []RuleParams{p})
 	now := t0
 	for _, total := range []int64{5, 5, 3, 9, 9, 12} { // repeats and a reordered older report
 		c.Step(now, "n1", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 1, Total: total}}})
@@ -516,7 +516,7 @@ func TestRestartedNodeIsCharged(t *testing.T) {
 	rule := gcraRule("r", quota.ModeShared, 6000, time.Minute, 1000)
 	owner := NewCoordinator(CoordinatorConfig{Self: "owner"})
 	p, _ := NewRuleParams(&rule, 1)
-	owner.SetRules([]RuleParams{p})
+	owner.SetRules(0, []RuleParams{p})
 	now := t0
 	owner.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 1000 + 7, Total: 50}}})
 	owner.Step(now, "gw", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "x", Gen: 2000 + 1, Total: 5}}}) // the restarted run
@@ -525,7 +525,7 @@ func TestRestartedNodeIsCharged(t *testing.T) {
 		t.Fatalf("charged %d ns, want %d (50 + the restarted node's 5)", got, want)
 	}
 	c := NewCoordinator(CoordinatorConfig{Self: "gw", Incarnation: 2000})
-	c.SetRules([]RuleParams{p})
+	c.SetRules(0, []RuleParams{p})
 	e := c.entry(now, entryKey{"r", "x"}, hashID("x"), &p, "owner")
 	if e.gen <= 2000 {
 		t.Fatalf("generation %d does not start above the incarnation", e.gen)
@@ -543,7 +543,7 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules([]RuleParams{p})
+	c.SetRules(0, []RuleParams{p})
 	now := t0
 	for i := range 10 {
 		if o, _ := c.Decide(now, "r", "x", 1); !o.Allowed || o.Source != SourceOwner {
@@ -554,7 +554,7 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetRules([]RuleParams{p2})
+	c.SetRules(now, []RuleParams{p2})
 	if o, _ := c.Decide(now, "r", "x", 1); o.Allowed {
 		t.Fatal("the bucket spent before SetRules admitted an 11th request of a burst of 10")
 	}
@@ -568,7 +568,7 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 		t.Fatal("the setup needs the rule's table of owner entries found")
 	}
 	d := NewCoordinator(CoordinatorConfig{Self: "b"})
-	d.SetRules([]RuleParams{inner})
+	d.SetRules(0, []RuleParams{inner})
 	if o, _ := d.Decide(now, "r", "x", 1); !o.Allowed {
 		t.Fatalf("a fresh coordinator rejected: %+v", o)
 	}

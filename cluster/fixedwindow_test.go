@@ -83,7 +83,7 @@ func TestFixedWindowExactAcrossNodes(t *testing.T) {
 // until its end, and starts over at the aligned boundary.
 func TestFixedWindowRollover(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 3, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 3, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	start := t0 + int64(400*time.Millisecond)
 	c.SetTable(start, ring)
@@ -212,7 +212,7 @@ func TestFixedWindowHandoffOnLeave(t *testing.T) {
 // add, and the later end holds; a handed window that is over is ignored.
 func TestFixedWindowHandoffMerge(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "b"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "b"}})
 	c.SetTable(t0, ring)
 	for range 4 {
@@ -243,7 +243,7 @@ func TestFixedWindowHandoffMerge(t *testing.T) {
 // limit) keeps the window's count, as a gcra rule keeps its TAT.
 func TestFixedWindowRuleChangeKeepsCount(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	for range 6 {
@@ -256,7 +256,7 @@ func TestFixedWindowRuleChangeKeepsCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetRules([]RuleParams{p})
+	c.SetRules(0, []RuleParams{p})
 	got := 0
 	for range 5 {
 		if decideFW(t, c, t0+1, "x") {
@@ -272,7 +272,7 @@ func TestFixedWindowRuleChangeKeepsCount(t *testing.T) {
 // its window lasts, never into a later window.
 func TestFixedWindowRefund(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 2, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 2, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	decideFW(t, c, t0, "x")
@@ -298,7 +298,7 @@ func TestFixedWindowRefund(t *testing.T) {
 // rule became exact) is charged to the window, over the limit if need be.
 func TestFixedWindowChargedSpend(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Second)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}, {Name: "b"}})
 	c.SetTable(t0, ring)
 	id := ""
@@ -387,15 +387,15 @@ func TestFixedWindowForwardedResult(t *testing.T) {
 	}
 }
 
-// TestAlgorithmChangeStartsOver: a rule that changes from gcra to
-// fixed_window (or back) under the same id drops its owner state, which
-// means nothing under the other algorithm; one that keeps its algorithm
-// keeps it.
-func TestAlgorithmChangeStartsOver(t *testing.T) {
+// TestAlgorithmChangeCarriesWholeSpend: an algorithm change (gcra to
+// fixed_window and back) charges the whole tokens spent to the new
+// algorithm's state, read as that algorithm's (a gcra TAT is never read
+// as a window's end); a rule that keeps its algorithm keeps its bucket.
+func TestAlgorithmChangeCarriesWholeSpend(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
 	g := gcraRule("fw", quota.ModeExact, 10, time.Hour, 10)
 	keep := gcraRule("keep", quota.ModeExact, 10, time.Hour, 10)
-	c.SetRules(ruleParams(t, []quota.Rule{g, keep}))
+	c.SetRules(t0, ruleParams(t, []quota.Rule{g, keep}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	for range 10 {
@@ -405,16 +405,22 @@ func TestAlgorithmChangeStartsOver(t *testing.T) {
 	if decideFW(t, c, t0, "x") {
 		t.Fatal("the spent gcra bucket admitted")
 	}
-	c.SetRules(ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Hour), keep}))
-	if !decideFW(t, c, t0, "x") {
-		t.Error("a gcra TAT was read as a fixed window")
+	c.SetRules(t0, ruleParams(t, []quota.Rule{fixedRule("fw", 10, time.Hour), keep}))
+	if decideFW(t, c, t0, "x") {
+		t.Error("the 10 tokens spent under gcra were not charged to the fixed window")
 	}
 	if o, _ := c.Decide(t0, "keep", "x", 1); o.Allowed {
 		t.Error("a rule that kept its algorithm lost its bucket")
 	}
-	c.SetRules(ruleParams(t, []quota.Rule{g, keep}))
-	if !decideFW(t, c, t0, "x") {
-		t.Error("a fixed window's end was read as a gcra TAT")
+	c.SetRules(t0, ruleParams(t, []quota.Rule{g, keep}))
+	if decideFW(t, c, t0, "x") {
+		t.Error("the window's count was not charged to the gcra bucket")
+	}
+	// A fresh identity of the changed rule has its whole burst.
+	for i := range 10 {
+		if !decideFW(t, c, t0, "y") {
+			t.Fatalf("a fresh identity refused at its request %d", i)
+		}
 	}
 }
 

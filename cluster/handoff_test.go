@@ -17,7 +17,7 @@ func joinHarness(t *testing.T, rules ...quota.Rule) (*harness, *Ring) {
 	}
 	h := newHarness(t, 3, time.Millisecond, rules...)
 	c := NewCoordinator(CoordinatorConfig{Self: "node-3", SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
-	c.SetRules(ruleParams(t, rules))
+	c.SetRules(0, ruleParams(t, rules))
 	self, _ := NewRing(0, []Member{{Name: "node-3"}})
 	c.SetTable(h.now, self)
 	h.nodes["node-3"] = c
@@ -146,7 +146,7 @@ func TestJoinHandoffTimeout(t *testing.T) {
 func TestHandoffAddsToChargesMadeMeanwhile(t *testing.T) {
 	rule := gcraRule("api", quota.ModeExact, 100, time.Second, 10)
 	c := NewCoordinator(CoordinatorConfig{Self: "b"})
-	c.SetRules(ruleParams(t, []quota.Rule{rule}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{rule}))
 	ring, _ := NewRing(1, []Member{{Name: "b"}})
 	c.SetTable(t0, ring)
 	for range 4 {
@@ -170,7 +170,7 @@ func TestSyncDuringWarmUpKeepsTheBucketShut(t *testing.T) {
 	rule := gcraRule("api", quota.ModeShared, 400, time.Minute, 20) // slack 5 on 4 nodes
 	h := newHarness(t, 3, time.Millisecond, rule)
 	c := NewCoordinator(CoordinatorConfig{Self: "node-3", SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
-	c.SetRules(ruleParams(t, []quota.Rule{rule}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{rule}))
 	self, _ := NewRing(0, []Member{{Name: "node-3"}})
 	c.SetTable(h.now, self)
 	h.nodes["node-3"] = c

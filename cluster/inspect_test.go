@@ -29,7 +29,7 @@ func inspectRule(t *testing.T) RuleParams {
 // nothing; an unknown rule is ErrUnknownRule.
 func TestCoordinatorInspect(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules([]RuleParams{inspectRule(t)})
+	c.SetRules(0, []RuleParams{inspectRule(t)})
 	now := int64(time.Hour)
 	st, err := c.Inspect(now, "r", "x")
 	if err != nil || !st.Known || st.Held || st.Remaining != 4 || st.ResetAfter != 0 || st.Debt != 0 || st.Interval != 100*time.Millisecond {
@@ -85,7 +85,7 @@ func TestGRPCInspect(t *testing.T) {
 		t.Fatal("a peer with no Inspector answered")
 	}
 	c := NewCoordinator(CoordinatorConfig{Self: "b"})
-	c.SetRules([]RuleParams{inspectRule(t)})
+	c.SetRules(0, []RuleParams{inspectRule(t)})
 	now := int64(time.Hour)
 	c.Decide(now, "r", "x", 3)
 	b.SetInspector(func(_ context.Context, from, rule, id string) (BucketState, error) {

@@ -24,7 +24,7 @@ func capRule(t testing.TB, mode quota.Mode) RuleParams {
 func ownerOnly(t testing.TB, maxKeys int) *Coordinator {
 	t.Helper()
 	c := NewCoordinator(CoordinatorConfig{Self: "a", MaxKeys: maxKeys})
-	c.SetRules([]RuleParams{capRule(t, quota.ModeShared)})
+	c.SetRules(0, []RuleParams{capRule(t, quota.ModeShared)})
 	ring, err := NewRing(1, []Member{{Name: "a", Addr: "a"}})
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func newPair(t *testing.T, mode quota.Mode, maxKeys int) *pair {
 	p := &pair{gw: NewCoordinator(CoordinatorConfig{Self: "gw", MaxKeys: maxKeys}),
 		owner: NewCoordinator(CoordinatorConfig{Self: "own"})}
 	for _, c := range []*Coordinator{p.gw, p.owner} {
-		c.SetRules([]RuleParams{capRule(t, mode)})
+		c.SetRules(0, []RuleParams{capRule(t, mode)})
 		c.SetTable(t0, ring)
 	}
 	return p
@@ -286,7 +286,7 @@ var xs2 = make([]int, 8)
 func TestLostReportsChargedOnce(t *testing.T) {
 	rule := gcraRule("r", quota.ModeShared, 100, time.Second, 100)
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{rule}))
+	c.SetRules(0, ruleParams(t, []quota.Rule{rule}))
 	p := c.rules["r"]
 	pool := p.Pool()
 	if pool < 1 {

@@ -36,7 +36,7 @@ func TestCoordinatorMemoryFlatRotatingIdentities(t *testing.T) {
 	p := &pair{gw: NewCoordinator(CoordinatorConfig{Self: "gw", MaxKeys: maxKeys}),
 		owner: NewCoordinator(CoordinatorConfig{Self: "own", MaxKeys: maxKeys})}
 	for _, c := range []*Coordinator{p.gw, p.owner} {
-		c.SetRules([]RuleParams{capRule(t, quota.ModeShared)})
+		c.SetRules(0, []RuleParams{capRule(t, quota.ModeShared)})
 		c.SetTable(t0, ring)
 	}
 	// An owner alone in its ring, deciding every identity itself and

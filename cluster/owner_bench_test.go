@@ -40,7 +40,7 @@ func benchDecide(b *testing.B, r quota.Rule, ids []string, step time.Duration) *
 		b.Fatal(err)
 	}
 	co := NewCoordinator(CoordinatorConfig{Self: "a"})
-	co.SetRules([]RuleParams{p})
+	co.SetRules(0, []RuleParams{p})
 	now := t0
 	for _, id := range ids {
 		co.Decide(now, r.ID, id, 1)
@@ -90,7 +90,7 @@ func BenchmarkForwardRoundTrip(b *testing.B) {
 			cs := make([]*Coordinator, nodes)
 			for i := range cs {
 				cs[i] = NewCoordinator(CoordinatorConfig{Self: ms[i].Name, SyncInterval: 100 * time.Millisecond})
-				cs[i].SetRules([]RuleParams{p})
+				cs[i].SetRules(0, []RuleParams{p})
 				cs[i].SetTable(t0, ring)
 			}
 			ids := make([]string, 1000)

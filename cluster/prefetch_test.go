@@ -19,7 +19,7 @@ func TestSketchHint(t *testing.T) {
 	plain := gcraRule("p", quota.ModeShared, 6000, time.Minute, 100)
 	mk := func() *Coordinator {
 		co := NewCoordinator(CoordinatorConfig{Self: "a"})
-		co.SetRules(ruleParams(t, []quota.Rule{rule, plain}))
+		co.SetRules(0, ruleParams(t, []quota.Rule{rule, plain}))
 		return co
 	}
 	co, twin := mk(), mk()

@@ -223,7 +223,8 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	return s, nil
 }
 
-// SetRules installs the rules the core decides. A gated rule's sketch is
+// SetRules installs the rules the core decides, at the Shell's clock's now
+// (Coordinator.SetRules). A gated rule's sketch is
 // split over the shards: each shard sees about 1/Shards of the identities,
 // so a sketch of 1/Shards the width (at least 4096 counters, or the whole
 // width when it is smaller) keeps the same load per counter, and a node's
@@ -237,10 +238,11 @@ func (s *Shell) SetRules(rules []RuleParams) {
 			}
 		}
 	}
+	now := s.now()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.lock()
-		sh.coord.SetRules(rules)
+		sh.coord.SetRules(now, rules)
 		sh.mu.Unlock()
 	}
 }

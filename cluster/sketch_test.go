@@ -380,7 +380,7 @@ func TestSketchDeterministic(t *testing.T) {
 	var got [2][]Source
 	for i, ticked := range []bool{true, false} {
 		c := NewCoordinator(CoordinatorConfig{Self: "a"})
-		c.SetRules(params)
+		c.SetRules(0, params)
 		for ms := int64(-4); ms <= 4; ms++ {
 			now := boundary + ms*int64(time.Millisecond)
 			if ticked {
@@ -502,14 +502,14 @@ func TestSketchGate(t *testing.T) {
 		}
 	}
 	p, _ := NewRuleParams(&rule, 2)
-	c.SetRules([]RuleParams{p})
+	c.SetRules(h.now, []RuleParams{p})
 	if o, _ := c.Decide(h.now, "r", fresh, 2); o.Source == SourceSketch {
 		t.Fatalf("counts lost on a version change: %+v", o)
 	}
 	c.Refund(h.now, "r", fresh, 1, SourceSketch) // a no-op, by design
 	wide := gatedRule("r", 6000, time.Minute, 100, &quota.Sketch{Threshold: 3, Width: 1024})
 	p, _ = NewRuleParams(&wide, 3)
-	c.SetRules([]RuleParams{p})
+	c.SetRules(h.now, []RuleParams{p})
 	if o, _ := c.Decide(h.now, "r", "reload-2", 3); o.Source != SourceSketch {
 		t.Fatalf("new layout: %+v", o)
 	}
@@ -564,7 +564,7 @@ func TestSketchFalsePromotions(t *testing.T) {
 		rule := gatedRule("r", 1<<20, time.Minute, 100, &quota.Sketch{Threshold: 4, Width: int64(c.width), Depth: int64(c.depth)})
 		rule.Accuracy = 0.5
 		co := NewCoordinator(CoordinatorConfig{Self: "a"})
-		co.SetRules(ruleParams(t, []quota.Rule{rule}))
+		co.SetRules(0, ruleParams(t, []quota.Rule{rule}))
 		r := co.rules["r"]
 		promoted := 0
 		for i := range c.m {
@@ -626,7 +626,7 @@ func BenchmarkSketchMemory(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				co := NewCoordinator(CoordinatorConfig{Self: "node-0"})
-				co.SetRules([]RuleParams{p})
+				co.SetRules(0, []RuleParams{p})
 				co.SetTable(t0, ring)
 				for _, id := range names {
 					if _, err := co.Decide(t0, "r", id, 1); err != nil {

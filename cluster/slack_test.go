@@ -16,7 +16,7 @@ func demandHarness(t *testing.T, n int, oneway time.Duration, rules ...quota.Rul
 		params[i].Scheme = SlackDemand
 	}
 	for _, name := range h.names {
-		h.nodes[name].SetRules(params)
+		h.nodes[name].SetRules(0, params)
 	}
 	return h
 }

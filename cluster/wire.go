@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir/cluster/peerpb"
+	"github.com/weir-dev/weir/quota"
 )
 
 // This file converts a Message to the peer protocol's Batch and back. The
@@ -76,6 +77,7 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 		for i, h := range m.Handoffs {
 			it := &items[i]
 			it.Rule, it.Identity, it.Debt, it.Count = h.Rule, []byte(h.Identity), h.Debt, h.Count
+			it.Algorithm, it.Limit, it.Window, it.Burst, it.MaxDelay = string(h.Algorithm), h.Limit, h.Window, h.Burst, h.MaxDelay
 			b.Handoffs[i] = it
 		}
 	}
@@ -90,8 +92,8 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 //     (MaxRuleIDBytes), or one that is not valid UTF-8;
 //   - an identity over MaxIdentityBytes (identities are any bytes, and may
 //     be empty: a global rule's);
-//   - a negative Total, Cost, Remaining, Reset, RetryAfter, Delay, Grant or
-//     Count;
+//   - a negative Total, Cost, Remaining, Reset, RetryAfter, Delay, Grant,
+//     Count, or handoff Limit, Window, Burst or MaxDelay;
 //   - a zero Ticket (tickets start at 1).
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
@@ -198,7 +200,16 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if h.Count < 0 {
 				return "", nil, itemErr("handoffs", i, fmt.Sprintf("negative count %d", h.Count))
 			}
-			m.Handoffs[i] = HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count}
+			for _, f := range []struct {
+				name string
+				v    int64
+			}{{"limit", h.Limit}, {"window", h.Window}, {"burst", h.Burst}, {"max_delay", h.MaxDelay}} {
+				if f.v < 0 {
+					return "", nil, itemErr("handoffs", i, fmt.Sprintf("negative %s %d", f.name, f.v))
+				}
+			}
+			m.Handoffs[i] = HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count,
+				Algorithm: quota.Algorithm(h.Algorithm), Limit: h.Limit, Window: h.Window, Burst: h.Burst, MaxDelay: h.MaxDelay}
 		}
 	}
 	return b.From, m, nil

@@ -713,11 +713,20 @@ func (x *ResultItem) GetDelay() int64 {
 // the time until the window ends, and count the tokens counted in it (>= 0;
 // 0 for the other algorithms).
 type HandoffItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
-	Debt          int64                  `protobuf:"zigzag64,3,opt,name=debt,proto3" json:"debt,omitempty"`
-	Count         int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Rule     string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
+	Debt     int64                  `protobuf:"zigzag64,3,opt,name=debt,proto3" json:"debt,omitempty"`
+	Count    int64                  `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// The parameters of the rule the state was written under, so that a new
+	// owner whose rule changed since converts it (docs/rules.md, "When a rule
+	// changes"). limit 0 means unknown: the state is read under the new
+	// owner's rule as it is.
+	Algorithm     string `protobuf:"bytes,5,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	Limit         int64  `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                       // tokens per window (>= 0)
+	Window        int64  `protobuf:"varint,7,opt,name=window,proto3" json:"window,omitempty"`                     // ns (>= 0)
+	Burst         int64  `protobuf:"varint,8,opt,name=burst,proto3" json:"burst,omitempty"`                       // tokens (>= 0)
+	MaxDelay      int64  `protobuf:"varint,9,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"` // ns (>= 0; leaky_bucket rules)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -776,6 +785,41 @@ func (x *HandoffItem) GetDebt() int64 {
 func (x *HandoffItem) GetCount() int64 {
 	if x != nil {
 		return x.Count
+	}
+	return 0
+}
+
+func (x *HandoffItem) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
+func (x *HandoffItem) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *HandoffItem) GetWindow() int64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *HandoffItem) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *HandoffItem) GetMaxDelay() int64 {
+	if x != nil {
+		return x.MaxDelay
 	}
 	return 0
 }
@@ -850,12 +894,17 @@ const file_peer_proto_rawDesc = "" +
 	"\vretry_after\x18\x05 \x01(\x03R\n" +
 	"retryAfter\x12\x12\n" +
 	"\x04debt\x18\x06 \x01(\x12R\x04debt\x12\x14\n" +
-	"\x05delay\x18\a \x01(\x03R\x05delay\"g\n" +
+	"\x05delay\x18\a \x01(\x03R\x05delay\"\xe6\x01\n" +
 	"\vHandoffItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
 	"\x04debt\x18\x03 \x01(\x12R\x04debt\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\x03R\x05count2\xb9\x01\n" +
+	"\x05count\x18\x04 \x01(\x03R\x05count\x12\x1c\n" +
+	"\talgorithm\x18\x05 \x01(\tR\talgorithm\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x16\n" +
+	"\x06window\x18\a \x01(\x03R\x06window\x12\x14\n" +
+	"\x05burst\x18\b \x01(\x03R\x05burst\x12\x1b\n" +
+	"\tmax_delay\x18\t \x01(\x03R\bmaxDelay2\xb9\x01\n" +
 	"\x04Peer\x124\n" +
 	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch\x126\n" +
 	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01\x12C\n" +

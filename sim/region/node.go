@@ -205,7 +205,7 @@ func (n *node) start(view []bool) {
 		MaxKeys:       n.rg.cfg.KeyCap,
 		OnEvict:       n.rg.evicted,
 	})
-	n.coord.SetRules([]cluster.RuleParams{n.rg.params})
+	n.coord.SetRules(n.now(), []cluster.RuleParams{n.rg.params})
 	n.waits = waitQueue{}
 	n.rd = cluster.Ready{}
 	n.breaks = make([]breaker, len(n.rg.nodes))
