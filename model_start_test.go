@@ -78,4 +78,3 @@ func TestInvalidRulesFileAtStart(t *testing.T) {
 		names(t, "slog.Default()'s output", buf.String())
 	})
 }
-
