@@ -73,9 +73,9 @@ func TestModel(t *testing.T) {
 	configs := []modelConfig{
 		{name: "rules", setRules: true, checks: 100},
 		{name: "identities", overlap: true, http: true, checks: 100},
-		{name: "keycap", rotate: true, checks: 20},
+		{name: "keycap", rotate: true, checks: 10},
 		{name: "file", file: true, http: true, checks: 5},
-		{name: "all", setRules: true, file: true, overlap: true, http: true, rotate: true, checks: 20},
+		{name: "all", setRules: true, file: true, overlap: true, http: true, rotate: true, checks: 10},
 	}
 	long := os.Getenv("WEIR_MODEL") == "long"
 	total := 10 * time.Minute
@@ -135,12 +135,12 @@ type modelConfig struct {
 	checks   int
 }
 
-// The key cap under pressure: 8 keys per shard of the gcra store (256
-// shards), 32 per shard of the others (64 shards); a rotation inserts more
+// The key cap under pressure: 4 keys per shard of the gcra store (256
+// shards), 16 per shard of the others (64 shards); a rotation inserts more
 // identities than the whole cap.
 const (
-	modelMaxKeys = 2048
-	modelRotate  = 2600
+	modelMaxKeys = 1024
+	modelRotate  = 1300
 )
 
 // modelMachine is one Node and its reference.
@@ -267,11 +267,11 @@ func (q modelReq) ref() *refRequest {
 	return r
 }
 
-// request sends q to the Node and checks its answer against the reference.
-func (m *modelMachine) request(q modelReq) {
+// request sends q to the Node, checks its answer against the reference and
+// returns whether the Node admitted it.
+func (m *modelMachine) request(q modelReq) (allowed bool) {
 	rq := q.ref()
 	out := m.ref.expect(rq, m.now())
-	var allowed bool
 	var node []nodeRule
 	var held *heldDecision
 	if q.viaHTTP {
@@ -288,7 +288,7 @@ func (m *modelMachine) request(q modelReq) {
 			User: q.user, ClientIP: q.ip, Tier: q.tier, Cost: q.cost})
 		if d.Err != nil {
 			m.fail("%v: Allow: %v", q, d.Err)
-			return
+			return false
 		}
 		allowed = d.Allowed
 		rs := d.Results()
@@ -301,7 +301,7 @@ func (m *modelMachine) request(q modelReq) {
 		}
 		if !slices.Equal(got, want) {
 			m.fail("%v: the Node applied rules %v, the reference %v", q, got, want)
-			return
+			return false
 		}
 		for _, r := range rs {
 			node = append(node, nodeRule{known: true, allowed: r.Allowed && !r.ShadowRejected, locked: r.Locked,
@@ -311,7 +311,7 @@ func (m *modelMachine) request(q modelReq) {
 	}
 	if msg := m.ref.apply(out, allowed, node); msg != "" {
 		m.fail("%v at %v: %s", q, time.Duration(m.now()%int64(time.Hour)), msg)
-		return
+		return allowed
 	}
 	m.logf("%v → allowed=%v", q, allowed)
 	if held == nil {
@@ -323,19 +323,20 @@ func (m *modelMachine) request(q modelReq) {
 		}
 	}
 	if len(held.slots) == 0 {
-		return
+		return allowed
 	}
 	if q.viaHTTP {
 		for _, s := range held.slots {
 			m.ref.release(s.key, s.cost, s.epoch)
 		}
-		return
+		return allowed
 	}
 	if q.keepSlots {
 		m.held = append(m.held, *held)
-		return
+		return allowed
 	}
 	m.release(held)
+	return allowed
 }
 
 func (m *modelMachine) release(h *heldDecision) {
