@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -62,7 +61,10 @@ type Config struct {
 	Rules []quota.Rule
 
 	// DefaultRules are the safe defaults enforced while RulesFile is
-	// unreadable or invalid at start. Empty means no rule applies then.
+	// unreadable or invalid at start; setting them opts in to starting on
+	// them (the node logs the file's error and reports UsingDefaultRules).
+	// Empty means an unusable RulesFile at start is an error from New:
+	// a node never starts with no rules because its file could not be read.
 	DefaultRules []quota.Rule
 
 	// ReloadPoll is how often the rule file is re-read as a fallback to file
@@ -77,8 +79,9 @@ type Config struct {
 	// (the metrics are still kept and served by AdminHandler's JSON).
 	Registerer prometheus.Registerer
 
-	// Logger receives reloads, rule errors and fail-open events. Nil means a
-	// logger that discards everything.
+	// Logger receives reloads, rule errors and fail-open events. Nil means
+	// the warnings and errors go to slog.Default() (as it is when New is
+	// called) and the informational lines are dropped.
 	Logger *slog.Logger
 
 	// TrustedProxies are the CIDRs or addresses whose X-Forwarded-For and
@@ -202,7 +205,7 @@ func New(cfg Config) (*Node, error) {
 		ruleStats: make(map[string]*ruleStats),
 	}
 	if n.log == nil {
-		n.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		n.log = slog.New(warnAndAbove{slog.Default().Handler()})
 	}
 	if n.maxID == 0 {
 		n.maxID = DefaultMaxIdentityBytes
@@ -298,8 +301,19 @@ func (n *Node) loadInitialRules() error {
 	if err := n.checkDurable(slices.Values(n.cfg.DefaultRules)); err != nil {
 		return fmt.Errorf("weir: Config.DefaultRules: %w", err)
 	}
-	set, loadErr := quota.LoadOrDefault(n.cfg.RulesFile, n.cfg.DefaultRules)
-	if set == nil {
+	var set *quota.Set
+	var loadErr error
+	if len(n.cfg.DefaultRules) == 0 {
+		// Starting with no rules would admit everything: an unusable file
+		// is refused unless the caller chose defaults to start on.
+		rules, err := quota.LoadFile(n.cfg.RulesFile)
+		if err == nil {
+			set, err = quota.NewSet(rules, 1)
+		}
+		if err != nil {
+			return fmt.Errorf("weir: Config.RulesFile %s unusable (set Config.DefaultRules to start on defaults instead): %w", n.cfg.RulesFile, err)
+		}
+	} else if set, loadErr = quota.LoadOrDefault(n.cfg.RulesFile, n.cfg.DefaultRules); set == nil {
 		return fmt.Errorf("weir: Config.RulesFile: %w", loadErr)
 	}
 	if err := n.checkDurable(setRules(set)); err != nil {
@@ -437,4 +451,22 @@ func (n *Node) Close() error {
 	}
 	n.unregister()
 	return err
+}
+
+// warnAndAbove passes on the records of Warn level and above: the default
+// logger of a Node whose Config.Logger is nil, so that errors (an invalid
+// rule file, a refused reload, a fail-open) are seen and routine lines are
+// not.
+type warnAndAbove struct{ slog.Handler }
+
+func (h warnAndAbove) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+
+func (h warnAndAbove) WithAttrs(as []slog.Attr) slog.Handler {
+	return warnAndAbove{h.Handler.WithAttrs(as)}
+}
+
+func (h warnAndAbove) WithGroup(name string) slog.Handler {
+	return warnAndAbove{h.Handler.WithGroup(name)}
 }

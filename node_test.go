@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -739,4 +740,68 @@ func TestFromContext(t *testing.T) {
 	if _, ok := weir.FromContext(context.Background()); ok {
 		t.Fatal("FromContext found a decision outside the middleware")
 	}
+}
+
+// An unusable rules file at start is an error from New, naming the file,
+// line and field, unless the caller opted in to starting on DefaultRules.
+func TestInvalidRulesFileAtStart(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(bad, []byte("rules:\n  - id: search\n    key: [ip]\n    limit: -5\n    window: 1m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := weir.New(weir.Config{RulesFile: bad})
+	if err == nil {
+		t.Fatal("New started on an invalid rules file with no DefaultRules")
+	}
+	for _, want := range []string{bad, "rules.yaml:4", "limit"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if _, err := weir.New(weir.Config{RulesFile: filepath.Join(dir, "missing.yaml")}); err == nil {
+		t.Error("New started on a missing rules file with no DefaultRules")
+	}
+
+	// Opted in: the node starts on its defaults and says why, in the log.
+	var logs syncBuffer
+	defaults := parseRules(t, "rules:\n  - id: safe\n    key: [ip]\n    limit: 1\n    window: 1h\n")
+	n := newNode(t, weir.Config{RulesFile: bad, DefaultRules: defaults, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if !n.Status().UsingDefaultRules {
+		t.Fatal("the node is not on its default rules")
+	}
+	for _, want := range []string{bad, "rules.yaml:4", "limit"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log %q does not name %q", logs.String(), want)
+		}
+	}
+}
+
+// With no Config.Logger the node's warnings and errors reach slog.Default()
+// (a refused reload, here), and its informational lines do not.
+func TestNilLoggerLogsThroughDefault(t *testing.T) {
+	var logs syncBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(searchRule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, weir.Config{RulesFile: path, ReloadPoll: 20 * time.Millisecond})
+	if err := os.WriteFile(path, []byte("rules:\n  - id: search\n    key: [ip]\n    limit: 10\n    window: 1 fortnight\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "rule reload failed") })
+	out := logs.String()
+	for _, want := range []string{path, "rules.yaml:5", "window", "level=ERROR"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log %q does not name %q", out, want)
+		}
+	}
+	if strings.Contains(out, "level=INFO") {
+		t.Errorf("informational lines reached the default logger: %q", out)
+	}
+	_ = n
 }

@@ -743,6 +743,10 @@ func (w slogWriter) Write(p []byte) (int, error) {
 		}
 	}
 	msg = strings.TrimPrefix(msg, "memberlist: ")
+	if strings.Contains(msg, "use of closed network connection") {
+		// This node's own sockets, closed as it leaves: not a fault.
+		level = slog.LevelDebug
+	}
 	w.l.Log(context.Background(), level, msg, "component", "memberlist")
 	return len(p), nil
 }
