@@ -466,9 +466,15 @@ func (rr *refRule) params(id, tier string) refParams {
 		p.burst = limit
 	}
 	if alg == quota.AlgorithmLeakyBucket {
+		// max_delay is a rule field: its default, (burst−1) × window ÷
+		// limit, is the rule's, for its overrides and tiers too.
 		p.maxDelay = int64(r.MaxDelay)
 		if p.maxDelay == 0 {
-			p.maxDelay = (burst - 1) * (int64(r.Window) / limit)
+			rb := r.Burst
+			if rb == 0 {
+				rb = r.Limit
+			}
+			p.maxDelay = new(big.Int).Div(new(big.Int).Mul(big.NewInt(rb-1), big.NewInt(int64(r.Window))), big.NewInt(r.Limit)).Int64()
 		}
 	}
 	return p
@@ -699,6 +705,7 @@ type nodeRule struct {
 	locked    bool
 	remaining int64
 	delay     int64
+	raw       string // the Node's result, for the failure message
 }
 
 // outcome is what the reference expects of one request before the Node's
@@ -791,9 +798,9 @@ func (l *refLimiter) apply(out *outcome, allowed bool, node []nodeRule) string {
 			if !(allowed && v.allowed && !ro.locked) {
 				v.remaining = v.uncharged
 			}
-			return fmt.Sprintf("rule %s, bucket %s: the Node says allowed=%v locked=%v remaining=%d delay=%v; the reference (%s) allowed=%v locked=%v remaining=%d delay=%v",
+			return fmt.Sprintf("rule %s, bucket %s: the Node says allowed=%v locked=%v remaining=%d delay=%v; the reference (%s) allowed=%v locked=%v remaining=%d delay=%v (the Node's result: %s)",
 				ro.rule, ro.key, nr.allowed, nr.locked, nr.remaining, time.Duration(nr.delay),
-				cs[0], v.allowed, ro.locked, v.remaining, time.Duration(v.delay))
+				cs[0], v.allowed, ro.locked, v.remaining, time.Duration(v.delay), nr.raw)
 		}
 		l.cands[ro.key] = keep
 		ro.verdicts = keepV

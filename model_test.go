@@ -64,13 +64,15 @@ import (
 //
 //	WEIR_MODEL=long WEIR_MODEL_TIME=10m go test -run TestModel -timeout 0 .
 //
-// The subtests: "rules" (rule changes by SetRules, identities that never
+// The subtests: "plain" (requests, Done and clock steps, through Allow and
+// the middleware, identities that never share text across sources), "rules" (rule changes by SetRules, identities that never
 // share text across sources), "identities" (identity chains whose sources
 // share text, through Allow and the middleware, no rule changes), "keycap"
 // (key-cap pressure, no rule changes), "file" (rule changes by file
 // reload, through the middleware too), "all" (every operation).
 func TestModel(t *testing.T) {
 	configs := []modelConfig{
+		{name: "plain", http: true, checks: 100},
 		{name: "rules", setRules: true, checks: 100},
 		{name: "identities", overlap: true, http: true, checks: 100},
 		{name: "keycap", rotate: true, checks: 10},
@@ -305,7 +307,7 @@ func (m *modelMachine) request(q modelReq) (allowed bool) {
 		}
 		for _, r := range rs {
 			node = append(node, nodeRule{known: true, allowed: r.Allowed && !r.ShadowRejected, locked: r.Locked,
-				remaining: r.Remaining, delay: int64(r.Delay)})
+				remaining: r.Remaining, delay: int64(r.Delay), raw: fmt.Sprintf("%+v", r)})
 		}
 		held = &heldDecision{d: d}
 	}
@@ -392,7 +394,7 @@ func (m *modelMachine) viaHTTP(q modelReq, out *outcome) (bool, []nodeRule) {
 		for i := range node {
 			if i < len(rs) {
 				r := rs[i]
-				node[i] = nodeRule{known: true, allowed: r.Allowed && !r.ShadowRejected, locked: r.Locked, remaining: r.Remaining, delay: int64(r.Delay)}
+				node[i] = nodeRule{known: true, allowed: r.Allowed && !r.ShadowRejected, locked: r.Locked, remaining: r.Remaining, delay: int64(r.Delay), raw: fmt.Sprintf("%+v", r)}
 				if r.Rule != out.rules[i].rule {
 					m.fail("%v: the middleware's decision lists rule %s where the reference has %s", q, r.Rule, out.rules[i].rule)
 				}
@@ -416,7 +418,7 @@ func (m *modelMachine) viaHTTP(q modelReq, out *outcome) (bool, []nodeRule) {
 			if ro.shadow {
 				continue
 			}
-			node[i] = nodeRule{known: true, allowed: true, remaining: -1}
+			node[i] = nodeRule{known: true, allowed: true, remaining: -1, delay: -1}
 			for _, v := range body.Violated {
 				if v.Rule == ro.rule {
 					node[i] = nodeRule{known: true, locked: v.LockedOut, remaining: -1}
@@ -528,7 +530,7 @@ func (m *modelMachine) rotate(k int, path string) {
 		d := m.n.Allow(context.Background(), weir.Request{Method: q.method, Path: q.path, ClientIP: ip, Cost: 1})
 		var node []nodeRule
 		for _, r := range d.Results() {
-			node = append(node, nodeRule{known: true, allowed: r.Allowed && !r.ShadowRejected, locked: r.Locked, remaining: r.Remaining, delay: int64(r.Delay)})
+			node = append(node, nodeRule{known: true, allowed: r.Allowed && !r.ShadowRejected, locked: r.Locked, remaining: r.Remaining, delay: int64(r.Delay), raw: fmt.Sprintf("%+v", r)})
 		}
 		if len(node) != len(out.rules) {
 			m.fail("%v: the Node applied %d rules, the reference %d", q, len(node), len(out.rules))
