@@ -118,23 +118,23 @@ func (g *modelGen) rule(t *rapid.T, id string) quota.Rule {
 	if rapid.Bool().Draw(t, id+".burst?") {
 		r.Burst = rapid.Int64Range(1, 8).Draw(t, id+".burst")
 	}
-	if rapid.IntRange(0, 3).Draw(t, id+".cost?") == 0 {
+	if rapid.IntRange(0, 3).Draw(t, id+".cost?") == 3 {
 		r.Cost = 2
 	}
-	if rapid.IntRange(0, 3).Draw(t, id+".costByMethod?") == 0 {
+	if rapid.IntRange(0, 3).Draw(t, id+".costByMethod?") == 3 {
 		r.CostByMethod = map[string]int64{"POST": 2}
 	}
 	if r.Algorithm == quota.AlgorithmLeakyBucket && rapid.Bool().Draw(t, id+".maxDelay?") {
 		r.MaxDelay = rapid.SampledFrom([]time.Duration{time.Second, 5 * time.Second, time.Minute}).Draw(t, id+".maxDelay")
 	}
-	r.Shadow = rapid.IntRange(0, 5).Draw(t, id+".shadow") == 0
-	if rapid.IntRange(0, 2).Draw(t, id+".override?") == 0 {
+	r.Shadow = rapid.IntRange(0, 5).Draw(t, id+".shadow") == 5
+	if rapid.IntRange(0, 2).Draw(t, id+".override?") == 2 {
 		r.Overrides = []quota.Override{g.override(t, id, 0)}
 	}
-	if rapid.IntRange(0, 2).Draw(t, id+".tier?") == 0 {
+	if rapid.IntRange(0, 2).Draw(t, id+".tier?") == 2 {
 		r.Tiers = []quota.Tier{{Name: "gold", Limit: rapid.Int64Range(1, 12).Draw(t, id+".tier.limit")}}
 	}
-	if rapid.IntRange(0, 2).Draw(t, id+".penalty?") == 0 {
+	if rapid.IntRange(0, 2).Draw(t, id+".penalty?") == 2 {
 		r.Penalty = g.penalty(t, id)
 	}
 	fix(&r)
@@ -305,7 +305,7 @@ func (g *modelGen) request(t *rapid.T, viaHTTP bool) modelReq {
 		q.tier = rapid.SampledFrom([]string{"", "", "gold", "silver"}).Draw(t, "tier")
 	}
 	if !viaHTTP {
-		if rapid.IntRange(0, 5).Draw(t, "lower") == 0 {
+		if rapid.IntRange(0, 5).Draw(t, "lower") == 5 {
 			q.method = "post"
 		}
 		q.cost = rapid.SampledFrom([]int64{0, 0, 0, 1, 2, 9}).Draw(t, "cost")
