@@ -75,7 +75,7 @@ func TestModel(t *testing.T) {
 		{name: "plain", http: true, checks: 100},
 		{name: "rules", setRules: true, checks: 100},
 		{name: "identities", overlap: true, http: true, checks: 100},
-		{name: "keycap", rotate: true, checks: 10},
+		{name: "keycap", rotate: true, checks: 40},
 		{name: "file", file: true, http: true, checks: 5},
 		{name: "all", setRules: true, file: true, overlap: true, http: true, rotate: true, checks: 10},
 	}
@@ -141,8 +141,8 @@ type modelConfig struct {
 // shards), 16 per shard of the others (64 shards); a rotation inserts more
 // identities than the whole cap.
 const (
-	modelMaxKeys = 1024
-	modelRotate  = 1300
+	modelMaxKeys = 512
+	modelRotate  = 700
 )
 
 // modelMachine is one Node and its reference.
