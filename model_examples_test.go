@@ -117,3 +117,29 @@ func TestModelKeyCapHotIdentity(t *testing.T) {
 		t.Errorf("the hot identity was admitted %d times under the key cap; the reference admits %d, so at most %d", got, want, want+1)
 	}
 }
+
+// TestModelOverrideInheritsTier: docs/rules.md says an override's limit or
+// burst left out inherits from the next level, the tier's, else the
+// rule's (quota.Rule.LimitsFor does so). A fixed_window rule of 5 per
+// minute with a tier gold of 2 and an override for key-gold that sets only
+// a burst: key-gold in tier gold gets the tier's limit, 2 per minute, so
+// its third request in the minute is rejected.
+func TestModelOverrideInheritsTier(t *testing.T) {
+	rule := quota.Rule{ID: "plan", Algorithm: quota.AlgorithmFixedWindow, Limit: 5, Window: time.Minute,
+		Key:       []quota.KeySource{{Kind: quota.KeyHeader, Name: "X-Api-Key"}},
+		Tiers:     []quota.Tier{{Name: "gold", Limit: 2}},
+		Overrides: []quota.Override{{Identity: "key-gold", Burst: 3}}}
+	if l, _ := rule.LimitsFor("key-gold", "gold"); l != 2 {
+		t.Fatalf("quota: LimitsFor(key-gold, gold) limit %d, want the tier's 2", l)
+	}
+	m := exampleMachine(t, modelConfig{}, []quota.Rule{rule})
+	admitted := 0
+	for range 3 {
+		if m.request(modelReq{method: "GET", path: "/", apiKey: "key-gold", tier: "gold"}) {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Errorf("key-gold in tier gold was admitted %d times in a minute, want the tier's limit 2", admitted)
+	}
+}

@@ -83,6 +83,18 @@ func floorRat(x *big.Rat) int64 {
 	return q.Int64()
 }
 
+// ceilRat is ⌈x⌉ for x >= 0, saturating at the largest int64.
+func ceilRat(x *big.Rat) int64 {
+	q, r := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
+	if r.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() {
+		return 1<<63 - 1
+	}
+	return q.Int64()
+}
+
 func ceilDiv(a, b int64) int64 {
 	q := a / b
 	if a%b != 0 && (a > 0) == (b > 0) {
@@ -342,7 +354,7 @@ func (s *refState) convert(p refParams, now int64, nextEpoch func() int) *refSta
 				n.log = []refEntry{{at: now, cost: c}}
 			}
 		case quota.AlgorithmLeakyBucket:
-			n.dep = now + min(spent*p.interval(), p.maxDelay)
+			n.dep = now + min(ceilRat(new(big.Rat).Mul(ratInt(spent), ratInt(p.interval()))), p.maxDelay)
 		}
 		return n
 	}
@@ -358,11 +370,7 @@ func (s *refState) convert(p refParams, now int64, nextEpoch func() int) *refSta
 		if b := ratInt(p.burst); x.Cmp(b) > 0 {
 			x = b
 		}
-		debt := new(big.Rat).Mul(new(big.Rat).Sub(ratInt(p.burst), x), ratInt(p.interval()))
-		ns := floorRat(debt)
-		if !debt.IsInt() {
-			ns++
-		}
+		ns := ceilRat(new(big.Rat).Mul(new(big.Rat).Sub(ratInt(p.burst), x), ratInt(p.interval())))
 		n.tokens, n.at = new(big.Rat).Sub(ratInt(p.burst), rat(ns, p.interval())), now
 	case quota.AlgorithmFixedWindow:
 		// The current window keeps its start and ends at start + the new
@@ -377,7 +385,8 @@ func (s *refState) convert(p refParams, now int64, nextEpoch func() int) *refSta
 		// A queue of q tokens under T is q tokens under T', rounded up,
 		// clamped to the new max delay.
 		if q := n.dep - now; q > 0 {
-			n.dep = now + min(ceilDiv(q*p.interval(), old.interval()), p.maxDelay)
+			w := new(big.Rat).Mul(rat(q, old.interval()), ratInt(p.interval()))
+			n.dep = now + min(ceilRat(w), p.maxDelay)
 		}
 	}
 	return n
