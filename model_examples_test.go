@@ -143,3 +143,40 @@ func TestModelOverrideInheritsTier(t *testing.T) {
 		t.Errorf("key-gold in tier gold was admitted %d times in a minute, want the tier's limit 2", admitted)
 	}
 }
+
+// TestModelPenaltyReaddedStartsEmpty: a penalty removed and added again
+// starts empty (docs/rules.md, rule changes). A gcra rule 1/min with a
+// penalty boxing after one rejection for 10 minutes: the identity spends
+// its token, is rejected and boxed; the penalty is removed, then added
+// back; a minute later the bucket has its token again and the identity,
+// whose box went with the removed penalty, is admitted.
+func TestModelPenaltyReaddedStartsEmpty(t *testing.T) {
+	rule := gcraRule("otp", 1, time.Minute, 1, keyIP)
+	boxed := rule
+	boxed.Penalty = &quota.Penalty{After: 1, Within: time.Minute, Base: 10 * time.Minute, Max: 10 * time.Minute}
+	m := exampleMachine(t, modelConfig{}, []quota.Rule{boxed})
+	q := modelReq{method: "GET", path: "/", ip: "192.0.2.1"}
+	m.request(q)
+	m.request(q) // rejected: boxed for 10 minutes
+	m.setRules([]quota.Rule{rule}, false)
+	m.setRules([]quota.Rule{boxed}, false)
+	m.advance(time.Minute)
+	if !m.request(q) {
+		t.Error("the identity is still boxed by a penalty that was removed and added again")
+	}
+}
+
+// TestModelRuleReaddedStartsEmpty: a rule removed and added again is a new
+// incarnation and starts empty (docs/rules.md, rule changes).
+func TestModelRuleReaddedStartsEmpty(t *testing.T) {
+	rule := gcraRule("api", 1, time.Hour, 1, keyIP)
+	other := gcraRule("other", 1, time.Hour, 1, keyIP)
+	m := exampleMachine(t, modelConfig{}, []quota.Rule{rule})
+	q := modelReq{method: "GET", path: "/", ip: "192.0.2.1"}
+	m.request(q)
+	m.setRules([]quota.Rule{other}, false)
+	m.setRules([]quota.Rule{rule}, false)
+	if !m.request(modelReq{method: "GET", path: "/", ip: "192.0.2.9"}) || !m.request(q) {
+		t.Error("a re-added rule kept the spend of its earlier incarnation")
+	}
+}
