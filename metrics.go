@@ -89,6 +89,7 @@ type metrics struct {
 	globalLeased, globalFallback, globalShare, globalReports *prometheus.Desc
 	canaryOK, canaryProbes, keysMax                          *prometheus.Desc
 	adminUnauthorized                                        *prometheus.Desc
+	keysForgivenTokens, keysForgivenSeconds                  *prometheus.Desc
 }
 
 func newMetrics(n *Node) *metrics {
@@ -114,6 +115,12 @@ func newMetrics(n *Node) *metrics {
 		keysEvicted: prometheus.NewDesc("weir_keys_evicted_total",
 			"Keys removed from a store: idle (full, same as no entry) or forgiven (partly spent, evicted at the key cap).",
 			[]string{"store", "reason"}, nil),
+		keysForgivenTokens: prometheus.NewDesc("weir_keys_forgiven_tokens_total",
+			"Tokens the keys evicted at the key cap had spent, forgiven with them, by store (the stores that count tokens: fixed_window, sliding_window, sliding_log, concurrency).",
+			[]string{"store"}, nil),
+		keysForgivenSeconds: prometheus.NewDesc("weir_keys_forgiven_seconds_total",
+			"Time the keys evicted at the key cap owed, forgiven with them, by store (the stores that hold a time: gcra, the time until the bucket is full again; leaky_bucket, the queue's drain; penalty, the lockout's rest).",
+			[]string{"store"}, nil),
 		versionDesc: prometheus.NewDesc("weir_rules_version",
 			"Version of the rule set in force on this node.", nil, nil),
 		behind: prometheus.NewDesc("weir_rules_versions_behind",
@@ -153,6 +160,8 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.failOpen
 	ch <- m.keysLive
 	ch <- m.keysEvicted
+	ch <- m.keysForgivenTokens
+	ch <- m.keysForgivenSeconds
 	ch <- m.versionDesc
 	ch <- m.defaults
 	ch <- m.behind
@@ -181,6 +190,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.keysLive, prometheus.GaugeValue, float64(s.Live), s.Name)
 		ch <- prometheus.MustNewConstMetric(m.keysEvicted, prometheus.CounterValue, float64(s.EvictedIdle), s.Name, "idle")
 		ch <- prometheus.MustNewConstMetric(m.keysEvicted, prometheus.CounterValue, float64(s.EvictedForgiven), s.Name, "forgiven")
+		if timeStore(s.Name) {
+			ch <- prometheus.MustNewConstMetric(m.keysForgivenSeconds, prometheus.CounterValue, s.ForgivenSeconds, s.Name)
+		} else {
+			ch <- prometheus.MustNewConstMetric(m.keysForgivenTokens, prometheus.CounterValue, float64(s.ForgivenTokens), s.Name)
+		}
 	}
 	if e := m.n.eng.load(); e != nil { // nil only while New is still loading rules
 		ch <- prometheus.MustNewConstMetric(m.versionDesc, prometheus.GaugeValue, float64(e.set.Version()))

@@ -103,9 +103,11 @@ type Config struct {
 	// tier.
 	TierFunc func(*http.Request) string
 
-	// MaxKeys caps the live keys of each algorithm's store. At the cap full
-	// buckets are evicted first; evicting a partly spent one forgives it and
-	// is counted. Zero means 10 000 000.
+	// MaxKeys caps the live keys of each algorithm's store. At the cap a new
+	// key evicts an idle one (a full bucket, an ended window) first, else the
+	// least indebted of the keys examined; what that one owed is forgiven
+	// and counted (StoreStats, docs/overshoot.md: the local key cap). Zero
+	// means 10 000 000.
 	MaxKeys int
 
 	// MaxIdentityBytes caps the length of an identity. Longer identities are

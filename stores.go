@@ -147,12 +147,30 @@ type StoreStats struct {
 	// EvictedIdle counts keys dropped because their state equalled no entry.
 	EvictedIdle uint64 `json:"evicted_idle"`
 	// EvictedForgiven counts partly spent keys evicted at the key cap: each
-	// one was forgiven what it had spent.
+	// one was forgiven what it had spent. At the cap a full key goes first,
+	// else the least indebted of the keys examined (docs/overshoot.md).
 	EvictedForgiven uint64 `json:"evicted_forgiven"`
+	// ForgivenTokens sums what the forgiven keys had spent, in tokens, for
+	// the stores that count tokens (fixed_window, sliding_window,
+	// sliding_log, concurrency: slots in flight); 0 for the others.
+	ForgivenTokens uint64 `json:"forgiven_tokens"`
+	// ForgivenSeconds sums what the forgiven keys owed in time, for the
+	// stores that hold a time (gcra: the time until the bucket is full
+	// again, its spend times the rule's emission interval; leaky_bucket:
+	// the queue's time to drain; penalty: the lockout's rest); 0 for the
+	// others.
+	ForgivenSeconds float64 `json:"forgiven_seconds"`
 }
 
 func storeStats(name string, s bucket.StoreStats) StoreStats {
-	return StoreStats{Name: name, Live: int64(s.Live), EvictedIdle: s.EvictedIdle, EvictedForgiven: s.EvictedForgiven}
+	return StoreStats{Name: name, Live: int64(s.Live), EvictedIdle: s.EvictedIdle, EvictedForgiven: s.EvictedForgiven,
+		ForgivenTokens: s.ForgivenTokens, ForgivenSeconds: float64(s.ForgivenNanos) / 1e9}
+}
+
+// timeStore reports whether the store named name forgives time at its key
+// cap (StoreStats.ForgivenSeconds) rather than tokens (ForgivenTokens).
+func timeStore(name string) bool {
+	return name == "gcra" || name == "leaky_bucket" || name == "penalty"
 }
 
 // stats reports every store, in a fixed order.

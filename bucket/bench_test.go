@@ -322,3 +322,40 @@ func benchStoreMemory(b *testing.B, n int, fill func() (live int, st any)) {
 	}
 	b.ReportMetric(perKey, "bytes/key")
 }
+
+// BenchmarkStoreAtCap is the insert path at the key cap: every op is a new
+// key, so every op evicts one. "forgiven": a 1/h rule, so no entry is ever
+// idle and each eviction chooses the least indebted of the capScan slots
+// examined; "idle": a 1000/s rule, so the entries examined are mostly idle
+// and the first idle one goes.
+func BenchmarkStoreAtCap(b *testing.B) {
+	slow, err := NewGCRA(1, time.Hour, 10)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fast := benchRule(b)
+	cfg := StoreConfig{MaxKeys: 1 << 16}
+	for _, c := range []struct {
+		name string
+		g    *GCRA
+	}{{"forgiven", &slow}, {"idle", &fast}} {
+		b.Run("Store/"+c.name, func(b *testing.B) {
+			st, _ := NewStore[TAT](cfg)
+			now := benchT0
+			b.ReportAllocs()
+			for i := uint64(1); b.Loop(); i++ {
+				now += 1000
+				st.Apply(i, now, c.g, 1)
+			}
+		})
+		b.Run("GCRAStore/"+c.name, func(b *testing.B) {
+			st, _ := NewGCRAStore(cfg)
+			now := benchT0
+			b.ReportAllocs()
+			for i := uint64(1); b.Loop(); i++ {
+				now += 1000
+				st.Apply(i, now, c.g, 1)
+			}
+		})
+	}
+}

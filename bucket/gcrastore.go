@@ -140,14 +140,14 @@ type gshard struct {
 	tombs int // tombstones in the current table
 	hand  int // sweep hand, a slot index
 	evictions
-	_ [8]byte
 }
 
 // GCRAStore maps 64-bit keys to GCRA TATs, like Store[TAT, *TAT] with the
 // same observable behaviour (key 0 aliased, idle entries equal no entry and
 // are swept on insert, the MaxKeys cap evicts idle entries first and else
-// forgives a spent one), but a decision on a key already present takes no
-// lock: it is a probe of atomic loads and a CAS on the key's TAT. Inserts,
+// forgives the least indebted of the entries examined), but a decision on a
+// key already present takes no lock: it is a probe of atomic loads and a
+// CAS on the key's TAT. Inserts,
 // deletes, the sweep, eviction and resizing take the shard mutex. Times
 // (now) must lie in [0, 2^62). Safe for concurrent use.
 type GCRAStore struct {
@@ -370,7 +370,7 @@ func (st *GCRAStore) Stats() StoreStats {
 		if t := sh.table.Load(); t != nil {
 			s.Slots += len(t.slots)
 		}
-		sh.evictions.addTo(&s)
+		sh.evictions.addTo(&s, true)
 		sh.mu.Unlock()
 	}
 	return s
@@ -454,12 +454,16 @@ func (st *GCRAStore) sweep(sh *gshard, t *gtable, now int64, n int) {
 	st.maybeShrink(sh, t, now)
 }
 
-// evict makes room at the cap: the first idle entry within capScan slots of
-// the hand goes; failing that, the first live entry examined is evicted and
-// its spend forgiven.
+// evict makes room at the cap, choosing as Store does: of the capScan slots
+// from the sweep hand (wrapping around a smaller table), the first idle
+// entry goes (EvictedIdle); failing that, the live entry with the smallest
+// TAT, whose debt tat − now is the least, the first of them on a tie, and
+// that debt is forgiven and counted (EvictedForgiven, ForgivenNanos).
+// Tombstones are skipped. The hand moves past the victim.
 func (st *GCRAStore) evict(sh *gshard, t *gtable, now int64) {
 	mask := len(t.slots) - 1
 	victim := -1
+	var vtat int64
 	for n := 0; n < capScan || victim < 0; n++ {
 		i := (sh.hand + n) & mask
 		e := &t.slots[i]
@@ -477,15 +481,17 @@ func (st *GCRAStore) evict(sh *gshard, t *gtable, now int64) {
 			sh.evictedIdle++
 			return
 		}
-		if victim < 0 {
-			victim = i
+		if victim < 0 || v < vtat {
+			victim, vtat = i, v
 		}
 	}
 	sh.hand = (victim + 1) & mask
-	t.slots[victim].tat.Store(tombTAT)
+	// A fast path may have spent the victim since it was read: the debt
+	// counted is the one it has when it goes.
+	v := t.slots[victim].tat.Swap(tombTAT)
 	sh.live--
 	sh.tombs++
-	sh.evictedForgiven++
+	sh.forgive(v - now)
 }
 
 // maybeShrink rebuilds the table smaller when it is under 1/8 full.

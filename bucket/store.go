@@ -32,6 +32,15 @@ type StoreStats struct {
 	EvictedIdle     uint64 // idle entries removed at the key cap to make room
 	EvictedForgiven uint64 // partly spent entries evicted at the key cap: their debt is forgiven
 	Swept           uint64 // idle entries removed by the sweep hand on insert
+	// ForgivenTokens sums what the EvictedForgiven entries had spent, for
+	// states that count tokens (fixed and sliding windows, sliding logs,
+	// concurrency slots in flight).
+	ForgivenTokens uint64
+	// ForgivenNanos sums what the EvictedForgiven entries owed in time, for
+	// states that hold a time (a GCRA TAT: the time until the bucket is
+	// full, its spend times the rule's emission interval; a leaky queue's
+	// time to drain; a penalty lockout's rest), in nanoseconds, saturating.
+	ForgivenNanos uint64
 }
 
 // zeroAlias is the key a caller's key 0 is stored as (0 marks an empty slot),
@@ -59,8 +68,9 @@ type shard[S any, P State[S]] struct {
 	count     int   // occupied slots
 	hand      int   // sweep hand, a slot index
 	tshift    uint8 // 64 − log2(len(slots))
+	inTime    bool  // the unit of evictions.forgiven: ns, else tokens (see debtor)
 	evictions       // see StoreStats
-	_         [40]byte
+	_         [32]byte
 }
 
 // Store maps 64-bit keys to per-key algorithm state S. It is safe for
@@ -94,12 +104,33 @@ func NewStore[S any, P State[S]](cfg StoreConfig) (*Store[S, P], error) {
 // Store and GCRAStore. Guarded by the shard's mutex.
 type evictions struct {
 	evictedIdle, evictedForgiven, swept uint64
+	forgiven                            uint64 // what the forgiven entries owed, in their unit (see debtor)
 }
 
-func (e *evictions) addTo(s *StoreStats) {
+// addTo adds the counters to s; inTime is the unit of forgiven.
+func (e *evictions) addTo(s *StoreStats, inTime bool) {
 	s.EvictedIdle += e.evictedIdle
 	s.EvictedForgiven += e.evictedForgiven
 	s.Swept += e.swept
+	if inTime {
+		s.ForgivenNanos = satAddU(s.ForgivenNanos, e.forgiven)
+	} else {
+		s.ForgivenTokens = satAddU(s.ForgivenTokens, e.forgiven)
+	}
+}
+
+// forgive counts one forgiven eviction of an entry that owed owed.
+func (e *evictions) forgive(owed int64) {
+	e.evictedForgiven++
+	e.forgiven = satAddU(e.forgiven, uint64(max(owed, 0)))
+}
+
+// satAddU is a+b saturating at the largest uint64.
+func satAddU(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return ^uint64(0)
 }
 
 // layout is how a store spreads keys over shards; Store and GCRAStore share
@@ -260,7 +291,7 @@ func (st *Store[S, P]) Stats() StoreStats {
 		sh.mu.Lock()
 		s.Live += sh.count
 		s.Slots += len(sh.slots)
-		sh.evictions.addTo(&s)
+		sh.evictions.addTo(&s, sh.inTime)
 		sh.mu.Unlock()
 	}
 	return s
@@ -313,30 +344,39 @@ func (st *Store[S, P]) sweep(sh *shard[S, P], now int64, n int) {
 	st.maybeShrink(sh)
 }
 
-// evict makes room at the cap: the first idle entry within capScan slots of
-// the hand goes; failing that, the first non-idle entry examined is evicted
-// and its spend forgiven.
+// evict makes room at the cap. It examines the capScan slots from the sweep
+// hand (wrapping around a table smaller than that): the first idle entry
+// among them goes (EvictedIdle). Failing that, of the live entries examined
+// the one with the least debt goes, the first of them on a tie, and what it
+// owed is forgiven and counted (EvictedForgiven, and ForgivenTokens or
+// ForgivenNanos by the state's unit: see debtor). So an entry is forgiven
+// only when every other entry examined owes at least as much, and the most
+// indebted of them is never the victim while a less indebted one is there.
+// The hand moves past the victim.
 func (st *Store[S, P]) evict(sh *shard[S, P], now int64) {
 	mask := len(sh.slots) - 1
 	victim := -1
+	var vowed int64
 	for n := 0; n < capScan || victim < 0; n++ {
 		i := (sh.hand + n) & mask
 		if sh.slots[i].key == 0 {
 			continue
 		}
-		if P(&sh.slots[i].state).Idle(now) {
+		p := P(&sh.slots[i].state)
+		if p.Idle(now) {
 			sh.hand = i
 			st.deleteAt(sh, i)
 			sh.evictedIdle++
 			return
 		}
-		if victim < 0 {
-			victim = i
+		if owed, inTime := debtOf(p, now); victim < 0 || owed < vowed {
+			victim, vowed = i, owed
+			sh.inTime = inTime
 		}
 	}
 	sh.hand = (victim + 1) & mask
 	st.deleteAt(sh, victim)
-	sh.evictedForgiven++
+	sh.forgive(vowed)
 }
 
 // deleteAt empties slot i with backward-shift deletion: later entries of the

@@ -21,8 +21,21 @@ import (
 // the buckets the old one left: no free window.
 //
 // A DurableCommand carries the rule's parameters (limit, window, burst), so
-// the store does not depend on where a node's rules come from; a changed
-// limit keeps the bucket's TAT and GCRA adapts to it. Time is the
+// the store does not depend on where a node's rules come from. A bucket
+// remembers the parameters it was written under (emission interval and
+// burst), and the store remembers, per rule, the parameters of the newest
+// command and when they first appeared (the store's clock at the first
+// command that carried them). At a bucket's first decision under other
+// parameters than its own it is converted with bucket.GCRA.Convert as of
+// that instant: spend carries over as tokens, not as time (a raised limit
+// or burst never rejects what a bucket of the new rule holding the same
+// tokens would admit; a lowered one clamps the tokens to the new burst, and
+// debt stays debt). So the result is the one converting every bucket of the
+// rule when the change first reached the store would give, whichever
+// identity is decided next; the conversion reads only the log, so every
+// replica makes it alike. A bucket that saw no decision while its rule went
+// through several parameter sets is converted once, from its own to the
+// newest. Time is the
 // proposing leader's clock, made monotone by the store (a command older than
 // the newest one applied is decided at the newest time): a leader whose
 // clock is behind its predecessor's decides as if no time had passed until
@@ -123,21 +136,63 @@ type durableReq struct {
 	dec bucket.Decision
 }
 
+// durableParams are the GCRA parameters a bucket was written under: the
+// emission interval (ns) and the burst. The zero value means unknown (a
+// bucket restored from a state of version 3, which did not record them):
+// such a bucket is taken to be in the parameters of its next decision.
+type durableParams struct{ t, burst int64 }
+
+// paramsOf returns g's parameters.
+func paramsOf(g bucket.GCRA) durableParams {
+	return durableParams{t: g.Interval().Nanoseconds(), burst: g.Burst()}
+}
+
+// gcra returns the GCRA of p (known parameters that a command built once).
+func (p durableParams) gcra() (bucket.GCRA, error) {
+	return bucket.NewGCRA(1, time.Duration(p.t), p.burst)
+}
+
+// valid reports whether p is unknown or builds a GCRA.
+func (p durableParams) valid() bool {
+	if p == (durableParams{}) {
+		return true
+	}
+	_, err := p.gcra()
+	return p.t >= 1 && err == nil
+}
+
+// durableBucket is one held bucket: its TAT and the parameters it is in.
+type durableBucket struct {
+	tat int64
+	p   durableParams
+}
+
+// durableRuleState is what the store knows of one rule while it holds
+// buckets of it: the parameters of the newest command, since when (the
+// store's clock at the first command that carried them), and how many
+// buckets it holds.
+type durableRuleState struct {
+	p     durableParams
+	since int64
+	n     int
+}
+
 // DurableStore holds the buckets of durable rules. The zero value is not
 // usable: NewDurableStore returns an empty store. It is not safe for
 // concurrent use; the FSM guards it.
 type DurableStore struct {
-	now  int64                // the newest time applied
-	tats map[durableKey]int64 // only buckets that are not full (TAT > now)
-	exp  expiryHeap           // one entry per key of tats, by TAT (lazy: a key's TAT may have grown since)
-	reqs []durableReq         // remembered requests, oldest first; reqs[head:] are live
-	head int
-	byID map[string]int // request id → index in reqs
+	now   int64                        // the newest time applied
+	tats  map[durableKey]durableBucket // only buckets that are not full (TAT > now)
+	rules map[string]*durableRuleState // exactly the rules of the buckets in tats
+	exp   expiryHeap                   // at least one entry per key of tats, by TAT (lazy: a key's TAT may have changed since)
+	reqs  []durableReq                 // remembered requests, oldest first; reqs[head:] are live
+	head  int
+	byID  map[string]int // request id → index in reqs
 }
 
 // NewDurableStore returns an empty store.
 func NewDurableStore() *DurableStore {
-	return &DurableStore{tats: map[durableKey]int64{}, byID: map[string]int{}}
+	return &DurableStore{tats: map[durableKey]durableBucket{}, rules: map[string]*durableRuleState{}, byID: map[string]int{}}
 }
 
 // Len is the number of buckets held (those not full).
@@ -153,14 +208,16 @@ func (s *DurableStore) Requests() int { return len(s.reqs) - s.head }
 // leaders' clocks); ok is false for a full bucket, which the store does
 // not hold.
 func (s *DurableStore) TAT(rule, identity string) (tat int64, ok bool) {
-	tat, ok = s.tats[durableKey{rule, identity}]
-	return tat, ok
+	b, ok := s.tats[durableKey{rule, identity}]
+	return b.tat, ok
 }
 
 // Apply decides c at max(c.Now, the newest time applied) and returns the
 // decision (bucket.GCRA.Step: an admission charges the bucket, a rejection
-// changes nothing). A command whose RequestID the store remembers is a
-// retry: it changes nothing and returns the first application's decision.
+// changes nothing), after converting the bucket to c's parameters if it is
+// in others (see the file comment). A command whose RequestID the store
+// remembers is a retry: it changes nothing and returns the first
+// application's decision.
 // A malformed command is refused with an error wrapping ErrBadCommand and
 // changes nothing.
 func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
@@ -174,15 +231,43 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 			return s.reqs[i].dec, nil
 		}
 	}
+	p := paramsOf(g)
+	rs := s.rules[c.Rule.ID]
+	since := s.now // when the rule's parameters became p
+	if rs != nil && rs.p == p {
+		since = rs.since
+	}
 	k := durableKey{c.Rule.ID, c.Identity}
-	tat, held := s.tats[k]
-	t := bucket.TAT(tat)
+	b, held := s.tats[k]
+	t := bucket.TAT(b.tat)
+	converted := false
+	if held && b.p != p && b.p != (durableParams{}) {
+		old, err := b.p.gcra()
+		if err != nil { // unreachable: restore and Apply keep only parameters that build
+			return bucket.Decision{}, fmt.Errorf("lease: durable bucket %q/%q in parameters %+v: %w", c.Rule.ID, c.Identity, b.p, err)
+		}
+		t, converted = g.Convert(old, t, since), true
+	}
+	if rs == nil {
+		rs = &durableRuleState{}
+		s.rules[c.Rule.ID] = rs
+	}
+	rs.p, rs.since = p, since
 	d := g.Step(&t, s.now, c.Cost)
-	if int64(t) > s.now {
-		s.tats[k] = int64(t)
+	switch {
+	case int64(t) > s.now:
+		s.tats[k] = durableBucket{tat: int64(t), p: p}
 		if !held {
+			rs.n++
+		}
+		if !held || converted { // a conversion may have moved the TAT earlier
 			heap.Push(&s.exp, expiry{tat: int64(t), key: k})
 		}
+	case held: // converted to a full bucket and not charged
+		s.drop(k)
+	}
+	if rs.n == 0 {
+		delete(s.rules, c.Rule.ID)
 	}
 	if c.RequestID != "" {
 		s.remember(durableReq{id: c.RequestID, at: s.now, dec: d})
@@ -199,16 +284,26 @@ func (s *DurableStore) advance(now int64) {
 	s.now = max(s.now, now)
 	for len(s.exp) > 0 && s.exp[0].tat <= s.now {
 		e := heap.Pop(&s.exp).(expiry)
-		switch tat, ok := s.tats[e.key]; {
+		switch b, ok := s.tats[e.key]; {
 		case !ok:
-		case tat <= s.now:
-			delete(s.tats, e.key)
-		default: // charged since: wait for its new TAT
-			heap.Push(&s.exp, expiry{tat: tat, key: e.key})
+		case b.tat <= s.now:
+			s.drop(e.key)
+		case b.tat != e.tat: // charged since: wait for its new TAT
+			heap.Push(&s.exp, expiry{tat: b.tat, key: e.key})
 		}
 	}
 	for s.head < len(s.reqs) && (s.reqs[s.head].at < s.now-int64(DurableRetryWindow) || len(s.reqs)-s.head > MaxDurableRequests) {
 		s.dropOldest()
+	}
+}
+
+// drop removes the bucket of k, and its rule's state with its last bucket.
+func (s *DurableStore) drop(k durableKey) {
+	delete(s.tats, k)
+	if rs := s.rules[k.rule]; rs != nil {
+		if rs.n--; rs.n <= 0 {
+			delete(s.rules, k.rule)
+		}
 	}
 }
 
@@ -267,12 +362,24 @@ func (h *expiryHeap) Pop() any {
 // marshal appends the store's section of the state encoding (snapshot.go).
 func (s *DurableStore) marshal(w *stateWriter) {
 	w.int(s.now)
+	ids := slices.Sorted(maps.Keys(s.rules))
+	w.uint(uint64(len(ids)))
+	for _, id := range ids {
+		rs := s.rules[id]
+		w.str(id)
+		w.int(rs.p.t)
+		w.int(rs.p.burst)
+		w.int(rs.since)
+	}
 	keys := s.sortedKeys()
 	w.uint(uint64(len(keys)))
 	for _, k := range keys {
+		b := s.tats[k]
 		w.str(k.rule)
 		w.str(k.identity)
-		w.int(s.tats[k])
+		w.int(b.tat)
+		w.int(b.p.t)
+		w.int(b.p.burst)
 	}
 	w.uint(uint64(len(s.reqs) - s.head))
 	for _, r := range s.reqs[s.head:] {
@@ -290,9 +397,10 @@ func (s *DurableStore) marshal(w *stateWriter) {
 	}
 }
 
-// durableStore reads and checks the store's section; on failure it records
-// the error and returns an empty store.
-func (r *stateReader) durableStore() *DurableStore {
+// durableStore reads and checks the store's section of a state of version
+// v (3: no parameters, read as unknown; 4: the rules' and the buckets'
+// parameters); on failure it records the error and returns an empty store.
+func (r *stateReader) durableStore(v byte) *DurableStore {
 	empty := NewDurableStore()
 	s := NewDurableStore()
 	s.now = r.int()
@@ -300,12 +408,48 @@ func (r *stateReader) durableStore() *DurableStore {
 		r.fail(fmt.Sprintf("durable store time %d is negative", s.now))
 		return empty
 	}
+	if v >= 4 {
+		prev := ""
+		for i := range r.count() {
+			id := r.str()
+			rs := &durableRuleState{p: durableParams{t: r.int(), burst: r.int()}, since: r.int()}
+			if r.err != nil {
+				return empty
+			}
+			var msg string
+			switch {
+			case i > 0 && id <= prev:
+				msg = "out of order"
+			case id == "" || len(id) > MaxDurableRuleIDBytes:
+				msg = "bad rule id"
+			case !rs.p.valid():
+				msg = fmt.Sprintf("parameters %+v do not make a GCRA", rs.p)
+			case rs.since < 0 || rs.since > s.now:
+				msg = fmt.Sprintf("parameters since %d, outside [0, now %d]", rs.since, s.now)
+			}
+			if msg != "" {
+				r.fail(fmt.Sprintf("durable rule %q: %s", id, msg))
+				return empty
+			}
+			s.rules[id] = rs
+			prev = id
+		}
+	}
 	var prev *durableKey
 	for range r.count() {
 		k := durableKey{r.str(), r.str()}
 		tat := r.int()
+		var p durableParams
+		if v >= 4 {
+			p = durableParams{t: r.int(), burst: r.int()}
+		}
 		if r.err != nil {
 			return empty
+		}
+		rs := s.rules[k.rule]
+		if v < 4 && rs == nil { // parameters unknown until the rule's next command
+			rs = &durableRuleState{since: s.now}
+			s.rules[k.rule] = rs
 		}
 		switch {
 		case prev != nil && compareDurableKeys(*prev, k) >= 0:
@@ -317,10 +461,23 @@ func (r *stateReader) durableStore() *DurableStore {
 		case k.rule == "" || len(k.rule) > MaxDurableRuleIDBytes || len(k.identity) > MaxDurableIdentityBytes:
 			r.fail(fmt.Sprintf("durable bucket %q/%q: bad rule id or identity", k.rule, k.identity))
 			return empty
+		case rs == nil:
+			r.fail(fmt.Sprintf("durable bucket %q/%q: its rule has no parameters", k.rule, k.identity))
+			return empty
+		case !p.valid():
+			r.fail(fmt.Sprintf("durable bucket %q/%q: parameters %+v do not make a GCRA", k.rule, k.identity, p))
+			return empty
 		}
-		s.tats[k] = tat
+		s.tats[k] = durableBucket{tat: tat, p: p}
+		rs.n++
 		s.exp = append(s.exp, expiry{tat: tat, key: k})
 		prev = &k
+	}
+	for id, rs := range s.rules {
+		if rs.n == 0 {
+			r.fail(fmt.Sprintf("durable rule %q holds no bucket: it should have been dropped", id))
+			return empty
+		}
 	}
 	heap.Init(&s.exp)
 	n := r.count()

@@ -159,3 +159,54 @@ func TestDurableGroupNoQuorum(t *testing.T) {
 		t.Fatalf("a decision without a quorum: %+v", d)
 	}
 }
+
+// TestDurableGroupRuleChange: a durable rule's change carries each
+// bucket's spend over as tokens, through a 3-voter group: 5/min burst 5
+// with 1 token spent, raised to 50/min, admits the next 4 (the 4 tokens
+// held); lowered to 2/h burst 2, admits 2 of the next 5 (clamped to the new
+// burst). A follower restarted from a snapshot taken after the change holds
+// the same buckets and decides the same.
+func TestDurableGroupRuleChange(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	l := c.leader()
+	f := c.follower(l)
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	decide := func(g *Group, r DurableRule, identity string, n int) int {
+		t.Helper()
+		got := 0
+		for range n {
+			d, err := g.Durable(ctx, r, identity, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				got++
+			}
+		}
+		return got
+	}
+	r := DurableRule{ID: "otp", Limit: 5, Window: time.Minute, Burst: 5}
+	if decide(l, r, "raise", 1) != 1 || decide(f, r, "lower", 1) != 1 {
+		t.Fatal("first request refused")
+	}
+	raised := r
+	raised.Limit = 50
+	if got := decide(f, raised, "raise", 4); got != 4 {
+		t.Fatalf("raised to 50/min: %d of the next 4 admitted, want 4", got)
+	}
+	lowered := DurableRule{ID: "otp", Limit: 2, Window: time.Hour, Burst: 2}
+	if got := decide(l, lowered, "lower", 5); got != 2 {
+		t.Fatalf("lowered to 2/h burst 2: %d of the next 5 admitted, want 2", got)
+	}
+	c.converge()
+	if err := f.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(f.Name())
+	f = c.restart(f.Name())
+	c.converge()
+	if got := decide(f, lowered, "lower", 2); got != 0 {
+		t.Fatalf("after a restart from a snapshot: %d more admitted at 2/h, want 0", got)
+	}
+}

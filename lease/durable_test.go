@@ -103,16 +103,77 @@ func TestDurableStoreLimitChange(t *testing.T) {
 			t.Fatal("refused within the burst")
 		}
 	}
-	// Spent at 10/10s: the TAT is 10s ahead. With the limit halved (1 per
-	// 2s, burst 5) the same TAT means the bucket is still spent.
+	// Spent (0 of 10 tokens at 10/10s). With the limit halved (1 per 2s,
+	// burst 5) the bucket still holds 0 tokens: the next one is 2s away.
 	r.Limit, r.Burst = 5, 5
 	d := mustDecide(t, s, DurableCommand{Now: 1e9, Rule: r, Identity: "u", Cost: 1})
 	if d.Allowed {
 		t.Fatalf("a lower limit forgave the spent bucket: %+v", d)
 	}
 	if d.RetryAfter != 2*time.Second {
-		// newTAT = 1e9+10s+2s; passes when newTAT - now <= 5·2s: 2s later.
 		t.Fatalf("RetryAfter %v, want 2s", d.RetryAfter)
+	}
+}
+
+// otpRule is 5 per minute, burst 5: one token every 12 s.
+var otpRule = DurableRule{ID: "otp", Limit: 5, Window: time.Minute, Burst: 5}
+
+// admitted applies n commands of rule for identity at now and counts the
+// admitted ones.
+func admitted(t *testing.T, s *DurableStore, now int64, r DurableRule, identity string, n int) int {
+	t.Helper()
+	got := 0
+	for range n {
+		if mustDecide(t, s, DurableCommand{Now: now, Rule: r, Identity: identity, Cost: 1}).Allowed {
+			got++
+		}
+	}
+	return got
+}
+
+// TestDurableStoreRuleChange: a durable bucket's spend carries over a
+// change of its rule as tokens, not as time (docs/durable.md). 5/min burst
+// 5 with 1 token spent, one second later raised to 50/min burst 5: the 4
+// tokens left are admitted at once (the TAT read under the new interval
+// would have rejected them all); lowered to 2/h burst 2 instead: clamped to
+// 2.
+func TestDurableStoreRuleChange(t *testing.T) {
+	const t0 = int64(1_700_000_000) * sec
+	s := NewDurableStore()
+	if admitted(t, s, t0, otpRule, "raise", 1) != 1 || admitted(t, s, t0, otpRule, "lower", 1) != 1 {
+		t.Fatal("first request refused")
+	}
+	raised := otpRule
+	raised.Limit = 50
+	if got := admitted(t, s, t0+sec, raised, "raise", 5); got != 4 {
+		t.Fatalf("raised to 50/min: %d of the next 5 admitted, want 4 (the tokens held)", got)
+	}
+	lowered := DurableRule{ID: "otp", Limit: 2, Window: time.Hour, Burst: 2}
+	if got := admitted(t, s, t0+2*sec, lowered, "lower", 5); got != 2 {
+		t.Fatalf("lowered to 2/h burst 2: %d of the next 5 admitted, want 2 (clamped to the new burst)", got)
+	}
+}
+
+// TestDurableStoreConvertsAtTheChange: a bucket is converted as of when
+// its rule's new parameters first reached the store, not when the bucket
+// is next decided. An identity spends its 5 tokens at 5/min (full again in
+// 60 s); one second later the rule is raised to 50/min (another identity's
+// command brings it); six seconds after that, the first identity's bucket
+// is full under the new rule (the 59 s it owed at the change are 5.9 s at
+// 1.2 s a token), so 5 pass. Converting only at its own next decision
+// would have read the 53 s it owed then under the new interval (5.3 s): 0
+// would pass.
+func TestDurableStoreConvertsAtTheChange(t *testing.T) {
+	const t0 = int64(1_700_000_000) * sec
+	s := NewDurableStore()
+	if admitted(t, s, t0, otpRule, "a", 5) != 5 {
+		t.Fatal("burst refused")
+	}
+	raised := otpRule
+	raised.Limit = 50
+	admitted(t, s, t0+sec, raised, "b", 1)
+	if got := admitted(t, s, t0+7*sec, raised, "a", 5); got != 5 {
+		t.Fatalf("%d of 5 admitted 6 s after the raise, want 5", got)
 	}
 }
 
@@ -159,7 +220,10 @@ func TestDurableStoreClockBack(t *testing.T) {
 // randomDurableRun applies n random commands and ticks to s, returning
 // them, so that another store can replay them.
 func randomDurableRun(rng *rand.Rand, n int, now int64) []Entry {
-	rules := []DurableRule{trialRule, {ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 3}}
+	// Two rules, the second in three parameter sets (its limit, burst and
+	// window changing back and forth), so buckets convert.
+	rules := []DurableRule{trialRule, {ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 3},
+		{ID: "otp", Limit: 20, Window: 15 * time.Minute, Burst: 5}, {ID: "otp", Limit: 2, Window: time.Hour, Burst: 2}}
 	var out []Entry
 	for i := range n {
 		now += rng.Int64N(int64(10 * time.Minute))
@@ -167,7 +231,7 @@ func randomDurableRun(rng *rand.Rand, n int, now int64) []Entry {
 			out = append(out, Entry{Command: &Command{Now: now, Tick: true}})
 			continue
 		}
-		c := DurableCommand{Now: now, Rule: rules[rng.IntN(2)], Identity: fmt.Sprint("id", rng.IntN(6)), Cost: 1 + rng.Int64N(2)}
+		c := DurableCommand{Now: now, Rule: rules[rng.IntN(len(rules))], Identity: fmt.Sprint("id", rng.IntN(6)), Cost: 1 + rng.Int64N(2)}
 		if rng.IntN(2) == 0 {
 			c.RequestID = fmt.Sprint("r", rng.IntN(i+1)) // some are retries
 		}
@@ -214,9 +278,11 @@ func TestDurableDeterministic(t *testing.T) {
 }
 
 // TestDurableSnapshotVersions: a state is written at the lowest version
-// that holds it (2 while the durable store is empty, 3 after); a version-2
-// state is read as an empty durable store; the machine alone refuses a
-// state with durable buckets; a cut state is refused.
+// that holds it (2 while the durable store is empty, 4 after); a version-2
+// state is read as an empty durable store, a version-3 one as buckets whose
+// parameters are unknown (decided in those of their next command); the
+// machine alone refuses a state with durable buckets; a cut state is
+// refused.
 func TestDurableSnapshotVersions(t *testing.T) {
 	v2 := NewFSM(emptyMachine(t)).State()
 	if v2[3] != 2 {
@@ -224,13 +290,13 @@ func TestDurableSnapshotVersions(t *testing.T) {
 	}
 	h := NewFSM(emptyMachine(t))
 	mustDecide(t, h.durable, durableCmd(1e9, "x", "acct"))
-	v3 := h.State()
-	if v3[3] != 3 {
-		t.Fatalf("a state with durable buckets is written as version %d, want 3", v3[3])
+	v4 := h.State()
+	if v4[3] != 4 {
+		t.Fatalf("a state with durable buckets is written as version %d, want 4", v4[3])
 	}
 	g := NewFSM(emptyMachine(t))
-	if err := g.Restore(io.NopCloser(bytes.NewReader(v3))); err != nil || !bytes.Equal(g.State(), v3) {
-		t.Fatalf("a version-3 state: %v", err)
+	if err := g.Restore(io.NopCloser(bytes.NewReader(v4))); err != nil || !bytes.Equal(g.State(), v4) {
+		t.Fatalf("a version-4 state: %v", err)
 	}
 	if err := g.Restore(io.NopCloser(bytes.NewReader(v2))); err != nil {
 		t.Fatalf("a version-2 state: %v", err)
@@ -238,13 +304,74 @@ func TestDurableSnapshotVersions(t *testing.T) {
 	if n, r := g.DurableLen(); n != 0 || r != 0 {
 		t.Fatalf("after restoring a version-2 state: %d buckets, %d requests", n, r)
 	}
-	if err := emptyMachine(t).RestoreState(v3); !errors.Is(err, ErrBadState) {
+	if err := emptyMachine(t).RestoreState(v4); !errors.Is(err, ErrBadState) {
 		t.Fatalf("Machine.RestoreState of a state with durable buckets: %v", err)
 	}
 	for cut := 1; cut < 12; cut++ {
-		if err := NewFSM(emptyMachine(t)).Restore(io.NopCloser(bytes.NewReader(v3[:len(v3)-cut]))); !errors.Is(err, ErrBadState) {
+		if err := NewFSM(emptyMachine(t)).Restore(io.NopCloser(bytes.NewReader(v4[:len(v4)-cut]))); !errors.Is(err, ErrBadState) {
 			t.Fatalf("a state cut %d bytes short: %v", cut, err)
 		}
+	}
+
+	// A version-3 state: the version-2 bytes, then the durable store with
+	// buckets and no parameters. otp/u has spent 1 token of 5/min (its TAT
+	// 12 s ahead, the interval it was written under not recorded).
+	const now = int64(1_700_000_000) * sec
+	v3 := append([]byte(nil), v2...)
+	v3[3] = 3
+	var w stateWriter
+	w.int(now)
+	w.uint(1)
+	w.str("otp")
+	w.str("u")
+	w.int(now + 12*sec)
+	w.uint(0) // requests
+	v3 = append(v3, w.buf.Bytes()...)
+	f := NewFSM(emptyMachine(t))
+	if err := f.Restore(io.NopCloser(bytes.NewReader(v3))); err != nil {
+		t.Fatalf("a version-3 state: %v", err)
+	}
+	if tat, ok := f.DurableTAT("otp", "u"); !ok || tat != now+12*sec {
+		t.Fatalf("version-3 bucket: TAT %d, %v", tat, ok)
+	}
+	// Its parameters unknown, it is taken to be in its next command's: 4
+	// tokens left at 5/min burst 5.
+	if got := admitted(t, f.durable, now, otpRule, "u", 5); got != 4 {
+		t.Fatalf("version-3 bucket: %d of 5 admitted, want 4", got)
+	}
+	if st := f.State(); st[3] != 4 {
+		t.Fatalf("rewritten as version %d, want 4", st[3])
+	}
+}
+
+// TestDurableSnapshotCarriesParameters: a snapshot taken after a bucket
+// was written restores to the same bytes, and the restored replica converts
+// the bucket at a later rule change exactly as the original does: the
+// parameters each bucket is in, and when its rule's current ones appeared,
+// travel in the snapshot.
+func TestDurableSnapshotCarriesParameters(t *testing.T) {
+	const t0 = int64(1_700_000_000) * sec
+	a := NewFSM(emptyMachine(t))
+	admitted(t, a.durable, t0, otpRule, "u", 3)
+	raised := otpRule
+	raised.Limit = 50
+	admitted(t, a.durable, t0+sec, raised, "v", 1) // the change reaches the store: u is not converted yet
+	st := a.State()
+	b := NewFSM(emptyMachine(t))
+	if err := b.Restore(io.NopCloser(bytes.NewReader(st))); err != nil || !bytes.Equal(b.State(), st) {
+		t.Fatalf("restore: %v", err)
+	}
+	for i, f := range []*FSM{a, b} {
+		// At the change u owed 35 s at 12 s a token, converted to 3.5 s at
+		// 1.2 s a token; 3 s later it owes 0.5 s: 4 whole tokens. (Read
+		// only then, the 32 s it owed under the old interval would be
+		// 3.2 s: 2 tokens.)
+		if got := admitted(t, f.durable, t0+4*sec, raised, "u", 5); got != 4 {
+			t.Fatalf("replica %d: %d of 5 admitted, want 4", i, got)
+		}
+	}
+	if !bytes.Equal(a.State(), b.State()) {
+		t.Fatal("the restored replica's state differs")
 	}
 }
 

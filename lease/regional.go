@@ -49,8 +49,9 @@ import (
 // rejects (the rule's on_failure: local, open, closed).
 //
 // The owner's bucket. The owner decides at the share: rate share per
-// window, burst the grant's. When the parameters change, the bucket keeps
-// its tokens, clamped to the new burst: on a shrink the region loses tokens
+// window, burst the grant's. When the parameters change (a new share or
+// burst, or the rule's window), the bucket keeps its tokens, clamped to the
+// new burst: on a shrink the region loses tokens
 // above the new burst, on a grow it gains capacity, not tokens; tokens
 // owed stay owed. A key with no share (fallback 0, open, closed) charges
 // the spend other nodes report at the safe share, so that slack spent
@@ -112,9 +113,10 @@ const (
 
 // params are the parameters an owner's bucket is in: the share and burst
 // it was built from (share 0: the safe-share bucket of a key with no
-// share) and the GCRA.
+// share), the rule's window it was built under, and the GCRA.
 type params struct {
 	share, burst int64
+	window       time.Duration
 	g            bucket.GCRA
 }
 
@@ -168,11 +170,14 @@ func NewRegional(cfg RegionalConfig) (*Regional, error) {
 }
 
 // SetRules installs the global rules. Keys of a rule that is gone are
-// dropped; keys of a rule whose limit, burst or largest cost changed keep
-// their leases (the leader counts them until the region acknowledges new
-// shares, which the next report, sent soon, brings) with safe shares from
-// the new rule; keys of a rule whose window changed start over with no
-// lease (shares are tokens per window). A rule whose GCRA cannot be built
+// dropped; keys of a rule whose limit, burst, window or largest cost
+// changed keep their leases (the leader counts them until the region
+// acknowledges new shares, which the next report, sent soon, brings) with
+// safe shares from the new rule. A share is tokens per the rule's window,
+// and the leader counts the shares it granted against the new rule's limit
+// per its new window, so after a window change a key enforces the same
+// share per the new window; its owner's bucket is converted at its next
+// decision, keeping its tokens (Share). A rule whose GCRA cannot be built
 // is refused.
 func (r *Regional) SetRules(rules []RegionalRule) error {
 	next := make(map[string]*regRule, len(rules))
@@ -186,12 +191,12 @@ func (r *Regional) SetRules(rules []RegionalRule) error {
 		if err != nil {
 			return fmt.Errorf("lease: global rule %q: %w", rr.ID, err)
 		}
-		next[rr.ID] = &regRule{RegionalRule: rr, zero: params{g: g}}
+		next[rr.ID] = &regRule{RegionalRule: rr, zero: params{window: rr.Window, g: g}}
 	}
 	for kk, k := range r.keys {
 		old, nw := r.rules[kk.rule], next[kk.rule]
 		switch {
-		case nw == nil || old == nil || old.Window != nw.Window:
+		case nw == nil || old == nil:
 			delete(r.keys, kk)
 		case old.Rule != nw.Rule:
 			k.holder.SetRule(nw.Rule, r.cfg.Regions)
@@ -217,7 +222,7 @@ func (r *Regional) Share(now int64, rule, identity string, tat *bucket.TAT) (g b
 	}
 	k := r.key(rr, rule, identity, now)
 	p, mode := r.target(rr, k, now)
-	if p.share != k.p.share || p.burst != k.p.burst {
+	if p != k.p {
 		*tat = rescale(*tat, now, k.p.g, p.g)
 		k.p = p
 	}
@@ -276,7 +281,7 @@ func (r *Regional) target(rr *regRule, k *regKey, now int64) (params, Mode) {
 	if share <= 0 {
 		return rr.zero, ModeReject
 	}
-	if k.p.share == share && k.p.burst == b {
+	if k.p.share == share && k.p.burst == b && k.p.window == rr.Window {
 		return k.p, ModeEnforce
 	}
 	g, err := bucket.NewGCRA(share, rr.Window, max(b, 1))
@@ -285,7 +290,7 @@ func (r *Regional) target(rr *regRule, k *regKey, now int64) (params, Mode) {
 		// built): refuse rather than enforce something else.
 		return rr.zero, ModeReject
 	}
-	return params{share: share, burst: b, g: g}, ModeEnforce
+	return params{share: share, burst: b, window: rr.Window, g: g}, ModeEnforce
 }
 
 // rescale rewrites a TAT kept at from's parameters into to's: the tokens

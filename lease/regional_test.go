@@ -269,12 +269,100 @@ func TestRegionalRuleChange(t *testing.T) {
 	if s, _, fb := k.holder.At(20 * sec); s != 200 || !fb {
 		t.Fatalf("fallback %d (%v) after expiry, want 200 from the new limit", s, fb)
 	}
+	// The owner's bucket at the lease's share, 700 per 10 s burst 70, holding
+	// 30 tokens.
+	now := 2 * sec
+	g, mode, _ := r.Share(now, "g", "x", &tat)
+	if mode != ModeEnforce || g.Burst() != 70 {
+		t.Fatalf("mode %v, burst %d: want the lease's bucket", mode, g.Burst())
+	}
+	tat = bucket.TAT(now + 40*g.Interval().Nanoseconds())
+	if d := g.Peek(tat, now); d.Remaining != 30 {
+		t.Fatalf("set up: %d tokens, want 30", d.Remaining)
+	}
+	r.Observe(now, "g", "x", 40, true, tat)
+	// A window change keeps the lease: the same share, now per minute, and
+	// the bucket keeps its 30 tokens.
 	longer := lowered
 	longer.Window = time.Minute
 	if err := r.SetRules([]RegionalRule{{Rule: longer, Fallback: FallbackShare}}); err != nil {
 		t.Fatal(err)
 	}
-	if r.Keys() != 0 {
-		t.Fatal("a key kept across a window change (its share was per the old window)")
+	k = r.keys[key{"g", "x"}]
+	if k == nil || k.holder.Epoch() != 3 {
+		t.Fatalf("after a window change: key %v; want the lease of epoch 3 kept", k)
+	}
+	g, mode, _ = r.Share(now, "g", "x", &tat)
+	want, _ := bucket.NewGCRA(700, time.Minute, 70)
+	if mode != ModeEnforce || g != want {
+		t.Fatalf("after a window change: mode %v, bucket %v; want %v enforced", mode, g, want)
+	}
+	if d := g.Peek(tat, now); d.Remaining != 30 {
+		t.Fatalf("after a window change the bucket holds %d tokens, want 30", d.Remaining)
+	}
+	// Past the lease, the fallback share (400 ÷ 2) applies per the new
+	// window too.
+	if g, mode, _ := r.Share(20*sec, "g", "x", &tat); mode != ModeEnforce || g.Interval() != time.Minute/200 {
+		t.Fatalf("fallback: mode %v, interval %v; want 200 per minute", mode, g.Interval())
+	}
+}
+
+// TestRegionalWindowChangeWithMachine: through a lease machine, a global
+// rule whose window changes keeps its lease: the region's next report is
+// granted at the same epoch and the owner never falls back.
+func TestRegionalWindowChangeWithMachine(t *testing.T) {
+	rule := Rule{ID: "g", Limit: 1000, Window: 10 * time.Second, Burst: 100, MaxCost: 1}
+	m, err := NewMachine(Config{Regions: []string{"eu", "us"}, LeaseDuration: 10 * time.Second, MaxSkew: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Apply(Command{Rules: []Rule{rule}}); err != nil {
+		t.Fatal(err)
+	}
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	step := func(now int64) {
+		t.Helper()
+		g, mode, _ := r.Share(now, "g", "x", &tat)
+		allowed := false
+		if mode == ModeEnforce {
+			allowed = g.Step(&tat, now, 1).Allowed
+		}
+		r.Observe(now, "g", "x", 1, allowed, tat)
+		rep, ok := r.Report(now, nil)
+		if !ok {
+			t.Fatal("nothing to report")
+		}
+		res, err := m.Apply(Command{Now: now, Report: &rep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Accept(now, res)
+		if err := m.Check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(sec)
+	k := r.keys[key{"g", "x"}]
+	epoch := k.holder.Epoch()
+	if epoch == 0 {
+		t.Fatal("no lease granted")
+	}
+	longer := rule
+	longer.Window = time.Minute
+	if _, err := m.Apply(Command{Now: 2 * sec, Rules: []Rule{longer}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetRules([]RegionalRule{{Rule: longer, Fallback: FallbackShare}}); err != nil {
+		t.Fatal(err)
+	}
+	for now := 2 * sec; now < 30*sec; now += sec {
+		if _, mode, _ := r.Share(now, "g", "x", &tat); mode != ModeEnforce || r.Expired(now, "g", "x") {
+			t.Fatalf("at %v: mode %v, expired %v: the lease was lost across the window change", time.Duration(now), mode, r.Expired(now, "g", "x"))
+		}
+		step(now)
+	}
+	if k := r.keys[key{"g", "x"}]; k == nil || k.holder.Epoch() == 0 {
+		t.Fatal("key dropped")
 	}
 }

@@ -18,7 +18,7 @@ import (
 // versioned and deterministic: maps are written in sorted key order, so
 // equal states encode to equal bytes on every replica.
 //
-//	"WLS" version(3)
+//	"WLS" version(4)
 //	now guard (varint) epoch (uvarint)
 //	regions: count, each a string                     (must match Config)
 //	rules: count, each id limit window burst maxCost  (sorted by id)
@@ -32,11 +32,17 @@ import (
 //	               after digest
 //	               (oldest first; op 1 put, 2 delete; before and after are
 //	               canonical JSON, empty for none)
-//	durable store (version 3 only; a state whose durable store is empty,
+//	durable store (versions 3 and 4; a state whose durable store is empty,
 //	      its clock included, is written as version 2):
 //	      now (varint)
-//	      buckets: count, each rule identity tat      (sorted by rule, identity;
-//	               only buckets not full: tat > now)
+//	      rules (version 4 only): count, each id interval burst since
+//	               (sorted by id; exactly the rules of the buckets: the
+//	               parameters of the rule's newest command and the store's
+//	               time when they first appeared)
+//	      buckets: count, each rule identity tat, and (version 4 only)
+//	               interval burst, the parameters the bucket is in
+//	               (sorted by rule, identity; only buckets not full:
+//	               tat > now; interval and burst 0: unknown)
 //	      requests: count, each id at allowed limit remaining reset
 //	               retryAfter                         (oldest first, applied
 //	               within DurableRetryWindow before now)
@@ -44,7 +50,10 @@ import (
 // Integers are varints (signed) or uvarints (counts, epochs, sequences,
 // versions, ops); strings are a uvarint length and the bytes. Version 1
 // (the machine alone) is still read, as a state with an empty rule store,
-// and version 2 (no durable store) as a state with an empty durable store.
+// version 2 (no durable store) as a state with an empty durable store, and
+// version 3 (durable buckets without their parameters) as buckets whose
+// parameters are unknown: each is taken to be in the parameters of its
+// next decision, as a binary of that version did.
 //
 // Restoring checks the rule store as well as the form: its rules are a
 // valid quota set in canonical, normalised form and id order; the history
@@ -55,7 +64,7 @@ import (
 
 const (
 	stateMagic   = "WLS"
-	stateVersion = 3
+	stateVersion = 4
 )
 
 // ErrBadState is wrapped by every error RestoreState returns for bytes it
@@ -223,7 +232,7 @@ func decodeState(b []byte) (*state, error) {
 	}
 	v := b[len(stateMagic)]
 	if v < 1 || v > stateVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d (or 1, 2)", ErrBadState, v, stateVersion)
+		return nil, fmt.Errorf("%w: version %d, want %d (or 1, 2, 3)", ErrBadState, v, stateVersion)
 	}
 	r.b = b[len(stateMagic)+1:]
 	s := &state{rules: map[string]Rule{}, seqs: map[string]uint64{}, keys: map[key]*keyState{}}
@@ -273,7 +282,7 @@ func decodeState(b []byte) (*state, error) {
 	}
 	s.durable = NewDurableStore()
 	if v >= 3 && r.err == nil {
-		s.durable = r.durableStore()
+		s.durable = r.durableStore(v)
 	}
 	if r.err == nil && len(r.b) != 0 {
 		r.fail(fmt.Sprintf("%d bytes left over", len(r.b)))
