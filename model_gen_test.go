@@ -115,6 +115,13 @@ func (g *modelGen) rule(t *rapid.T, id string) quota.Rule {
 		Limit:     rapid.Int64Range(1, 8).Draw(t, id+".limit"),
 		Window:    rapid.SampledFrom(modelWindows).Draw(t, id+".window"),
 	}
+	if g.cfg.rotate && !g.cfg.setRules && !g.cfg.file {
+		// Under key-cap pressure alone every rule has the rate of the
+		// issue's login rule, 5 per 15 minutes, so that what the rotating
+		// identities owe is one rate's worth in every store (a gcra
+		// store compares debts in time: see refLimiter).
+		r.Limit, r.Window = 5, 15*time.Minute
+	}
 	if rapid.Bool().Draw(t, id+".burst?") {
 		r.Burst = rapid.Int64Range(1, 8).Draw(t, id+".burst")
 	}

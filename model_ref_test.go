@@ -270,6 +270,29 @@ func (s *refState) spent(now int64) *big.Rat {
 	}
 }
 
+// storeOf names the Node's store that keeps an algorithm's buckets.
+func storeOf(a quota.Algorithm) string { return string(a) }
+
+// debt is what the bucket owes as its store measures it at the key cap:
+// the time until it is full again for gcra (spend × T) and leaky_bucket
+// (the queue's time to drain), its tokens for the others.
+func (s *refState) debt(now int64) *big.Rat {
+	switch s.p.alg {
+	case quota.AlgorithmGCRA, quota.AlgorithmLeakyBucket:
+		return new(big.Rat).Mul(s.spent(now), ratInt(s.p.interval()))
+	default:
+		return s.spent(now)
+	}
+}
+
+// noteFlood records what a rotating identity's bucket owes now.
+func (l *refLimiter) noteFlood(s *refState, now int64) {
+	d, k := s.debt(now), storeOf(s.p.alg)
+	if f := l.floodDebt[k]; f == nil || d.Cmp(f) > 0 {
+		l.floodDebt[k] = d
+	}
+}
+
 // idle reports whether the bucket equals a fresh one at now.
 func (s *refState) idle(now int64) bool {
 	if s.p.alg == quota.AlgorithmConcurrency {
@@ -614,28 +637,31 @@ func cleanRefPath(p string) string {
 
 // refLimiter is the reference: the rules in force and every bucket.
 //
-// Under key-cap pressure (evictable set) a bucket may have been evicted by
-// the Node at any instant: cands holds, per key, every state the bucket may
-// be in under the documented policy (docs/security.md: a full bucket goes
-// first, else the least indebted; docs/overshoot.md: an evicted identity
-// regains at most what it had spent). A bucket may be taken as evicted only
-// while it has spent at most evictSpend tokens, the spend of the rotating
-// identities that make the pressure: a more indebted one is never the least
-// indebted entry.
+// Under key-cap pressure a bucket may have been evicted by the Node at any
+// instant: cands holds, per key, every state the bucket may be in under the
+// documented policy (docs/overshoot.md, "The local key cap": an idle entry
+// goes first, else the one of the entries examined that owes the least,
+// and an evicted identity starts over, regaining at most what it had
+// spent). What an entry owes is measured as its store measures it (time
+// for gcra and leaky_bucket, whose store is shared by rules of different
+// rates; tokens for the others). The entries around a model identity are
+// the rotating identities of the pressure, so a bucket may be taken as
+// evicted only while it owes at most the most any rotating identity owed
+// in its store (floodDebt): a more indebted one is never the least
+// indebted of a sample of them.
 type refLimiter struct {
 	rules      []refRule
 	incs       map[string]int // rule id → incarnations so far
 	cands      map[refKey][]*refState
 	tiers      map[refKey]string // the tier each bucket was last decided under
 	boxes      map[refKey]*refPenalty
-	epochs     int
-	evictable  bool
-	evictSpend *big.Rat
+	epochs    int
+	floodDebt map[string]*big.Rat // per store: the most a rotating identity owed
 }
 
 func newRefLimiter() *refLimiter {
 	return &refLimiter{incs: map[string]int{}, cands: map[refKey][]*refState{},
-		tiers: map[refKey]string{}, boxes: map[refKey]*refPenalty{}, evictSpend: ratInt(1)}
+		tiers: map[refKey]string{}, boxes: map[refKey]*refPenalty{}, floodDebt: map[string]*big.Rat{}}
 }
 
 func (l *refLimiter) nextEpoch() int { l.epochs++; return l.epochs }
@@ -742,7 +768,7 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 		for j, c := range cs {
 			cs[j] = c.convert(p, now, l.nextEpoch) // the identity's variant may have changed (tier)
 		}
-		if l.evictable {
+		if flood := l.floodDebt[storeOf(p.alg)]; flood != nil {
 			// Possibly evicted since its last decision (see refLimiter).
 			fresh := freshState(p, now, cs[0].epoch)
 			have := false
@@ -750,7 +776,7 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 				have = have || c.equal(fresh, now)
 			}
 			for _, c := range cs {
-				if !have && c.spent(now).Cmp(l.evictSpend) <= 0 {
+				if !have && storeOf(c.p.alg) == storeOf(p.alg) && c.debt(now).Cmp(flood) <= 0 {
 					cs = append(cs, fresh)
 					break
 				}

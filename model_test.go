@@ -75,7 +75,7 @@ func TestModel(t *testing.T) {
 		{name: "plain", http: true, checks: 100},
 		{name: "rules", setRules: true, checks: 100},
 		{name: "identities", overlap: true, http: true, checks: 100},
-		{name: "keycap", rotate: true, checks: 40},
+		{name: "keycap", rotate: true, checks: 50},
 		{name: "file", file: true, http: true, checks: 5},
 		{name: "all", setRules: true, file: true, overlap: true, http: true, rotate: true, checks: 10},
 	}
@@ -139,10 +139,12 @@ type modelConfig struct {
 
 // The key cap under pressure: 4 keys per shard of the gcra store (256
 // shards), 16 per shard of the others (64 shards); a rotation inserts more
-// identities than the whole cap.
+// identities than the whole cap, so that the entries an eviction examines
+// are mostly rotating ones. At most modelRotations rotations per check.
 const (
-	modelMaxKeys = 512
-	modelRotate  = 700
+	modelMaxKeys   = 1024
+	modelRotate    = 1300
+	modelRotations = 6
 )
 
 // modelMachine is one Node and its reference.
@@ -521,7 +523,6 @@ func (m *modelMachine) advance(d time.Duration) {
 
 // rotate sends k never-repeated client IPs, one request of cost 1 each.
 func (m *modelMachine) rotate(k int, path string) {
-	m.ref.evictable = true
 	for range k {
 		m.ids++
 		ip := fmt.Sprintf("10.%d.%d.%d", m.ids>>16&255, m.ids>>8&255, m.ids&255)
@@ -542,6 +543,9 @@ func (m *modelMachine) rotate(k int, path string) {
 		}
 		h := heldDecision{d: d}
 		for _, ro := range out.rules {
+			if c := m.ref.cands[ro.key]; len(c) == 1 && ro.key.id != "" {
+				m.ref.noteFlood(c[0], m.now()) // not the "" bucket: it is not one of the rotating identities
+			}
 			if c := m.ref.cands[ro.key]; d.Allowed && !ro.locked && len(c) > 0 && c[0].p.alg == quota.AlgorithmConcurrency && ro.verdicts[0].allowed {
 				h.slots = append(h.slots, heldSlot{key: ro.key, cost: ro.cost, epoch: c[0].epoch})
 			}
@@ -592,7 +596,12 @@ func runModel(t *rapid.T, cfg modelConfig) {
 		}
 	}
 	if cfg.rotate {
-		actions["rotate"] = func(t *rapid.T) { m.rotate(modelRotate, rapid.SampledFrom(g.paths).Draw(t, "path")) }
+		actions["rotate"] = func(t *rapid.T) {
+			if m.ids >= modelRotations*modelRotate {
+				t.Skip("enough rotations")
+			}
+			m.rotate(modelRotate, rapid.SampledFrom(g.paths).Draw(t, "path"))
+		}
 	}
 	t.Repeat(actions)
 }
