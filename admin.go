@@ -12,9 +12,14 @@ import (
 // a decayed count of its recent rejections (an estimate that never
 // undercounts; counts halve every minute).
 type Hitter struct {
-	Rule     string  `json:"rule"`
-	Identity string  `json:"identity"`
-	Count    float64 `json:"count"`
+	Rule     string `json:"rule"`
+	Identity string `json:"identity"`
+	// Source is the source of the rule's key chain that yielded Identity
+	// ("ip", "user", "header:X-User") when it is not the chain's first,
+	// under key format 2 (docs/security.md, "Identity namespaces"); empty
+	// for the first source. IdentityQuery.Key takes it as it is.
+	Source string  `json:"source,omitempty"`
+	Count  float64 `json:"count"`
 }
 
 // TopThrottled returns the identities most rejected recently, per rule,
@@ -29,7 +34,8 @@ func toHitters(es []hitters.Entry) []Hitter {
 	out := make([]Hitter, 0, len(es))
 	for _, e := range es {
 		rule, id, _ := strings.Cut(e.Key, " ")
-		out = append(out, Hitter{Rule: rule, Identity: id, Count: e.Count})
+		src, v := splitTagged(id)
+		out = append(out, Hitter{Rule: rule, Identity: v, Source: src, Count: e.Count})
 	}
 	return out
 }

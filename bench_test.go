@@ -90,6 +90,18 @@ func BenchmarkNodeAllow(b *testing.B) {
 			}
 		})
 	})
+	// The same identities from the chain's second source (ip): the
+	// namespaced key of keys.go, against the first source's above.
+	anon := make([]weir.Request, len(ids))
+	for i, id := range ids {
+		anon[i] = weir.Request{Method: "GET", Path: "/api/items", ClientIP: id}
+	}
+	b.Run("keys=1k/second-source/serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			n.Allow(ctx, anon[i%len(anon)])
+		}
+	})
 }
 
 // BenchmarkMiddleware is the whole HTTP wrapper (client IP, headers, the

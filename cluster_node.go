@@ -92,6 +92,10 @@ type ClusterConfig struct {
 	// client go through instead of the real one: the chaos test
 	// (chaos_test.go) puts a fault-injecting one here. Nil in production.
 	net *netHooks
+	// keyFormat, when set, is the highest bucket-key format the node
+	// speaks instead of keyFormatLatest: a test sets 1 to stand for a node
+	// that predates key formats. Zero in production.
+	keyFormat uint32
 }
 
 // netHooks replace the real network under a node, for tests that inject
@@ -118,6 +122,7 @@ type clusterPart struct {
 
 	region  string
 	version chan uint64 // rule-set versions to gossip, newest wins
+	speaks  uint32      // the highest bucket-key format this node speaks (keys.go)
 }
 
 // startCluster starts the transport, the shell and membership.
@@ -175,10 +180,14 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	if gossip == "" {
 		gossip = "127.0.0.1:0"
 	}
+	cp.speaks = keyFormatLatest
+	if cc.keyFormat != 0 {
+		cp.speaks = cc.keyFormat
+	}
 	mem, err := cluster.StartMembership(cluster.MembershipConfig{
 		Name: cc.Name, Region: cc.Region, BindAddr: gossip, AdvertiseAddr: cc.AdvertiseAddr, Join: cc.Join,
 		SecretKey: cc.SecretKey, Keyring: cc.Keyring, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
-		WrapTransport: wrapGossip,
+		WrapTransport: wrapGossip, KeyFormat: uint8(cp.speaks),
 	})
 	if err != nil {
 		sh.Close()
@@ -187,6 +196,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	}
 	cp.mem = mem
 	n.cluster = cp
+	n.noteKeyFormat(mem.Members())
 	cp.wg.Add(2)
 	go n.watchMembers(cc.Region)
 	go n.publishVersions()
@@ -308,7 +318,9 @@ func (n *Node) watchMembers(region string) {
 				}
 			}
 			var members []cluster.Member
-			for _, mi := range cp.mem.Members() {
+			all := cp.mem.Members()
+			n.noteKeyFormat(all)
+			for _, mi := range all {
 				if n.cfg.Lease != nil && n.cfg.Lease.Rules {
 					n.noteRulesVersion(mi.Meta.RulesVersion)
 				}
@@ -451,10 +463,12 @@ func (n *Node) clusterRules(e *engine) {
 			continue // durable rules are decided by the lease group
 		}
 		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)
-		for id, s := range c.overrides {
-			// An override's variant decides one identity: a sketch
-			// (Width × Depth bytes) would gate nothing.
-			add(c, s, "#override:"+id, s.limit, s.burst, nil)
+		for src, m := range c.overrides {
+			for id, s := range m {
+				// An override's variant decides one identity: a sketch
+				// (Width × Depth bytes) would gate nothing.
+				add(c, s, overrideSuffix(c, src, id), s.limit, s.burst, nil)
+			}
 		}
 		for name, s := range c.tiers {
 			add(c, s, "#tier:"+name, s.limit, s.burst, c.r.Sketch)
@@ -467,7 +481,7 @@ func (n *Node) clusterRules(e *engine) {
 // decideCluster asks the coordinator for a cluster rule's decision.
 func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket.Decision, bool) {
 	// The Shell's Hasher is n.hasher (startCluster): p.idh is its hash.
-	o, err := n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.id, p.cost)
+	o, err := n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.wid, p.cost)
 	if err != nil {
 		// The caller gave up (ctx) or the rule is unknown mid-reload: the
 		// rule's local fallback decides, degraded.
@@ -482,7 +496,7 @@ func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket
 // refundCluster gives back a cluster rule's admission of a request that
 // another rule then rejected.
 func (n *Node) refundCluster(p *pending) {
-	n.cluster.shell.Refund(p.spec.cid, p.id, p.cost, p.src)
+	n.cluster.shell.Refund(p.spec.cid, p.wid, p.cost, p.src)
 }
 
 // noteDegraded counts and logs (at most once a second) a decision made by

@@ -52,6 +52,10 @@ type durableGroup struct {
 	nodes  map[string]*weir.Node
 	names  []string
 	gossip string
+	// rules, when set, replace trialRules; formats force the key format a
+	// voter speaks when it starts (weir.SpeakKeyFormat; 0: the latest).
+	rules   []quota.Rule
+	formats map[string]uint32
 }
 
 func (g *durableGroup) resolve(name string) (string, bool) {
@@ -71,10 +75,18 @@ func listenLocal(t *testing.T) net.Listener {
 
 func startDurableGroup(t *testing.T, n int) *durableGroup {
 	t.Helper()
+	return startDurableGroupWith(t, n, nil, nil)
+}
+
+// startDurableGroupWith is startDurableGroup with rules (nil: trialRules)
+// and the key formats voters speak at their first start.
+func startDurableGroupWith(t *testing.T, n int, rules []quota.Rule, formats map[string]uint32) *durableGroup {
+	t.Helper()
 	// Registered first, so it runs last: no goroutine outlives the nodes.
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	g := &durableGroup{t: t, rpc: map[string]string{}, dirs: map[string]string{}, nodes: map[string]*weir.Node{}}
+	g := &durableGroup{t: t, rpc: map[string]string{}, dirs: map[string]string{}, nodes: map[string]*weir.Node{},
+		rules: rules, formats: formats}
 	t.Cleanup(g.closeAll)
 	raftLis := map[string]net.Listener{}
 	for i := range n {
@@ -107,6 +119,13 @@ func (g *durableGroup) start(name string, lis net.Listener) *weir.Node {
 	if g.gossip != "" {
 		cc.Join = []string{g.gossip}
 	}
+	if f := g.formats[name]; f != 0 {
+		weir.SpeakKeyFormat(cc, f)
+	}
+	rules := trialRules
+	if g.rules != nil {
+		rules = g.rules
+	}
 	vc := &lease.GroupConfig{Name: name, Dir: g.dirs[name], Voters: g.voters, LeaderRPC: g.resolve,
 		RPCListener: rpcLis, Machine: lease.Config{Regions: []string{"eu"}},
 		HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond, LeaderLeaseTimeout: 75 * time.Millisecond}
@@ -115,7 +134,7 @@ func (g *durableGroup) start(name string, lis net.Listener) *weir.Node {
 	} else {
 		vc.RaftAddr = raftAddr
 	}
-	node, err := weir.New(weir.Config{Rules: trialRules, Cluster: cc,
+	node, err := weir.New(weir.Config{Rules: rules, Cluster: cc,
 		// Generous: a run with no fault must see no fail-open decision,
 		// elections included, under -race on a loaded machine.
 		Lease: &weir.LeaseConfig{Voter: vc, DurableTimeout: 10 * time.Second}})

@@ -29,9 +29,10 @@ func (h *engineHolder) store(e *engine) { h.p.Store(e) }
 // crule is one compiled rule.
 type crule struct {
 	r          *quota.Rule
-	salt       uint64 // mixed with the identity hash so rules never share a key
+	salt       uint64  // mixed with the identity hash so rules never share a key
+	keys       keyForm // per key-chain source: the namespaces of keyFormatNamespaced (keys.go)
 	base       limitSpec
-	overrides  map[string]*limitSpec
+	overrides  []map[string]*limitSpec // by key-chain source: identity → its override's limits; nil without overrides
 	tiers      map[string]*limitSpec
 	penalty    *bucket.Penalty
 	penaltyRec *bucket.PenaltyRecorder
@@ -64,6 +65,7 @@ func (n *Node) install(set *quota.Set) {
 			c.r.Shadow = false
 		}
 		c.salt = n.hasher.Sum("rule\x00" + r.ID)
+		n.compileKeys(c)
 		for _, k := range r.Key {
 			e.needs.ip = e.needs.ip || k.Kind == quota.KeyIP
 			e.needs.user = e.needs.user || k.Kind == quota.KeyUser
@@ -81,10 +83,17 @@ func (n *Node) install(set *quota.Set) {
 		}
 		c.base = *spec("", r.Limit, r.Burst)
 		if len(r.Overrides) > 0 {
-			c.overrides = make(map[string]*limitSpec, len(r.Overrides))
+			c.overrides = make([]map[string]*limitSpec, len(c.keys.salts))
 			for _, o := range r.Overrides {
-				l, b := r.LimitsFor(o.Identity, "")
-				c.overrides[o.Identity] = spec(" override "+o.Identity, l, b)
+				src := c.sourceIndex(o.Source)
+				if src < 0 {
+					panic(fmt.Sprintf("weir: rule %q override %q: source %v passed validation but is not in the key chain", r.ID, o.Identity, o.Source))
+				}
+				if c.overrides[src] == nil {
+					c.overrides[src] = make(map[string]*limitSpec)
+				}
+				l, b := r.LimitsForSource(o.Source, o.Identity, "")
+				c.overrides[src][o.Identity] = spec(" override "+o.Identity, l, b)
 			}
 		}
 		if len(r.Tiers) > 0 {
@@ -112,8 +121,10 @@ func (n *Node) install(set *quota.Set) {
 			// skipped it; no spec of it goes to the coordinator.
 			c.durable = true
 			c.base.cid = ""
-			for _, s := range c.overrides {
-				s.cid = ""
+			for _, m := range c.overrides {
+				for _, s := range m {
+					s.cid = ""
+				}
 			}
 			for _, s := range c.tiers {
 				s.cid = ""
@@ -123,10 +134,12 @@ func (n *Node) install(set *quota.Set) {
 	n.eng.store(e)
 }
 
-// specFor returns the limits that apply to identity under tier.
-func (c *crule) specFor(identity, tier string) *limitSpec {
-	if c.overrides != nil {
-		if s, ok := c.overrides[identity]; ok {
+// specFor returns the limits that apply to identity, yielded by source src
+// of the key chain (0 for the first), under tier: an override matches
+// within its source's namespace only.
+func (c *crule) specFor(identity string, src int, tier string) *limitSpec {
+	if c.overrides != nil && src < len(c.overrides) {
+		if s, ok := c.overrides[src][identity]; ok {
 			return s
 		}
 	}
@@ -138,48 +151,56 @@ func (c *crule) specFor(identity, tier string) *limitSpec {
 	return &c.base
 }
 
-// identity walks the rule's key chain: the first source with a value wins.
-// A chain that yields nothing, or a global rule, counts under "".
-func (c *crule) identity(req *Request) string {
-	for _, k := range c.r.Key {
+// identity walks the rule's key chain: the first source with a value wins,
+// and its position in the chain is the identity's namespace (keys.go). A
+// chain that yields nothing, or a global rule, counts under "" (source 0):
+// no source yields an empty value, so that bucket is every caller's.
+func (c *crule) identity(req *Request) (string, int) {
+	for i, k := range c.r.Key {
 		switch k.Kind {
 		case quota.KeyHeader:
 			if v := req.Header[k.Name]; len(v) > 0 && v[0] != "" {
-				return v[0]
+				return v[0], i
 			}
 		case quota.KeyUser:
 			if req.User != "" {
-				return req.User
+				return req.User, i
 			}
 		case quota.KeyIP:
 			if req.ClientIP != "" {
-				return req.ClientIP
+				return req.ClientIP, i
 			}
 		case quota.KeyGlobal:
-			return ""
+			return "", 0
 		}
 	}
-	return ""
+	return "", 0
 }
 
 // pending is one rule's part of a request while it is being decided.
 type pending struct {
 	order int            // position among the request's rules
 	src   cluster.Source // how a cluster rule decided, for a refund
-	c     *crule
-	spec  *limitSpec
-	id    string
-	idh   uint64 // n.hasher.Sum(id): the cluster's Shell picks its shard by it
-	key   uint64
-	cost  int64
+	// source is the identity's position in the rule's key chain, format
+	// the key format it was keyed under (keys.go).
+	source uint8
+	format uint32
+	c      *crule
+	spec   *limitSpec
+	id     string // the identity as its source yielded it (decisions, events and lists show it)
+	wid    string // the identity the cluster's owner and the lease group count it under (keys.go); id unless namespaced
+	idh    uint64 // n.hasher.Sum(wid): the cluster's Shell picks its shard by it
+	key    uint64
+	cost   int64
 }
 
-// newPending returns rule c's part of a request of identity id under spec,
-// idh being n.hasher.Sum(id): the identity is hashed once, for its key and
-// for the cluster's shard. (The caller hashes, so that this inlines on the
-// decision path.)
+// newPending returns rule c's part of a request of identity id under spec
+// with format 1's key (namespace moves it to its namespace), idh being
+// n.hasher.Sum(id): the identity is hashed once, for its key and for the
+// cluster's shard. (The caller hashes, so that this inlines on the decision
+// path.)
 func newPending(order int, c *crule, spec *limitSpec, id string, idh uint64, cost int64) pending {
-	return pending{order: order, c: c, spec: spec, id: id, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost}
+	return pending{order: order, c: c, spec: spec, id: id, wid: id, idh: idh, key: bucket.Mix(c.salt, idh), cost: cost}
 }
 
 // prefetch starts loading what deciding p will read first at random (a
@@ -189,7 +210,7 @@ func newPending(order int, c *crule, spec *limitSpec, id string, idh uint64, cos
 // clock read) instead of stalling the decision. It changes nothing.
 func (n *Node) prefetch(p *pending) {
 	if p.spec.cid != "" {
-		n.cluster.shell.Prefetch(p.idh, p.spec.cid, p.id)
+		n.cluster.shell.Prefetch(p.idh, p.spec.cid, p.wid)
 	}
 	n.ops.recent.prefetch(p.key)
 }
@@ -238,13 +259,14 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 	now := n.now()
 	d.now = now
 	d.At = time.Unix(0, now)
+	format := n.keyFormat.Load()
 
 	var pbuf [inlineResults]pending
 	ps := pbuf[:0]
 	enforced, clustered := 0, 0
 	for _, i := range idx {
 		c := &e.rules[i]
-		id := c.identity(req)
+		id, src := c.identity(req)
 		if len(id) > n.maxID {
 			d.Allowed = false
 			d.Err = fmt.Errorf("%w: rule %s: %d bytes, the cap is %d", ErrIdentityTooLong, c.r.ID, len(id), n.maxID)
@@ -254,7 +276,11 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 		if cost <= 0 {
 			cost = c.r.CostFor(req.Method)
 		}
-		ps = append(ps, newPending(len(ps), c, c.specFor(id, req.Tier), id, n.hasher.Sum(id), cost))
+		ps = append(ps, newPending(len(ps), c, c.specFor(id, src, req.Tier), id, n.hasher.Sum(id), cost))
+		ps[len(ps)-1].format, ps[len(ps)-1].source = format, uint8(src)
+		if namespaced(format, src, id) {
+			n.namespace(&ps[len(ps)-1], src)
+		}
 		n.prefetch(&ps[len(ps)-1])
 		if !c.r.Shadow {
 			enforced++
@@ -459,12 +485,12 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 		r.ShadowRejected = true
 		c.stats.shadow.add(stripe)
 		n.ops.recent.add(p.key, now, true) // a would-be rejection
-		n.shadowed.AddPair(now, c.r.ID, p.id, 1)
+		n.addHitter(n.shadowed, now, p)
 	default:
 		d.Allowed = false
 		c.stats.rejected.add(stripe)
 		n.ops.recent.add(p.key, now, true)
-		n.throttled.AddPair(now, c.r.ID, p.id, 1)
+		n.addHitter(n.throttled, now, p)
 		if c.penalty != nil && !locked {
 			if bl := n.stores.penalty.Apply(p.key, now, c.penaltyRec, 1); !bl.Allowed {
 				c.stats.lockouts.add(stripe)
@@ -493,7 +519,7 @@ func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (Check
 	if cost <= 0 {
 		cost = c.r.Cost
 	}
-	p := newPending(0, c, c.specFor(key, ""), key, n.hasher.Sum(key), cost)
+	p := n.pendingFor(0, c, key, 0, "", n.keyFormat.Load(), cost)
 	n.prefetch(&p)
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now}

@@ -22,8 +22,11 @@ type IdentityQuery struct {
 	// request with them (quota's matching, as the decision path does).
 	Method, Path string
 	// Key, when set, keeps only the rules whose key chain has that source
-	// ("ip", "user", "header:X-Api-Key", matched case-insensitively):
-	// "abc" may be an API key to one rule and nothing to another.
+	// ("ip", "user", "header:X-Api-Key", matched case-insensitively), and
+	// looks the identity up in that source's namespace: "abc" may be an
+	// API key to one rule and nothing to another, and the API key "abc"
+	// and the user "abc" have buckets of their own. Empty: the first
+	// source of each rule's chain.
 	Key string
 	// Tier selects the tier's limits for rules with tiers.
 	Tier string
@@ -138,20 +141,24 @@ func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 		matched = e.set.Match(method, cleanPath(q.Path), nil)
 	}
 	var since time.Duration
+	format := n.keyFormat.Load()
 	for i := range e.rules {
 		c := &e.rules[i]
 		if q.Path != "" && !slices.Contains(matched, i) {
 			continue
 		}
-		if q.Key != "" && !hasKey(c.r.Key, q.Key) {
-			continue
+		src := 0 // the identity's namespace: the first source unless q.Key names one
+		if q.Key != "" {
+			if src = keyIndex(c.r.Key, q.Key); src < 0 {
+				continue
+			}
 		}
-		global := isGlobal(c.r.Key) && !q.Raw
+		global := (isGlobal(c.r.Key) || c.r.Key[src].Kind == quota.KeyGlobal) && !q.Raw
 		bid := id
 		if global {
-			bid = "" // one bucket for everyone
+			bid, src = "", 0 // one bucket for everyone
 		}
-		spec := c.specFor(bid, q.Tier)
+		spec := c.specFor(bid, src, q.Tier)
 		cost := c.r.CostFor(q.Method)
 		ir := IdentityRule{Rule: c.r.ID, Match: matchString(c.r.Match), Mode: string(c.r.Mode), Scope: string(c.r.Scope),
 			Shadow: c.r.Shadow, Global: global, Limit: spec.limit, Window: spec.window.String(), Burst: spec.burst,
@@ -163,6 +170,10 @@ func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 			ir.Key = []string{"global"}
 		}
 		p := newPending(0, c, spec, bid, n.hasher.Sum(bid), cost)
+		p.format, p.source = format, uint8(src)
+		if namespaced(format, src, bid) {
+			n.namespace(&p, src)
+		}
 		ir.Bucket = n.bucketReport(ctx, &p, now)
 		var a, r uint64
 		a, r, since = n.ops.recent.estimate(p.key, now)
@@ -216,7 +227,7 @@ func (n *Node) bucketReport(ctx context.Context, p *pending, now int64) BucketRe
 func (n *Node) clusterBucket(ctx context.Context, p *pending, br BucketReport) BucketReport {
 	sh := n.cluster.shell
 	br.Where = "owner"
-	self, err := sh.Inspect(p.spec.cid, p.id)
+	self, err := sh.Inspect(p.spec.cid, p.wid)
 	if err != nil {
 		br.Error = err.Error()
 		return br
@@ -227,7 +238,7 @@ func (n *Node) clusterBucket(ctx context.Context, p *pending, br BucketReport) B
 		br.Node = self.Owner
 		addr := ""
 		if ring := sh.Ring(); ring != nil {
-			if m, ok := ring.Owner(p.id); ok && m.Name == self.Owner {
+			if m, ok := ring.Owner(p.wid); ok && m.Name == self.Owner {
 				addr = m.Addr
 			}
 		}
@@ -237,7 +248,7 @@ func (n *Node) clusterBucket(ctx context.Context, p *pending, br BucketReport) B
 		}
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if st, err = n.cluster.tr.Inspect(ctx, addr, p.spec.cid, p.id); err != nil {
+		if st, err = n.cluster.tr.Inspect(ctx, addr, p.spec.cid, p.wid); err != nil {
 			br.Error = "asking the owner " + self.Owner + ": " + err.Error()
 			return br
 		}
@@ -312,13 +323,15 @@ func verdict(ir *IdentityRule) string {
 	return s.String()
 }
 
-func hasKey(ks []quota.KeySource, want string) bool {
-	for _, k := range ks {
+// keyIndex returns the position in ks of the source want names ("ip",
+// "header:X-Api-Key", or a bare header name), or -1.
+func keyIndex(ks []quota.KeySource, want string) int {
+	for i, k := range ks {
 		if strings.EqualFold(k.String(), want) || (k.Kind == quota.KeyHeader && strings.EqualFold(want, k.Name)) {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 func isGlobal(ks []quota.KeySource) bool {
@@ -361,7 +374,8 @@ func matchString(m quota.Match) string {
 // is the identity, URL-escaped; empty means the "" identity of global
 // rules) as the JSON of LookupIdentity. Query parameters: method and path
 // (keep only rules matching such a request), key (keep only rules keyed
-// on that source: ip, user, header:NAME), tier, raw ("true": the
+// on that source: ip, user, header:NAME, and read that source's
+// namespace; a top list's Hitter.Source), tier, raw ("true": the
 // identity is the bucket key as CheckKeys charges it, see
 // IdentityQuery.Raw). Like AdminHandler it names identities, and like it
 // it authenticates every request on a node with Config.Lease.AdminTokens

@@ -82,7 +82,7 @@ type leasePart struct {
 	seen   atomic.Uint64 // the newest rule version heard of (group or gossip)
 	every  time.Duration
 
-	durable        lease.DurableService // the group or the client
+	durable        lease.KeyedDurableService // the group or the client
 	durableTimeout time.Duration
 	lastLog        atomic.Int64 // unix ns of the last durable fail-open log line
 }
@@ -352,7 +352,7 @@ func (n *Node) decideDurable(ctx context.Context, p *pending) (bucket.Decision, 
 	ctx, cancel := context.WithTimeout(ctx, lp.durableTimeout)
 	defer cancel()
 	rule := lease.DurableRule{ID: p.c.r.ID, Limit: p.spec.limit, Window: p.spec.window, Burst: p.spec.burst}
-	bd, err := lp.durable.Durable(ctx, rule, p.id, p.cost)
+	bd, err := lp.durable.DurableKeyed(ctx, rule, durableKey(p), p.cost)
 	if err == nil {
 		return bd, false
 	}

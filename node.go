@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,14 +143,17 @@ type Config struct {
 
 // Node is one weir limiter. It is safe for concurrent use by many goroutines.
 type Node struct {
-	cfg     Config
-	now     func() int64
-	log     *slog.Logger
-	hasher  bucket.Hasher
-	stores  *stores
-	ip      *clientip.Resolver
-	metrics *metrics
-	maxID   int
+	cfg    Config
+	now    func() int64
+	log    *slog.Logger
+	hasher bucket.Hasher
+	// keyFormat is the bucket key format in force (keys.go): the latest
+	// alone, else the lowest any member of the cluster speaks.
+	keyFormat atomic.Uint32
+	stores    *stores
+	ip        *clientip.Resolver
+	metrics   *metrics
+	maxID     int
 
 	throttled *hitters.Sketch
 	shadowed  *hitters.Sketch
@@ -212,6 +216,7 @@ func New(cfg Config) (*Node, error) {
 	if n.maxID == 0 {
 		n.maxID = DefaultMaxIdentityBytes
 	}
+	n.keyFormat.Store(keyFormatLatest) // a cluster lowers it to what every member speaks
 	if cfg.HashSeed != 0 {
 		n.hasher = bucket.NewSeededHasher(cfg.HashSeed)
 	} else {
@@ -405,6 +410,11 @@ type Status struct {
 	UsingDefaultRules bool `json:"using_default_rules"`
 	// LastReloadError is the last failed reload, cleared by a good one.
 	LastReloadError string `json:"last_reload_error,omitempty"`
+	// KeyFormat is the bucket key format in force: 2 when identity
+	// sources are namespaces (docs/security.md), 1 while some member of
+	// the cluster speaks only format 1, in which every source of a chain
+	// counts under its bare value (docs/operations.md, "Upgrading").
+	KeyFormat uint32 `json:"key_format"`
 }
 
 // Status reports the rule state of the node.
@@ -412,7 +422,8 @@ func (n *Node) Status() Status {
 	set := n.eng.load().set
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault}
+	st := Status{RulesVersion: set.Version(), RulesDigest: set.Digest(), UsingDefaultRules: n.usingDefault,
+		KeyFormat: n.keyFormat.Load()}
 	if n.lastErr != nil {
 		st.LastReloadError = n.lastErr.Error()
 	}

@@ -33,6 +33,7 @@ func (n *Node) CheckKeys(ctx context.Context, checks []KeyCheck) (Decision, erro
 	e := n.eng.load()
 	var pbuf [inlineResults]pending
 	ps := pbuf[:0]
+	format := n.keyFormat.Load()
 	for i, kc := range checks {
 		ri, ok := e.set.Lookup(kc.Rule)
 		if !ok {
@@ -45,7 +46,7 @@ func (n *Node) CheckKeys(ctx context.Context, checks []KeyCheck) (Decision, erro
 			return Decision{}, fmt.Errorf("weir: CheckKeys: checks[%d].Cost: must not be negative, got %d", i, kc.Cost)
 		}
 		c := &e.rules[ri]
-		ps = append(ps, newPending(i, c, c.specFor(kc.Key, ""), kc.Key, n.hasher.Sum(kc.Key), kc.Cost))
+		ps = append(ps, n.pendingFor(i, c, kc.Key, 0, "", format, kc.Cost))
 	}
 	now := n.now()
 	d := Decision{Allowed: true, limiting: -1, now: now, At: time.Unix(0, now)}

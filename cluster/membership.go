@@ -199,6 +199,12 @@ type MembershipConfig struct {
 	RPCAddr string
 	// RulesVersion is the initial rule-set version gossiped in Meta.
 	RulesVersion uint64
+	// KeyFormat is the highest bucket-key format this node speaks (the
+	// embedding node's versioning of how identities name buckets),
+	// gossiped to every member as MemberInfo.KeyFormat. Zero gossips none:
+	// the members read it as 1, as they read nodes that predate key
+	// formats.
+	KeyFormat uint8
 	// Label is prepended to every gossip packet; nodes with different labels
 	// ignore each other. Tests give each cluster its own label. At most 255
 	// bytes. Default: none.
@@ -255,6 +261,17 @@ type MemberInfo struct {
 	// Meta is the member's decoded metadata; the zero Meta if it was
 	// malformed (counted by MalformedMeta).
 	Meta Meta
+	// KeyFormat is the highest bucket-key format the member speaks
+	// (MembershipConfig.KeyFormat), at least 1: nodes that predate key
+	// formats gossip none and speak format 1. It travels in memberlist's
+	// own node metadata, as the delegate protocol's maximum version, not
+	// in Meta: a Meta with a field more is malformed to the nodes that
+	// predate it (they would drop the member from their ring), while every
+	// memberlist node gossips and ignores that version. The current
+	// delegate protocol version stays 0 on every node, so memberlist's
+	// compatibility check (each member's current version within every
+	// member's range) passes in any mix.
+	KeyFormat uint8
 }
 
 // StartMembership validates cfg, starts memberlist and joins cfg.Join. When
@@ -373,6 +390,7 @@ func (cfg MembershipConfig) memberlistConfig() (*memberlist.Config, Meta, error)
 		return nil, Meta{}, fmt.Errorf("cluster: MembershipConfig.Label is %d bytes, over 255", len(cfg.Label))
 	}
 	c.Label = cfg.Label
+	c.DelegateProtocolMin, c.DelegateProtocolMax, c.DelegateProtocolVersion = 0, cfg.KeyFormat, 0
 
 	c.LogOutput = nil
 	if cfg.Logger != nil {
@@ -679,7 +697,7 @@ func (m *Membership) nextDeparted(now time.Time, forget time.Duration) (string, 
 // memberInfo converts a memberlist node; ok is false if its metadata did not
 // decode, and then Meta is zero.
 func memberInfo(n *memberlist.Node) (MemberInfo, bool) {
-	info := MemberInfo{Name: n.Name, Addr: n.Address()}
+	info := MemberInfo{Name: n.Name, Addr: n.Address(), KeyFormat: max(n.DMax, 1)}
 	if err := info.Meta.UnmarshalBinary(n.Meta); err != nil {
 		info.Meta = Meta{}
 		return info, false

@@ -267,7 +267,7 @@ func TestMembershipConverges(t *testing.T) {
 				t.Errorf("join event for %s has meta %+v", name, ev.Member.Meta)
 			}
 		}
-		if evs, _ := n.rec.snapshot(); evs[0] != (Event{EventJoin, MemberInfo{n.LocalName(), n.GossipAddr(), n.LocalMeta()}}) {
+		if evs, _ := n.rec.snapshot(); evs[0] != (Event{EventJoin, MemberInfo{n.LocalName(), n.GossipAddr(), n.LocalMeta(), 1}}) {
 			t.Errorf("%s: first event %+v, want its own join", n.LocalName(), evs[0])
 		}
 		if n.MalformedMeta() != 0 {

@@ -70,7 +70,7 @@ func durableToPB(c DurableCommand) (*leasepb.Command, error) {
 
 func durableDecideToPB(c DurableCommand) *leasepb.DurableDecide {
 	return &leasepb.DurableDecide{Rule: c.Rule.ID, Limit: c.Rule.Limit, Window: int64(c.Rule.Window), Burst: c.Rule.Burst,
-		Identity: []byte(c.Identity), Cost: c.Cost, RequestId: c.RequestID}
+		Identity: []byte(c.Identity), Cost: c.Cost, RequestId: c.RequestID, LegacyIdentity: []byte(c.Legacy), KeyFormat: c.KeyFormat}
 }
 
 // durableFromPB converts and checks the form of a wire durable command.
@@ -79,7 +79,8 @@ func durableFromPB(now int64, d *leasepb.DurableDecide) (DurableCommand, error) 
 		return DurableCommand{}, errors.New("durable is missing")
 	}
 	c := DurableCommand{Now: now, RequestID: d.GetRequestId(), Identity: string(d.GetIdentity()), Cost: d.GetCost(),
-		Rule: DurableRule{ID: d.GetRule(), Limit: d.GetLimit(), Window: time.Duration(d.GetWindow()), Burst: d.GetBurst()}}
+		Rule:   DurableRule{ID: d.GetRule(), Limit: d.GetLimit(), Window: time.Duration(d.GetWindow()), Burst: d.GetBurst()},
+		Legacy: string(d.GetLegacyIdentity()), KeyFormat: d.GetKeyFormat()}
 	if _, err := c.check(); err != nil {
 		return DurableCommand{}, fmt.Errorf("durable: %w", err)
 	}

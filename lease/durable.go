@@ -98,6 +98,10 @@ type DurableCommand struct {
 	Identity string
 	// Cost is the tokens the request spends, at least 1.
 	Cost int64
+	// Legacy and KeyFormat name the bucket under the embedding node's key
+	// formats (DurableKey, durable_legacy.go); zero for a format-1 command.
+	Legacy    string
+	KeyFormat uint32
 }
 
 // check checks c's form and returns its GCRA; errors wrap ErrBadCommand.
@@ -113,6 +117,9 @@ func (c DurableCommand) check() (bucket.GCRA, error) {
 		return bucket.GCRA{}, fmt.Errorf("%w: request id of %d bytes, over %d", ErrBadCommand, len(c.RequestID), MaxRequestIDBytes)
 	case c.Cost < 1:
 		return bucket.GCRA{}, fmt.Errorf("%w: durable cost %d: must be at least 1", ErrBadCommand, c.Cost)
+	}
+	if err := c.checkLegacy(); err != nil {
+		return bucket.GCRA{}, err
 	}
 	g, err := bucket.NewGCRA(c.Rule.Limit, c.Rule.Window, c.Rule.Burst)
 	if err != nil {
@@ -188,6 +195,12 @@ type DurableStore struct {
 	reqs  []durableReq                 // remembered requests, oldest first; reqs[head:] are live
 	head  int
 	byID  map[string]int // request id → index in reqs
+	// The key-format switch (durable_legacy.go): set by the first command
+	// of key format 2; legacy then holds the buckets as format-1 commands
+	// left them, legacyExp their expiry (lazy, like exp).
+	switched  bool
+	legacy    map[durableKey]durableBucket
+	legacyExp expiryHeap
 }
 
 // NewDurableStore returns an empty store.
@@ -199,7 +212,9 @@ func NewDurableStore() *DurableStore {
 func (s *DurableStore) Len() int { return len(s.tats) }
 
 // empty reports whether the store is in its initial state.
-func (s *DurableStore) empty() bool { return s.now == 0 && len(s.tats) == 0 && s.Requests() == 0 }
+func (s *DurableStore) empty() bool {
+	return s.now == 0 && len(s.tats) == 0 && s.Requests() == 0 && !s.switched
+}
 
 // Requests is the number of request ids remembered.
 func (s *DurableStore) Requests() int { return len(s.reqs) - s.head }
@@ -239,9 +254,10 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 	}
 	k := durableKey{c.Rule.ID, c.Identity}
 	b, held := s.tats[k]
+	b, inherited := s.inherit(c, k, b, held)
 	t := bucket.TAT(b.tat)
 	converted := false
-	if held && b.p != p && b.p != (durableParams{}) {
+	if (held || inherited) && b.p != p && b.p != (durableParams{}) {
 		old, err := b.p.gcra()
 		if err != nil { // unreachable: restore and Apply keep only parameters that build
 			return bucket.Decision{}, fmt.Errorf("lease: durable bucket %q/%q in parameters %+v: %w", c.Rule.ID, c.Identity, b.p, err)
@@ -269,6 +285,7 @@ func (s *DurableStore) Apply(c DurableCommand) (bucket.Decision, error) {
 	if rs.n == 0 {
 		delete(s.rules, c.Rule.ID)
 	}
+	s.recordLegacy(c, k)
 	if c.RequestID != "" {
 		s.remember(durableReq{id: c.RequestID, at: s.now, dec: d})
 	}
@@ -292,6 +309,7 @@ func (s *DurableStore) advance(now int64) {
 			heap.Push(&s.exp, expiry{tat: b.tat, key: e.key})
 		}
 	}
+	s.expireLegacy()
 	for s.head < len(s.reqs) && (s.reqs[s.head].at < s.now-int64(DurableRetryWindow) || len(s.reqs)-s.head > MaxDurableRequests) {
 		s.dropOldest()
 	}

@@ -384,6 +384,7 @@ func durableSeeds(t testing.TB) [][]byte {
 		{Now: 2, Rule: DurableRule{ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 5}, Identity: "", Cost: 5},
 		{Now: 3, RequestID: string(bytes.Repeat([]byte{'r'}, MaxRequestIDBytes)), Rule: trialRule,
 			Identity: string(bytes.Repeat([]byte{0xff}, MaxDurableIdentityBytes)), Cost: 1},
+		{Now: 4, Rule: trialRule, Identity: "\x00src\x00ip\x00198.51.100.7", Legacy: "198.51.100.7", KeyFormat: 2, Cost: 1},
 	} {
 		b, err := EncodeDurable(c)
 		if err != nil {
@@ -444,6 +445,13 @@ func FuzzRestoreDurableState(f *testing.F) {
 	f.Add(st)
 	f.Add(st[:len(st)-1])
 	f.Add(st[:len(st)*3/4])
+	// A store switched to key format 2 (version 4, durable_legacy.go).
+	if _, err := fsm.durable.Apply(DurableCommand{Now: 2e9, Rule: trialRule, Identity: "a", KeyFormat: 2, Cost: 1}); err != nil {
+		f.Fatal(err)
+	}
+	st = fsm.State()
+	f.Add(st)
+	f.Add(st[:len(st)-1])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		g := NewFSM(emptyMachine(t))
 		if err := g.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {

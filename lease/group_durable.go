@@ -72,7 +72,11 @@ func (s *rpcServer) Durable(ctx context.Context, req *leasepb.DurableRequest) (*
 // leader. Every attempt, on any voter, carries the same request id, so a
 // decision retried after a lost reply is charged once.
 func (c *Client) Durable(ctx context.Context, rule DurableRule, identity string, cost int64) (bucket.Decision, error) {
-	cmd := DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: identity, Cost: cost}
+	return c.durableCommand(ctx, DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: identity, Cost: cost})
+}
+
+// durableCommand sends cmd (with its request id) to a voter.
+func (c *Client) durableCommand(ctx context.Context, cmd DurableCommand) (bucket.Decision, error) {
 	if _, err := cmd.check(); err != nil {
 		return bucket.Decision{}, err
 	}

@@ -18,7 +18,7 @@ import (
 // versioned and deterministic: maps are written in sorted key order, so
 // equal states encode to equal bytes on every replica.
 //
-//	"WLS" version(4)
+//	"WLS" version(5)
 //	now guard (varint) epoch (uvarint)
 //	regions: count, each a string                     (must match Config)
 //	rules: count, each id limit window burst maxCost  (sorted by id)
@@ -46,6 +46,11 @@ import (
 //	      requests: count, each id at allowed limit remaining reset
 //	               retryAfter                         (oldest first, applied
 //	               within DurableRetryWindow before now)
+//	durable legacy buckets (version 5 only, once a command of key format 2
+//	      was applied; before that the state is written as version 4 or
+//	      lower): count, each rule identity tat interval burst
+//	               (sorted by rule, identity; tat > now; interval and
+//	               burst 0: unknown)
 //
 // Integers are varints (signed) or uvarints (counts, epochs, sequences,
 // versions, ops); strings are a uvarint length and the bytes. Version 1
@@ -64,7 +69,7 @@ import (
 
 const (
 	stateMagic   = "WLS"
-	stateVersion = 4
+	stateVersion = 5
 )
 
 // ErrBadState is wrapped by every error RestoreState returns for bytes it
@@ -91,8 +96,11 @@ func marshalFullState(m *Machine, rs *RuleStore, ds *DurableStore) []byte {
 	// durable store (never used, never ticked) is written as version 2,
 	// which a binary from before durable rules reads too.
 	version := byte(stateVersion)
-	if ds.empty() {
+	switch {
+	case ds.empty():
 		version = 2
+	case !ds.switched:
+		version = 4 // no legacy section (durable_legacy.go): read by binaries from before key formats
 	}
 	w.buf.WriteString(stateMagic)
 	w.buf.WriteByte(version)
@@ -160,6 +168,9 @@ func marshalFullState(m *Machine, rs *RuleStore, ds *DurableStore) []byte {
 	}
 	if version >= 3 {
 		ds.marshal(&w)
+	}
+	if version >= 5 {
+		ds.marshalLegacy(&w)
 	}
 	return w.buf.Bytes()
 }
@@ -232,7 +243,7 @@ func decodeState(b []byte) (*state, error) {
 	}
 	v := b[len(stateMagic)]
 	if v < 1 || v > stateVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d (or 1, 2, 3)", ErrBadState, v, stateVersion)
+		return nil, fmt.Errorf("%w: version %d, want %d (or 1, 2, 3, 4)", ErrBadState, v, stateVersion)
 	}
 	r.b = b[len(stateMagic)+1:]
 	s := &state{rules: map[string]Rule{}, seqs: map[string]uint64{}, keys: map[key]*keyState{}}
@@ -283,6 +294,9 @@ func decodeState(b []byte) (*state, error) {
 	s.durable = NewDurableStore()
 	if v >= 3 && r.err == nil {
 		s.durable = r.durableStore(v)
+	}
+	if v >= 5 && r.err == nil {
+		r.durableLegacy(s.durable)
 	}
 	if r.err == nil && len(r.b) != 0 {
 		r.fail(fmt.Sprintf("%d bytes left over", len(r.b)))

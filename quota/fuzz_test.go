@@ -25,6 +25,7 @@ func FuzzParse(f *testing.F) {
 		"x: &x [*x]\n",
 		"rules:\n- id: a\n  limit: 1\n  window: 1s\n  sketch: {threshold: 4, period: 1m, width: 4096, depth: 4}\n",
 		"rules:\n- id: a\n  limit: 1\n  window: 1s\n  sketch: {threshold: 1}\n",
+		"rules:\n- id: a\n  key: [header:x-k, ip]\n  limit: 1\n  window: 1s\n  overrides: [{identity: x, source: ip, limit: 2}, {identity: x, source: header:X-K, burst: 3}]\n",
 	} {
 		f.Add([]byte(s))
 	}

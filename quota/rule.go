@@ -140,6 +140,14 @@ type Override struct {
 	Identity string
 	Limit    int64
 	Burst    int64
+	// Source is the source of the rule's key chain whose identity the
+	// override matches: identity sources are namespaces, so an override
+	// for the API key "abc" does not apply to a user named "abc". The zero
+	// KeySource means the chain's first source; NewSet normalises a Source
+	// equal to the first source to the zero value. It must be one of the
+	// chain's sources, and not global. Omitted from the digest's canonical
+	// form when zero, so that overrides without it keep their digests.
+	Source KeySource `json:",omitzero"`
 }
 
 // Tier gives identities of a named tier (supplied by the caller, e.g. from
@@ -333,14 +341,23 @@ func (r Rule) effectiveBurst() int64 {
 	return r.Burst
 }
 
-// LimitsFor returns the limit (per Window) and burst for an identity in a
-// tier: an Override for the identity beats a Tier of that name, which beats
-// the rule; zero fields of an override or tier inherit from the next level.
-// It scans Overrides and Tiers linearly; Set.LimitsFor uses an index.
+// LimitsFor returns the limit (per Window) and burst for an identity of the
+// key chain's first source in a tier: LimitsForSource with the zero source.
 func (r Rule) LimitsFor(identity, tier string) (limit, burst int64) {
+	return r.LimitsForSource(KeySource{}, identity, tier)
+}
+
+// LimitsForSource returns the limit (per Window) and burst for an identity
+// that source of the key chain yielded, in a tier: an Override for the
+// identity and source beats a Tier of that name, which beats the rule; zero
+// fields of an override or tier inherit from the next level. The zero
+// source, or one equal to the chain's first source, means the first source.
+// It scans Overrides and Tiers linearly; Set.LimitsForSource uses an index.
+func (r Rule) LimitsForSource(source KeySource, identity, tier string) (limit, burst int64) {
+	source = r.overrideSource(source)
 	var ov *Override
 	for i := range r.Overrides {
-		if r.Overrides[i].Identity == identity {
+		if r.Overrides[i].Identity == identity && r.overrideSource(r.Overrides[i].Source) == source {
 			ov = &r.Overrides[i]
 			break
 		}
@@ -355,6 +372,20 @@ func (r Rule) LimitsFor(identity, tier string) (limit, burst int64) {
 		}
 	}
 	return r.resolveLimits(ov, tr)
+}
+
+// overrideSource returns source in the form overrides are matched by: the
+// zero KeySource for the chain's first source (or for no chain), the
+// normalised source otherwise.
+func (r Rule) overrideSource(source KeySource) KeySource {
+	if source == (KeySource{}) {
+		return source
+	}
+	source = normalizeKey(source)
+	if len(r.Key) == 0 || normalizeKey(r.Key[0]) == source {
+		return KeySource{}
+	}
+	return source
 }
 
 func (r Rule) resolveLimits(ov *Override, tr *Tier) (limit, burst int64) {
@@ -450,6 +481,9 @@ func normalize(r Rule) Rule {
 	n.Overrides, n.Tiers = nil, nil
 	if len(r.Overrides) > 0 {
 		n.Overrides = append([]Override(nil), r.Overrides...)
+		for i := range n.Overrides {
+			n.Overrides[i].Source = n.overrideSource(n.Overrides[i].Source)
+		}
 	}
 	if len(r.Tiers) > 0 {
 		n.Tiers = append([]Tier(nil), r.Tiers...)

@@ -19,8 +19,8 @@ type Set struct {
 	rules   []Rule
 	ids     map[string]int
 	m       *matcher
-	over    []map[string]int // by rule: override identity -> index
-	tiers   []map[string]int // by rule: tier name -> index
+	over    []map[overrideKey]int // by rule: override source and identity -> index
+	tiers   []map[string]int      // by rule: tier name -> index
 }
 
 // NewSet validates rules, deep-copies and normalises them, and compiles the
@@ -34,7 +34,7 @@ func NewSet(rules []Rule, version uint64) (*Set, error) {
 		version: version,
 		rules:   make([]Rule, len(rules)),
 		ids:     make(map[string]int, len(rules)),
-		over:    make([]map[string]int, len(rules)),
+		over:    make([]map[overrideKey]int, len(rules)),
 		tiers:   make([]map[string]int, len(rules)),
 	}
 	for i := range rules {
@@ -42,9 +42,9 @@ func NewSet(rules []Rule, version uint64) (*Set, error) {
 		s.rules[i] = r
 		s.ids[r.ID] = i
 		if len(r.Overrides) > 0 {
-			s.over[i] = make(map[string]int, len(r.Overrides))
+			s.over[i] = make(map[overrideKey]int, len(r.Overrides))
 			for j, o := range r.Overrides {
-				s.over[i][o.Identity] = j
+				s.over[i][overrideKey{o.Source, o.Identity}] = j
 			}
 		}
 		if len(r.Tiers) > 0 {
@@ -114,12 +114,25 @@ func (s *Set) Match(method, path string, dst []int) []int {
 	return s.m.match(method, path, dst)
 }
 
+// overrideKey indexes a rule's overrides: the normalised source (zero for
+// the chain's first source) and the identity.
+type overrideKey struct {
+	source   KeySource
+	identity string
+}
+
 // LimitsFor is Rule(i).LimitsFor(identity, tier) with indexed lookups, for
 // rules with many overrides.
 func (s *Set) LimitsFor(i int, identity, tier string) (limit, burst int64) {
+	return s.LimitsForSource(i, KeySource{}, identity, tier)
+}
+
+// LimitsForSource is Rule(i).LimitsForSource(source, identity, tier) with
+// indexed lookups.
+func (s *Set) LimitsForSource(i int, source KeySource, identity, tier string) (limit, burst int64) {
 	r := &s.rules[i]
 	var ov *Override
-	if j, ok := s.over[i][identity]; ok {
+	if j, ok := s.over[i][overrideKey{r.overrideSource(source), identity}]; ok {
 		ov = &r.Overrides[j]
 	}
 	var tr *Tier

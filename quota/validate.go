@@ -237,15 +237,16 @@ func (v *validator) rule(p string, r *Rule) {
 	v.keys(p+".key", r.Key)
 
 	maxCost := r.maxCost()
-	ids := make(map[string]int, len(r.Overrides))
+	ids := make(map[overrideKey]int, len(r.Overrides))
 	for j, o := range r.Overrides {
 		f := fmt.Sprintf("%s.overrides[%d]", p, j)
+		src := v.overrideSource(f+".source", r, o.Source)
 		if o.Identity == "" {
 			v.add(f+".identity", "required")
-		} else if k, dup := ids[o.Identity]; dup {
-			v.add(f+".identity", "duplicate identity %s, also in overrides[%d]", quote(o.Identity), k)
+		} else if k, dup := ids[overrideKey{src, o.Identity}]; dup {
+			v.add(f+".identity", "duplicate identity %s of the same source, also in overrides[%d]", quote(o.Identity), k)
 		} else {
-			ids[o.Identity] = j
+			ids[overrideKey{src, o.Identity}] = j
 		}
 		if o.Limit < 0 {
 			v.add(f+".limit", "must be positive, got %d", o.Limit)
@@ -409,6 +410,33 @@ func (v *validator) keys(p string, keys []KeySource) {
 			seen[nk] = j
 		}
 	}
+}
+
+// overrideSource checks an override's source against the rule's key chain
+// and returns it in the form overrides are indexed by (rule.overrideSource).
+func (v *validator) overrideSource(f string, r *Rule, src KeySource) KeySource {
+	if src == (KeySource{}) {
+		return src
+	}
+	ns := normalizeKey(src)
+	chain := make([]string, 0, len(r.Key))
+	for _, k := range r.Key {
+		if nk := normalizeKey(k); nk.Kind != KeyGlobal {
+			if nk == ns {
+				return r.overrideSource(ns)
+			}
+			chain = append(chain, nk.String())
+		}
+	}
+	switch {
+	case ns.Kind == KeyGlobal:
+		v.add(f, "global yields no identity of its own (every caller counts under one bucket), so no override can match it")
+	case len(chain) == 0:
+		v.add(f, "%s is not in the rule's key, which is [global]: an override needs a key source that yields identities", quote(ns.String()))
+	default:
+		v.add(f, "%s is not a source of the rule's key [%s]", quote(ns.String()), strings.Join(chain, ", "))
+	}
+	return ns
 }
 
 // validToken reports whether s is an RFC 9110 token (methods, header names).

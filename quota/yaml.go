@@ -294,10 +294,15 @@ func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 		case "overrides":
 			p.list(v, f, func(item *yaml.Node, ip string) {
 				var o Override
-				p.mapping(item, ip, []string{"identity", "limit", "burst"}, func(k string, v *yaml.Node, kp string) {
+				p.mapping(item, ip, []string{"identity", "source", "limit", "burst"}, func(k string, v *yaml.Node, kp string) {
 					switch k {
 					case "identity":
 						o.Identity = p.str(v, kp)
+					case "source":
+						o.Source = p.keySource(v, kp)
+						if o.Source == (KeySource{}) && !p.bad[kp] {
+							p.syntax(v, kp, "must name a source of the rule's key (header:NAME, user or ip); omit the field for the key's first source")
+						}
 					case "limit":
 						o.Limit = p.positiveInt(v, kp)
 					case "burst":
@@ -540,7 +545,11 @@ func Marshal(rules []Rule) ([]byte, error) {
 			y.MaxDelay = r.MaxDelay.String()
 		}
 		for _, o := range r.Overrides {
-			y.Overrides = append(y.Overrides, yOverride(o))
+			yo := yOverride{Identity: o.Identity, Limit: o.Limit, Burst: o.Burst}
+			if o.Source != (KeySource{}) {
+				yo.Source = o.Source.String()
+			}
+			y.Overrides = append(y.Overrides, yo)
 		}
 		for _, t := range r.Tiers {
 			y.Tiers = append(y.Tiers, yTier(t))
@@ -603,6 +612,7 @@ type yMatch struct {
 
 type yOverride struct {
 	Identity string `yaml:"identity"`
+	Source   string `yaml:"source,omitempty"`
 	Limit    int64  `yaml:"limit,omitempty"`
 	Burst    int64  `yaml:"burst,omitempty"`
 }

@@ -60,6 +60,7 @@ function render(ov) {
   document.getElementById("summary").replaceChildren(
     el("span", {id: "rules-version", text: "rules v" + ov.status.rules_version}),
     el("span", {text: "digest " + ov.status.rules_digest.slice(0, 12)}),
+    el("span", {class: ov.status.key_format < 2 ? "warn" : "", title: "bucket key format in force (docs/operations.md)", text: "key format " + ov.status.key_format}),
     el("span", {class: ov.rules_versions_behind > 0 ? "warn" : "", text: "behind: " + ov.rules_versions_behind}),
     ov.status.using_default_rules ? el("span", {class: "bad", text: "ENFORCING DEFAULT RULES"}) : "",
     ov.status.last_reload_error ? el("span", {class: "bad", text: "reload error: " + ov.status.last_reload_error}) : "",
@@ -159,8 +160,8 @@ function drawChart(canvas, series, unit) {
 
 function renderThrottled(ov) {
   const rows = ov.top_throttled.map(h => el("tr", {},
-    el("td", {text: h.rule}), el("td", {text: h.identity || "(global)"}), el("td", {text: h.count.toFixed(1)}),
-    el("td", {}, el("button", {text: "look up", onclick: () => lookup(h.identity)}))));
+    el("td", {text: h.rule}), el("td", {text: (h.identity || "(global)") + (h.source ? " (" + h.source + ")" : "")}), el("td", {text: h.count.toFixed(1)}),
+    el("td", {}, el("button", {text: "look up", onclick: () => lookup(h.identity, h.source)}))));
   if (!rows.length) rows.push(el("tr", {}, el("td", {colSpan: 4, class: "note", text: "nobody throttled recently"})));
   setRows(document.getElementById("throttled"), rows);
 }
@@ -271,12 +272,14 @@ function showProblem(show, code, p) {
   show("", code + " " + ((p && (p.detail || p.title)) || "error"));
 }
 
-function lookup(id) {
+// lookup looks id up in the namespace of source (a key chain's source, as
+// the top lists name it; none: each rule's first source).
+function lookup(id, source) {
   document.getElementById("identity-input").value = id;
-  runLookup();
+  runLookup(source || "");
 }
 
-async function runLookup() {
+async function runLookup(key) {
   const id = document.getElementById("identity-input").value.trim();
   const path = document.getElementById("identity-path").value.trim();
   const method = document.getElementById("identity-method").value.trim();
@@ -284,6 +287,7 @@ async function runLookup() {
   const q = new URLSearchParams();
   if (path) q.set("path", path);
   if (method) q.set("method", method);
+  if (typeof key === "string" && key) q.set("key", key);
   try {
     const r = await fetch("v1/identities/" + encodeURIComponent(id) + (q.toString() ? "?" + q : ""), {cache: "no-store"});
     const rep = await r.json();

@@ -224,6 +224,18 @@ func (s *Sketch) AddPair(now int64, a, b string, n uint64) {
 	s.add(now, n)
 }
 
+// AddTriple counts n events for the key a + " " + b + c, exactly as Add
+// would, without building that string unless it enters the top list.
+func (s *Sketch) AddTriple(now int64, a, b, c string, n uint64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.key = append(append(append(append(s.key[:0], a...), ' '), b...), c...)
+	s.add(now, n)
+}
+
 // add counts n events for the key in s.key. s.mu must be held.
 func (s *Sketch) add(now int64, n uint64) {
 	key := s.key

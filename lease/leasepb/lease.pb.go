@@ -285,16 +285,23 @@ func (*Command_Durable) isCommand_Kind() {}
 // rule. request_id names the request across retries: a command whose
 // request_id was applied recently is answered from that first application.
 type DurableDecide struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
-	Window        int64                  `protobuf:"varint,3,opt,name=window,proto3" json:"window,omitempty"`
-	Burst         int64                  `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,5,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
-	Cost          int64                  `protobuf:"varint,6,opt,name=cost,proto3" json:"cost,omitempty"`
-	RequestId     string                 `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Rule      string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Limit     int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Window    int64                  `protobuf:"varint,3,opt,name=window,proto3" json:"window,omitempty"`
+	Burst     int64                  `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	Identity  []byte                 `protobuf:"bytes,5,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
+	Cost      int64                  `protobuf:"varint,6,opt,name=cost,proto3" json:"cost,omitempty"`
+	RequestId string                 `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// key_format is the bucket-key format of the deciding node (0 or 1: every
+	// source of a key chain counts under its bare value; 2: sources are
+	// namespaces). legacy_identity, under format 2, is the identity format 1
+	// counted the same requests under, when it differs from identity: a bucket
+	// the group does not hold starts from that identity's format-1 state.
+	LegacyIdentity []byte `protobuf:"bytes,8,opt,name=legacy_identity,json=legacyIdentity,proto3" json:"legacy_identity,omitempty"`
+	KeyFormat      uint32 `protobuf:"varint,9,opt,name=key_format,json=keyFormat,proto3" json:"key_format,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DurableDecide) Reset() {
@@ -374,6 +381,20 @@ func (x *DurableDecide) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *DurableDecide) GetLegacyIdentity() []byte {
+	if x != nil {
+		return x.LegacyIdentity
+	}
+	return nil
+}
+
+func (x *DurableDecide) GetKeyFormat() uint32 {
+	if x != nil {
+		return x.KeyFormat
+	}
+	return 0
 }
 
 // Decision is a bucket.Decision; durations are ns.
@@ -1736,7 +1757,7 @@ const file_lease_proto_rawDesc = "" +
 	"\vdelete_rule\x18\a \x01(\v2\x19.weir.lease.v1.RuleDeleteH\x00R\n" +
 	"deleteRule\x128\n" +
 	"\adurable\x18\b \x01(\v2\x1c.weir.lease.v1.DurableDecideH\x00R\adurableB\x06\n" +
-	"\x04kind\"\xb6\x01\n" +
+	"\x04kind\"\xfe\x01\n" +
 	"\rDurableDecide\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x16\n" +
@@ -1745,7 +1766,10 @@ const file_lease_proto_rawDesc = "" +
 	"\bidentity\x18\x05 \x01(\fR\bidentity\x12\x12\n" +
 	"\x04cost\x18\x06 \x01(\x03R\x04cost\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\a \x01(\tR\trequestId\"\x94\x01\n" +
+	"request_id\x18\a \x01(\tR\trequestId\x12'\n" +
+	"\x0flegacy_identity\x18\b \x01(\fR\x0elegacyIdentity\x12\x1d\n" +
+	"\n" +
+	"key_format\x18\t \x01(\rR\tkeyFormat\"\x94\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +

@@ -1,0 +1,25 @@
+// Package envoyoracle checks weir's Envoy rate-limit service against
+// envoyproxy/ratelimit itself: that project's own service (its settings,
+// file provider, Redis backend and service packages, at the version pinned in
+// go.mod) runs in the test process against a real redis-server on loopback,
+// beside a `weir serve` process built from the root module, and both are fed
+// the same descriptor files unchanged.
+//
+// Two tests:
+//
+//   - TestConfigCorpus loads every descriptor file shipped in the
+//     envoyproxy/ratelimit module (examples/, test/config/, the integration
+//     test's runtime directory) into both and compares accept or refuse.
+//   - TestDifferential sends both the same seeded, randomized request
+//     streams over gRPC and compares every response field.
+//
+// Both check the differences found against a table of known differences,
+// exactly: a new difference fails the test, and so does a known one that
+// is gone (then the table is out of date and must shrink). The tables are
+// the current list of where weir's answers differ from envoyproxy/ratelimit's.
+//
+// The tests need redis-server on PATH (scripts/install-redis.sh); with
+// CI=true a missing redis-server is a failure, otherwise a skip.
+// WEIR_ORACLE=long runs the differential test for longer; WEIR_ORACLE_SEED
+// replays one seed; WEIR_ORACLE_REQUESTS sets the request count.
+package envoyoracle
