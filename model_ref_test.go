@@ -650,11 +650,11 @@ func cleanRefPath(p string) string {
 // in its store (floodDebt): a more indebted one is never the least
 // indebted of a sample of them.
 type refLimiter struct {
-	rules      []refRule
-	incs       map[string]int // rule id → incarnations so far
-	cands      map[refKey][]*refState
-	tiers      map[refKey]string // the tier each bucket was last decided under
-	boxes      map[refKey]*refPenalty
+	rules     []refRule
+	incs      map[string]int // rule id → incarnations so far
+	cands     map[refKey][]*refState
+	tiers     map[refKey]string // the tier each bucket was last decided under
+	boxes     map[refKey]*refPenalty
 	epochs    int
 	floodDebt map[string]*big.Rat // per store: the most a rotating identity owed
 }
