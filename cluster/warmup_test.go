@@ -179,7 +179,7 @@ func TestWarmUpNoRelayBack(t *testing.T) {
 	names := []string{"a", "b"}
 	for _, n := range names {
 		c := NewCoordinator(CoordinatorConfig{Self: n, SyncInterval: 20 * time.Millisecond, DecideTimeout: 50 * time.Millisecond})
-		c.SetRules(ruleParams(t, []quota.Rule{rule}))
+		c.SetRules(t0, ruleParams(t, []quota.Rule{rule}))
 		h.nodes[n] = c
 		h.waiting[n] = map[uint64]int64{}
 	}
@@ -287,7 +287,7 @@ func TestWarmUpSyncNotAcknowledged(t *testing.T) {
 // time when the bucket was fuller.
 func TestCoordinatorTimeMonotone(t *testing.T) {
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
-	c.SetRules(ruleParams(t, []quota.Rule{gcraRule("api", quota.ModeExact, 1, time.Second, 1)}))
+	c.SetRules(t0, ruleParams(t, []quota.Rule{gcraRule("api", quota.ModeExact, 1, time.Second, 1)}))
 	ring, _ := NewRing(1, []Member{{Name: "a"}})
 	c.SetTable(t0, ring)
 	late := t0 + int64(10*time.Second)
