@@ -12,22 +12,22 @@ import (
 	"github.com/weir-dev/weir/bucket"
 )
 
-// rulesYAML is a one-rule set on /x keyed by user, with extra fields.
-func rulesYAML(extra string) string {
+// ruleChangeYAML is a one-rule set on /x keyed by user, with extra fields.
+func ruleChangeYAML(extra string) string {
 	return "rules:\n  - id: r\n    match: {prefix: /x}\n    key: [user]\n    mode: local\n" + extra
 }
 
-// ruleNode is a node on a fake clock with rulesYAML(extra).
+// ruleNode is a node on a fake clock with ruleChangeYAML(extra).
 func ruleNode(t *testing.T, extra string) (*weir.Node, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
-	return newNode(t, weir.Config{Rules: parseRules(t, rulesYAML(extra)), Clock: clk.Now}), clk
+	return newNode(t, weir.Config{Rules: parseRules(t, ruleChangeYAML(extra)), Clock: clk.Now}), clk
 }
 
-// setRules installs rulesYAML(extra) on n.
+// setRules installs ruleChangeYAML(extra) on n.
 func setRules(t *testing.T, n *weir.Node, extra string) {
 	t.Helper()
-	if err := n.SetRules(parseRules(t, rulesYAML(extra))); err != nil {
+	if err := n.SetRules(parseRules(t, ruleChangeYAML(extra))); err != nil {
 		t.Fatalf("SetRules: %v", err)
 	}
 }
@@ -66,7 +66,7 @@ func TestRaiseLimitAdmitsReload(t *testing.T) {
 	clk := newFakeClock()
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	write := func(limit int) {
-		if err := os.WriteFile(path, []byte(rulesYAML(fmt.Sprintf("    limit: %d\n    window: 1m\n    burst: 5\n", limit))), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(ruleChangeYAML(fmt.Sprintf("    limit: %d\n    window: 1m\n    burst: 5\n", limit))), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
