@@ -322,7 +322,7 @@ func (g *modelGen) request(t *rapid.T, viaHTTP bool) modelReq {
 }
 
 // rulesYAML writes rules as a rules file.
-func rulesYAML(rules []quota.Rule) string {
+func modelRulesYAML(rules []quota.Rule) string {
 	var b strings.Builder
 	if len(rules) == 0 {
 		return "rules: []\n"

@@ -195,12 +195,12 @@ func newModelMachine(tb fataler, cfg modelConfig, rules []quota.Rule, seed uint6
 			tb.Fatal(err)
 		}
 		m.file = filepath.Join(dir, "rules.yaml")
-		if err := os.WriteFile(m.file, []byte(rulesYAML(rules)), 0o600); err != nil {
+		if err := os.WriteFile(m.file, []byte(modelRulesYAML(rules)), 0o600); err != nil {
 			tb.Fatal(err)
 		}
-		parsed, err := quota.Parse("rules.yaml", []byte(rulesYAML(rules)))
+		parsed, err := quota.Parse("rules.yaml", []byte(modelRulesYAML(rules)))
 		if err != nil {
-			tb.Fatalf("the model's rules do not parse: %v\n%s", err, rulesYAML(rules))
+			tb.Fatalf("the model's rules do not parse: %v\n%s", err, modelRulesYAML(rules))
 		}
 		rules = parsed
 		wc.RulesFile, wc.ReloadPoll = m.file, 20*time.Millisecond
@@ -460,7 +460,7 @@ func (m *modelMachine) setRules(rules []quota.Rule, viaFile bool) {
 // reload writes rules to the rules file and waits for the Node to install
 // them (or to refuse them).
 func (m *modelMachine) reload(rules []quota.Rule) {
-	y := rulesYAML(rules)
+	y := modelRulesYAML(rules)
 	parsed, err := quota.Parse("rules.yaml", []byte(y))
 	var want string
 	if err == nil {
