@@ -321,7 +321,7 @@ func (g *modelGen) request(t *rapid.T, viaHTTP bool) modelReq {
 	return q
 }
 
-// rulesYAML writes rules as a rules file.
+// modelRulesYAML writes rules as a rules file.
 func modelRulesYAML(rules []quota.Rule) string {
 	var b strings.Builder
 	if len(rules) == 0 {
