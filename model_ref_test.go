@@ -363,9 +363,10 @@ func (s *refState) convert(p refParams, now int64, nextEpoch func() int) *refSta
 		if old.alg == quota.AlgorithmConcurrency || p.alg == quota.AlgorithmConcurrency {
 			return freshState(p, now, nextEpoch()) // starts over
 		}
-		// The whole tokens spent under the old rule are charged to a fresh
-		// state of the new one, never more than it lets spend.
-		spent := floorRat(s.spent(now))
+		// The whole tokens spent under the old rule (a token partly earned
+		// back still counts) are charged to a fresh state of the new one,
+		// never more than it lets spend.
+		spent := ceilRat(s.spent(now))
 		n := freshState(p, now, s.epoch)
 		switch p.alg {
 		case quota.AlgorithmGCRA:
@@ -377,7 +378,9 @@ func (s *refState) convert(p refParams, now int64, nextEpoch func() int) *refSta
 				n.log = []refEntry{{at: now, cost: c}}
 			}
 		case quota.AlgorithmLeakyBucket:
-			n.dep = now + min(ceilRat(new(big.Rat).Mul(ratInt(spent), ratInt(p.interval()))), p.maxDelay)
+			// The queue holds at most maxDelay/T + 1 requests of cost 1:
+			// what that many admissions from empty leave queued.
+			n.dep = now + min(spent, p.maxDelay/p.interval()+1)*p.interval()
 		}
 		return n
 	}
@@ -703,9 +706,11 @@ func (l *refLimiter) install(rules []quota.Rule, now int64) {
 			continue
 		}
 		p := rr.params(k.id, l.tiers[k])
+		cs = l.mayBeEvicted(cs, now) // from the store it was in before the change
 		for i, c := range cs {
 			cs[i] = c.convert(p, now, l.nextEpoch)
 		}
+		l.cands[k] = dedupe(cs, now)
 	}
 	for k := range l.boxes {
 		rr := l.rule(k.rule)
@@ -765,24 +770,12 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 		if len(cs) == 0 {
 			cs = []*refState{freshState(p, now, l.nextEpoch())}
 		}
+		cs = l.mayBeEvicted(cs, now) // before a change of variant converts it
 		for j, c := range cs {
 			cs[j] = c.convert(p, now, l.nextEpoch) // the identity's variant may have changed (tier)
 		}
-		if flood := l.floodDebt[storeOf(p.alg)]; flood != nil {
-			// Possibly evicted since its last decision (see refLimiter).
-			fresh := freshState(p, now, cs[0].epoch)
-			have := false
-			for _, c := range cs {
-				have = have || c.equal(fresh, now)
-			}
-			for _, c := range cs {
-				if !have && storeOf(c.p.alg) == storeOf(p.alg) && c.debt(now).Cmp(flood) <= 0 {
-					cs = append(cs, fresh)
-					break
-				}
-			}
-		}
-		l.cands[k] = cs
+		l.cands[k] = dedupe(cs, now)
+		cs = l.cands[k]
 		l.tiers[k] = q.tier
 		ro := refRuleOut{rule: rr.r.ID, key: k, shadow: rr.r.Shadow, cost: rr.cost(q.method, q.cost)}
 		if b := l.boxes[k]; b != nil && b.locked(now) {
@@ -799,6 +792,28 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 		out.rules = append(out.rules, ro)
 	}
 	return out
+}
+
+// mayBeEvicted adds a fresh bucket to a key's candidates when the Node may
+// have evicted it since its last decision (see refLimiter): a candidate
+// that owes, as its store measures it, at most what a rotating identity
+// owed in that store. It is applied to the candidates as they were stored,
+// before a rule change or a change of variant converts them.
+func (l *refLimiter) mayBeEvicted(cs []*refState, now int64) []*refState {
+	for _, c := range cs {
+		flood := l.floodDebt[storeOf(c.p.alg)]
+		if flood == nil || c.debt(now).Cmp(flood) > 0 {
+			continue
+		}
+		fresh := freshState(c.p, now, cs[0].epoch)
+		for _, o := range cs {
+			if o.equal(fresh, now) {
+				return cs
+			}
+		}
+		return append(cs, fresh)
+	}
+	return cs
 }
 
 // apply checks the Node's answer against the expectation and books it:
