@@ -890,21 +890,33 @@ func (r *RuleParams) convertTAT(o *RuleParams, tat bucket.TAT, now int64) bucket
 	return r.gcra.Convert(o.gcra, tat, now)
 }
 
-// convertOwned converts, at now, the owner buckets of the rules whose
-// parameters change to next and keep their algorithm, in key order.
-func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
+// ownedKeys returns the keys of the owner entries of every rule that pick
+// selects, in key order, not map order (the key cap's heaps see them in
+// the order they are converted).
+func (c *Coordinator) ownedKeys(pick func(id string, o *RuleParams) bool) []entryKey {
 	var keys []entryKey
 	for id, o := range c.rules {
-		if r, ok := next[id]; ok && convertible(o, r) && !sameState(o, r) {
-			if t := c.owned.of(id, false); t != nil {
-				ids, _ := t.appendAll(nil, nil)
-				for _, identity := range ids {
-					keys = append(keys, entryKey{id, identity})
-				}
+		if !pick(id, o) {
+			continue
+		}
+		if t := c.owned.of(id, false); t != nil {
+			ids, _ := t.appendAll(nil, nil)
+			for _, identity := range ids {
+				keys = append(keys, entryKey{id, identity})
 			}
 		}
 	}
 	slices.SortFunc(keys, cmpKey)
+	return keys
+}
+
+// convertOwned converts, at now, the owner buckets of the rules whose
+// parameters change to next and keep their algorithm, in key order.
+func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
+	keys := c.ownedKeys(func(id string, o *RuleParams) bool {
+		r, ok := next[id]
+		return ok && convertible(o, r) && !sameState(o, r)
+	})
 	for _, k := range keys {
 		oe := c.owned.get(k)
 		if oe == nil || oe.dead {
@@ -928,19 +940,10 @@ func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
 // rule removed and added again later starts empty. A leased rule's state is
 // its share's: across an algorithm change it starts over.
 func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
-	var keys []entryKey
-	for id, old := range c.rules {
-		if r, ok := next[id]; !ok || r.Algorithm != old.Algorithm {
-			if t := c.owned.of(id, false); t != nil {
-				ids, _ := t.appendAll(nil, nil)
-				for _, identity := range ids {
-					keys = append(keys, entryKey{id, identity})
-				}
-			}
-		}
-	}
-	// In key order, not map order (the key cap's heaps).
-	slices.SortFunc(keys, cmpKey)
+	keys := c.ownedKeys(func(id string, old *RuleParams) bool {
+		r, ok := next[id]
+		return !ok || r.Algorithm != old.Algorithm
+	})
 	for _, k := range keys {
 		oe := c.owned.get(k)
 		if oe == nil || oe.dead {
