@@ -464,10 +464,17 @@ func (n *Node) clusterRules(e *engine) {
 		}
 		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)
 		for src, m := range c.overrides {
-			for id, s := range m {
+			for id, o := range m {
 				// An override's variant decides one identity: a sketch
 				// (Width × Depth bytes) would gate nothing.
-				add(c, s, overrideSuffix(c, src, id), s.limit, s.burst, nil)
+				add(c, &o.limitSpec, overrideSuffix(c, src, id), o.limit, o.burst, nil)
+				for i, s := range o.tiers {
+					if s.limit == o.limit && s.burst == o.burst {
+						s.cid = o.cid // the tier changes none of its limits
+						continue
+					}
+					add(c, s, overrideSuffix(c, src, id)+"#tier:"+c.r.Tiers[i].Name, s.limit, s.burst, nil)
+				}
 			}
 		}
 		for name, s := range c.tiers {

@@ -33,8 +33,9 @@ type crule struct {
 	hist       *ruleHist // the rule's generations: what its entries' tags mean
 	keys       keyForm   // per key-chain source: the namespaces of keyFormatNamespaced (keys.go)
 	base       limitSpec
-	overrides  []map[string]*limitSpec // by key-chain source: identity → its override's limits; nil without overrides
+	overrides  []map[string]*overrideSpec // by key-chain source: identity → its override's limits; nil without overrides
 	tiers      map[string]*limitSpec
+	tierIdx    map[string]int // a tier's position in r.Tiers
 	penalty    *bucket.Penalty
 	penaltyRec *bucket.PenaltyRecorder
 	stats      *ruleStats
@@ -53,6 +54,15 @@ type limitSpec struct {
 	limit  int64
 	burst  int64
 	window time.Duration
+}
+
+// overrideSpec is an override's limits under no tier (or one the rule does
+// not name) and under each of the rule's tiers: a field the override
+// leaves out is the tier's. Each has its own limiter, as entries record the
+// tier they were written under (rulegen.go).
+type overrideSpec struct {
+	limitSpec
+	tiers []*limitSpec // by the tier's position in the rule's Tiers; nil without tiers
 }
 
 // install compiles set and makes it the one in force. It costs O(rules),
@@ -89,24 +99,34 @@ func (n *Node) install(set *quota.Set) {
 		}
 		c.base = *spec("", r.Limit, r.Burst)
 		if len(r.Overrides) > 0 {
-			c.overrides = make([]map[string]*limitSpec, max(1, len(r.Key)))
+			c.overrides = make([]map[string]*overrideSpec, max(1, len(r.Key)))
 			for _, o := range r.Overrides {
 				src := c.sourceIndex(o.Source)
 				if src < 0 {
 					panic(fmt.Sprintf("weir: rule %q override %q: source %v passed validation but is not in the key chain", r.ID, o.Identity, o.Source))
 				}
 				if c.overrides[src] == nil {
-					c.overrides[src] = make(map[string]*limitSpec)
+					c.overrides[src] = make(map[string]*overrideSpec)
 				}
 				l, b := r.LimitsForSource(o.Source, o.Identity, "")
-				c.overrides[src][o.Identity] = spec(" override "+o.Identity, l, b)
+				ov := &overrideSpec{limitSpec: *spec(" override "+o.Identity, l, b)}
+				if len(r.Tiers) > 0 {
+					ov.tiers = make([]*limitSpec, len(r.Tiers))
+					for i, t := range r.Tiers {
+						l, b := r.LimitsForSource(o.Source, o.Identity, t.Name)
+						ov.tiers[i] = spec(" override "+o.Identity+" tier "+t.Name, l, b)
+					}
+				}
+				c.overrides[src][o.Identity] = ov
 			}
 		}
 		if len(r.Tiers) > 0 {
 			c.tiers = make(map[string]*limitSpec, len(r.Tiers))
-			for _, t := range r.Tiers {
+			c.tierIdx = make(map[string]int, len(r.Tiers))
+			for i, t := range r.Tiers {
 				l, b := r.LimitsFor("", t.Name)
 				c.tiers[t.Name] = spec(" tier "+t.Name, l, b)
+				c.tierIdx[t.Name] = i
 			}
 		}
 		n.bindHistory(c, now)
@@ -131,8 +151,11 @@ func (n *Node) install(set *quota.Set) {
 			c.durable = true
 			c.base.cid = ""
 			for _, m := range c.overrides {
-				for _, s := range m {
-					s.cid = ""
+				for _, o := range m {
+					o.cid = ""
+					for _, s := range o.tiers {
+						s.cid = ""
+					}
 				}
 			}
 			for _, s := range c.tiers {
@@ -148,8 +171,11 @@ func (n *Node) install(set *quota.Set) {
 // within its source's namespace only.
 func (c *crule) specFor(identity string, src int, tier string) *limitSpec {
 	if c.overrides != nil && src < len(c.overrides) {
-		if s, ok := c.overrides[src][identity]; ok {
-			return s
+		if o, ok := c.overrides[src][identity]; ok {
+			if i, ok := c.tierIdx[tier]; ok && tier != "" {
+				return o.tiers[i]
+			}
+			return &o.limitSpec
 		}
 	}
 	if c.tiers != nil && tier != "" {

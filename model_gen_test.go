@@ -1,7 +1,6 @@
 package weir_test
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -91,14 +90,6 @@ func fix(r *quota.Rule) {
 	}
 	for i := range r.Overrides {
 		o := &r.Overrides[i]
-		if len(r.Tiers) > 0 {
-			// An override that leaves out a field of a rule with tiers
-			// takes the rule's value where docs/rules.md says the tier's:
-			// a known divergence (TestModelOverrideInheritsTier), not
-			// drawn until the engine follows the docs.
-			o.Limit = cmp.Or(o.Limit, r.Limit)
-			o.Burst = cmp.Or(o.Burst, r.Burst, o.Limit)
-		}
 		if o.Limit != 0 {
 			o.Limit = max(o.Limit, c)
 		}

@@ -653,10 +653,13 @@ func cleanRefPath(p string) string {
 // in its store (floodDebt): a more indebted one is never the least
 // indebted of a sample of them.
 type refLimiter struct {
-	rules     []refRule
-	incs      map[string]int // rule id → incarnations so far
-	cands     map[refKey][]*refState
-	tiers     map[refKey]string // the tier each bucket was last decided under
+	rules []refRule
+	incs  map[string]int // rule id → incarnations so far
+	cands map[refKey][]*refState
+	// tiers is the tier each bucket was last decided under, if the rule
+	// named it then ("" otherwise): a tier the rule adds later applies to
+	// a bucket from its next request under it (docs/rules.md).
+	tiers     map[refKey]string
 	boxes     map[refKey]*refPenalty
 	epochs    int
 	floodDebt map[string]*big.Rat // per store: the most a rotating identity owed
@@ -720,6 +723,16 @@ func (l *refLimiter) install(rules []quota.Rule, now int64) {
 	}
 }
 
+// namesTier reports whether the rule has a tier named tier.
+func (rr *refRule) namesTier(tier string) bool {
+	for _, t := range rr.r.Tiers {
+		if tier != "" && t.Name == tier {
+			return true
+		}
+	}
+	return false
+}
+
 func (rr *refRule) penaltyOrNil() (refPenaltyParams, bool) {
 	if rr == nil {
 		return refPenaltyParams{}, false
@@ -776,7 +789,10 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 		}
 		l.cands[k] = dedupe(cs, now)
 		cs = l.cands[k]
-		l.tiers[k] = q.tier
+		l.tiers[k] = ""
+		if rr.namesTier(q.tier) {
+			l.tiers[k] = q.tier
+		}
 		ro := refRuleOut{rule: rr.r.ID, key: k, shadow: rr.r.Shadow, cost: rr.cost(q.method, q.cost)}
 		if b := l.boxes[k]; b != nil && b.locked(now) {
 			ro.locked = true

@@ -159,10 +159,14 @@ type modelMachine struct {
 	ref   *refLimiter
 	rules []quota.Rule
 	file  string
-	held  []heldDecision
-	ids   int // rotating identities so far
-	fail  func(format string, args ...any)
-	logf  func(format string, args ...any)
+	// written is the content of the rules file the Node last read: the
+	// watcher applies the file when its content changes, so writing the
+	// same content again after a SetRules changes nothing (docs/rules.md).
+	written string
+	held    []heldDecision
+	ids     int // rotating identities so far
+	fail    func(format string, args ...any)
+	logf    func(format string, args ...any)
 }
 
 // heldDecision is an admitted request whose concurrency slots are not yet
@@ -199,7 +203,8 @@ func newModelMachine(tb fataler, cfg modelConfig, rules []quota.Rule, seed uint6
 			tb.Fatal(err)
 		}
 		m.file = filepath.Join(dir, "rules.yaml")
-		if err := os.WriteFile(m.file, []byte(modelRulesYAML(rules)), 0o600); err != nil {
+		m.written = modelRulesYAML(rules)
+		if err := os.WriteFile(m.file, []byte(m.written), 0o600); err != nil {
 			tb.Fatal(err)
 		}
 		parsed, err := quota.Parse("rules.yaml", []byte(modelRulesYAML(rules)))
@@ -482,10 +487,15 @@ func (m *modelMachine) reload(rules []quota.Rule) {
 		m.ref.install(parsed, m.now())
 		return
 	}
+	if y == m.written {
+		m.logf("rules file rewritten unchanged: the rules SetRules put in force stay")
+		return
+	}
 	if err := os.WriteFile(m.file, []byte(y), 0o600); err != nil {
 		m.fail("writing the rules file: %v", err)
 		return
 	}
+	m.written = y
 	deadline := time.Now().Add(10 * time.Second)
 	for m.n.Rules().Digest() != want {
 		if time.Now().After(deadline) {
@@ -505,10 +515,12 @@ func (m *modelMachine) reloadInvalid() {
 	if m.n.Status().LastReloadError != "" {
 		return
 	}
-	if err := os.WriteFile(m.file, []byte("rules:\n  - id: broken\n    limit: 0\n    window: 1m\n"), 0o600); err != nil {
+	const broken = "rules:\n  - id: broken\n    limit: 0\n    window: 1m\n"
+	if err := os.WriteFile(m.file, []byte(broken), 0o600); err != nil {
 		m.fail("writing the rules file: %v", err)
 		return
 	}
+	m.written = broken
 	deadline := time.Now().Add(10 * time.Second)
 	for m.n.Status().LastReloadError == "" {
 		if time.Now().After(deadline) {

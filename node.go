@@ -54,8 +54,11 @@ type Config struct {
 	// RulesFile is a YAML rule file (see docs/rules.md). It is watched: a
 	// valid change takes effect within about a second; an invalid one is
 	// logged, counted and ignored, keeping the last good set in force. When it
-	// cannot be read or parsed at start, the node enforces DefaultRules and
-	// says so (log, the weir_rules_defaults_active metric, Status).
+	// cannot be read or is invalid at start, New returns an error naming
+	// file, line and field, unless DefaultRules is set: then the node
+	// enforces those and says so (log, the weir_rules_defaults_active
+	// metric, Status). Rules put in force with SetRules stay until the
+	// file's content next changes.
 	RulesFile string
 
 	// Rules are used when RulesFile is empty.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,5 +272,67 @@ func TestRuleReAddStartsFresh(t *testing.T) {
 	setRules(t, n, rule+pen)
 	if d := n.Allow(context.Background(), weir.Request{Method: "GET", Path: "/x", User: "u"}); d.Results()[0].Locked {
 		t.Fatal("a penalty removed and added again kept its lockout")
+	}
+}
+
+// A rule tightened while its bucket is spent is seen so by the look a
+// request of several rules takes before charging: the bucket that would
+// have refilled under the old rule is converted, rejects, and the other
+// rule is not charged. (Two gcra rules of 1/s; r0 becomes 1/10s at the
+// instant both were spent; a second later r0 rejects and r1 keeps its
+// token.)
+func TestTightenedRuleLooksSpent(t *testing.T) {
+	y := func(w0 string) string {
+		return "rules:\n  - id: r0\n    key: [user]\n    mode: local\n    limit: 1\n    window: " + w0 +
+			"\n  - id: r1\n    key: [user]\n    mode: local\n    limit: 1\n    window: 1s\n"
+	}
+	clk := newFakeClock()
+	n := newNode(t, weir.Config{Rules: parseRules(t, y("1s")), Clock: clk.Now})
+	req := weir.Request{Method: "GET", Path: "/", User: "u"}
+	if !n.Allow(context.Background(), req).Allowed {
+		t.Fatal("first request rejected")
+	}
+	if err := n.SetRules(parseRules(t, y("10s"))); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	d := n.Allow(context.Background(), req)
+	if d.Allowed {
+		t.Fatal("admitted a second after r0 was tightened to 1/10s with its token spent")
+	}
+	for _, r := range d.Results() {
+		if r.Rule == "r1" && r.Remaining != 1 {
+			t.Errorf("r1 reports %d remaining, want 1: it was charged for a request r0 rejected", r.Remaining)
+		}
+	}
+}
+
+// A rule with thousands of overrides of distinct limits, and tiers, loads
+// and decides each identity under its own limits, and a change of one
+// override converts only what changed. (Entries record the generation and
+// tier they were written under, not one tag per override: the tags of a
+// rule do not run out with its overrides.)
+func TestManyOverrides(t *testing.T) {
+	rules := func(extra int) string {
+		var b strings.Builder
+		b.WriteString("    limit: 5\n    window: 1m\n    tiers:\n      - {name: gold, limit: 50}\n    overrides:\n")
+		for i := range 5000 {
+			fmt.Fprintf(&b, "      - {identity: u%d, limit: %d, burst: %d}\n", i, 10+i+extra, 10+i+extra)
+		}
+		return b.String()
+	}
+	n, clk := ruleNode(t, rules(0))
+	if got := admit(n, "u3", "", 20); got != 13 {
+		t.Errorf("u3 (override 13/min burst 13): %d of 20 admitted, want 13", got)
+	}
+	if got := admit(n, "u4", "gold", 20); got != 14 {
+		t.Errorf("u4 in tier gold: %d of 20 admitted, want 14 (its override's limit)", got)
+	}
+	clk.Advance(time.Second)
+	setRules(t, n, rules(1))
+	// 13 spent less 13/60 earned back in the second, under 14/min burst
+	// 14: 1.2 tokens.
+	if got := admit(n, "u3", "", 20); got != 1 {
+		t.Errorf("u3, its override raised from 13 to 14 a second after spending 13: %d admitted, want 1", got)
 	}
 }

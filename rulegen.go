@@ -1,6 +1,7 @@
 package weir
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -76,25 +77,25 @@ func (p *params) horizon() int64 {
 	return 2*h + int64(time.Minute)
 }
 
-// tagRec is one tag of a rule: the parameters entries under it were written
-// with, and the generation it belongs to.
+// tagRec is one tag of a rule: the generation entries under it were
+// written in and the tier they were written under. The parameters of an
+// entry follow from these and its identity (genRec.params).
 type tagRec struct {
 	tag  uint16
 	gen  int    // the generation's number
-	tier string // the tier it is for; "" for the rule and its overrides
-	p    *params
+	tier string // the tier it is for, one of the generation's; "" for none
 }
 
 // genRec is one generation of a rule.
 type genRec struct {
-	at        int64 // when it was installed, ns
-	maxH      int64 // the longest horizon of its tags
-	window    time.Duration
-	alg       quota.Algorithm
-	base      *tagRec
-	overrides map[ident]*tagRec  // by identity and key-chain source
-	tiers     map[string]*tagRec // by name
-	tags      []*tagRec          // all of the above, once each
+	at     int64 // when it was installed, ns
+	maxH   int64 // the longest horizon of its variants
+	window time.Duration
+	alg    quota.Algorithm
+	v      *variants          // the parameters of each variant
+	base   *tagRec            // the tag of identities under no tier (or one the rule does not name)
+	tiers  map[string]*tagRec // the tag of each tier, by name
+	tags   []*tagRec          // all of the above, once each
 	// deadline is the instant after which no entry written under this
 	// generation can be live, even converted through the later ones (a
 	// lengthened window keeps a converted entry live longer than its own
@@ -103,13 +104,8 @@ type genRec struct {
 	deadline int64
 }
 
-// variant returns the tag an identity under tier is decided with in g, as
-// crule.specFor picks its limits: its override, else its tier, else the
-// rule's own.
-func (g *genRec) variant(identity ident, tier string) *tagRec {
-	if r, ok := g.overrides[identity]; ok {
-		return r
-	}
+// tagFor returns the tag of identities under tier in g.
+func (g *genRec) tagFor(tier string) *tagRec {
 	if r, ok := g.tiers[tier]; ok && tier != "" {
 		return r
 	}
@@ -240,27 +236,74 @@ type ident struct {
 	src int
 }
 
+// identTier is an overridden identity under one of the rule's tiers.
+type identTier struct {
+	id   ident
+	tier string
+}
+
 // variants are the parameters of one rule's variants in a new install.
 type variants struct {
 	base      *params
 	overrides map[ident]*params
 	tiers     map[string]*params
+	// overTiers holds an override's parameters under each tier: a field
+	// the override leaves out is the tier's.
+	overTiers map[identTier]*params
+}
+
+// params returns the parameters an identity under tier is decided with, as
+// crule.specFor picks its limits: its override (whose missing fields are
+// its tier's, else the rule's), else its tier, else the rule's own.
+func (v *variants) params(id ident, tier string) *params {
+	if tier != "" {
+		if p, ok := v.overTiers[identTier{id, tier}]; ok {
+			return p
+		}
+	}
+	if p, ok := v.overrides[id]; ok {
+		return p
+	}
+	if tier != "" {
+		if p, ok := v.tiers[tier]; ok {
+			return p
+		}
+	}
+	return v.base
+}
+
+// all calls f with the parameters of every variant, in no set order.
+func (v *variants) all(f func(*params)) {
+	f(v.base)
+	for _, p := range v.overrides {
+		f(p)
+	}
+	for _, p := range v.tiers {
+		f(p)
+	}
+	for _, p := range v.overTiers {
+		f(p)
+	}
 }
 
 // sameAs reports whether v equals the variants of generation g.
 func (v *variants) sameAs(g *genRec) bool {
-	if !v.base.same(g.base.p) || len(v.overrides) != len(g.overrides) || len(v.tiers) != len(g.tiers) {
+	w := g.v
+	if !v.base.same(w.base) || len(v.overrides) != len(w.overrides) || len(v.tiers) != len(w.tiers) || len(v.overTiers) != len(w.overTiers) {
 		return false
 	}
 	for id, p := range v.overrides {
-		r, ok := g.overrides[id]
-		if !ok || !p.same(r.p) {
+		if q, ok := w.overrides[id]; !ok || !p.same(q) {
 			return false
 		}
 	}
 	for name, p := range v.tiers {
-		r, ok := g.tiers[name]
-		if !ok || !p.same(r.p) {
+		if q, ok := w.tiers[name]; !ok || !p.same(q) {
+			return false
+		}
+	}
+	for k, p := range v.overTiers {
+		if q, ok := w.overTiers[k]; !ok || !p.same(q) {
 			return false
 		}
 	}
@@ -282,7 +325,7 @@ func advance(hs bucket.Hasher, old *ruleHist, id string, v *variants, penalty bo
 	fresh := func(inc, penaltyInc int) *ruleHist {
 		h := &ruleHist{id: id, incarnation: inc, salt: ruleSalt(hs, id, inc), tags: &tagTable{next: 1}, penalty: penalty, penaltyInc: penaltyInc}
 		if !h.addGen(v, now) {
-			panic("weir: a new rule history has no room for its tags") // NewSet caps overrides and tiers well below 4 095
+			panic("weir: a new rule history has no room for its tags") // a generation takes 1 + tiers tags, and NewSet caps tiers at quota.MaxTiers
 		}
 		return h
 	}
@@ -320,49 +363,36 @@ func (h *ruleHist) prune(now int64) {
 }
 
 // addGen appends a generation of variants v installed at now, allocating
-// its tags, updates the earlier generations' deadlines, and recomputes
-// migrateUntil. It reports false if the tags ran out (h is then unusable).
+// its tags (one for identities under no tier, one per tier: the tags of a
+// generation do not grow with its overrides), updates the earlier
+// generations' deadlines, and recomputes migrateUntil. It reports false if
+// the tags ran out (h is then unusable).
 func (h *ruleHist) addGen(v *variants, now int64) bool {
 	num := h.first + len(h.gens)
-	g := &genRec{at: now, alg: v.base.alg, deadline: math.MaxInt64}
-	var shared []*tagRec // the rule's and its overrides' tags, by parameters
-	get := func(p *params, tier string) *tagRec {
-		if tier == "" {
-			for _, r := range shared {
-				if r.p.same(p) {
-					return r
-				}
-			}
-		}
+	g := &genRec{at: now, alg: v.base.alg, v: v, deadline: math.MaxInt64}
+	v.all(func(p *params) {
+		g.maxH = max(g.maxH, p.horizon())
+		g.window = max(g.window, p.window)
+	})
+	get := func(tier string) *tagRec {
 		t, ok := h.tags.free()
 		if !ok {
 			return nil
 		}
-		r := &tagRec{tag: t, gen: num, tier: tier, p: p}
+		r := &tagRec{tag: t, gen: num, tier: tier}
 		h.tags.set(t, r)
 		g.tags = append(g.tags, r)
-		g.maxH = max(g.maxH, p.horizon())
-		g.window = max(g.window, p.window)
-		if tier == "" {
-			shared = append(shared, r)
-		}
 		return r
 	}
-	if g.base = get(v.base, ""); g.base == nil {
+	if g.base = get(""); g.base == nil {
 		return false
-	}
-	if len(v.overrides) > 0 {
-		g.overrides = make(map[ident]*tagRec, len(v.overrides))
-		for id, p := range v.overrides {
-			if g.overrides[id] = get(p, ""); g.overrides[id] == nil {
-				return false
-			}
-		}
 	}
 	if len(v.tiers) > 0 {
 		g.tiers = make(map[string]*tagRec, len(v.tiers))
-		for name, p := range v.tiers {
-			if g.tiers[name] = get(p, name); g.tiers[name] == nil {
+		// In name order, so that tags are allocated the same way on
+		// every install of the same rules.
+		for _, name := range slices.Sorted(maps.Keys(v.tiers)) {
+			if g.tiers[name] = get(name); g.tiers[name] == nil {
 				return false
 			}
 		}
@@ -465,6 +495,9 @@ func (p *params) booked(k, at int64) anyState {
 // convertState carries s, a state under from, over to the parameters to at
 // the instant at (docs/rules.md, "When a rule changes").
 func convertState(from, to *params, s *anyState, at int64) {
+	if from == to || from.same(to) {
+		return
+	}
 	if from.alg != to.alg {
 		var k int64
 		if from.alg != quota.AlgorithmConcurrency && to.alg != quota.AlgorithmConcurrency {
@@ -491,28 +524,32 @@ func convertState(from, to *params, s *anyState, at int64) {
 
 // carry converts s, written under tag from, to want for identity at now:
 // through each later generation at the instant it was installed (the
-// identity keeping its override, or the tier it was under, else the rule's
-// own limits), then, if the variant that applies now is another one, at
-// now. It reports false, leaving s alone, when from is not a tag of h of
-// s's algorithm (a tag written under a newer history than h, by a decision
-// racing an install, or one pruned because every entry of it is idle).
-func (h *ruleHist) carry(from uint16, s *anyState, identity ident, want *tagRec, now int64) bool {
+// identity keeping its override and the tier it was written under, where
+// the generation has them, else the rule's own limits), then, if the
+// variant that applies now has other parameters, at now. It reports false,
+// leaving s alone, when from is not a tag of h of s's algorithm (a tag
+// written under a newer history than h, by a decision racing an install, or
+// one pruned because every entry of it is idle).
+func (h *ruleHist) carry(from uint16, s *anyState, identity ident, want *params, now int64) bool {
 	r := h.tags.get(from)
-	if r == nil || r.p.alg != s.alg || r.gen > h.first+len(h.gens)-1 {
+	if r == nil {
 		return false
 	}
-	for g := r.gen + 1; ; g++ {
-		gr := h.gen(g)
+	g := h.gen(r.gen)
+	if g == nil || g.alg != s.alg {
+		return false
+	}
+	p := g.v.params(identity, r.tier)
+	for n := r.gen + 1; ; n++ {
+		gr := h.gen(n)
 		if gr == nil || gr.at > now {
 			break
 		}
-		next := gr.variant(identity, r.tier)
-		convertState(r.p, next.p, s, gr.at)
-		r = next
+		next := gr.v.params(identity, r.tier)
+		convertState(p, next, s, gr.at)
+		p = next
 	}
-	if r != want {
-		convertState(r.p, want.p, s, now)
-	}
+	convertState(p, want, s, now)
 	return true
 }
 
@@ -523,12 +560,18 @@ func (n *Node) bindHistory(c *crule, now int64) {
 	if hs.rules == nil {
 		hs.rules, hs.seen = map[string]*ruleHist{}, map[string]bool{}
 	}
-	v := variants{base: c.base.p}
+	v := &variants{base: c.base.p}
 	if len(c.overrides) > 0 {
 		v.overrides = make(map[ident]*params)
 		for src, m := range c.overrides {
-			for id, s := range m {
-				v.overrides[ident{id, src}] = s.p
+			for id, o := range m {
+				v.overrides[ident{id, src}] = o.p
+				for i, s := range o.tiers {
+					if v.overTiers == nil {
+						v.overTiers = make(map[identTier]*params)
+					}
+					v.overTiers[identTier{ident{id, src}, c.r.Tiers[i].Name}] = s.p
+				}
 			}
 		}
 	}
@@ -539,7 +582,7 @@ func (n *Node) bindHistory(c *crule, now int64) {
 		}
 	}
 	old := hs.rules[c.r.ID]
-	h, ok := advance(n.hasher, old, c.r.ID, &v, c.r.Penalty != nil, now, old != nil && !hs.seen[c.r.ID])
+	h, ok := advance(n.hasher, old, c.r.ID, v, c.r.Penalty != nil, now, old != nil && !hs.seen[c.r.ID])
 	if !ok {
 		n.log.Warn("rule changed too often within its identities' horizon: its identities start afresh",
 			"rule", c.r.ID, "generations", maxGens)
@@ -547,14 +590,17 @@ func (n *Node) bindHistory(c *crule, now int64) {
 	hs.rules[c.r.ID] = h
 	c.hist, c.salt = h, h.salt
 	g := h.cur()
-	c.base.lim.bind(g.base, h)
-	for src, m := range c.overrides {
-		for id, s := range m {
-			s.lim.bind(g.overrides[ident{id, src}], h)
+	c.base.lim.bind(g.base, h, c.base.p)
+	for _, m := range c.overrides {
+		for _, o := range m {
+			o.lim.bind(g.base, h, o.p)
+			for i, s := range o.tiers {
+				s.lim.bind(g.tagFor(c.r.Tiers[i].Name), h, s.p)
+			}
 		}
 	}
 	for name, s := range c.tiers {
-		s.lim.bind(g.tiers[name], h)
+		s.lim.bind(g.tagFor(name), h, s.p)
 	}
 }
 

@@ -20,8 +20,9 @@ type limiter interface {
 	// peek reports what take would decide for cost, changing nothing a
 	// decision can observe.
 	peek(key uint64, id ident, now, cost int64) bucket.Decision
-	// bind sets the tag entries are written under, in rule history h.
-	bind(rec *tagRec, h *ruleHist)
+	// bind sets the tag entries are written under, in rule history h, and
+	// the parameters p they are written with.
+	bind(rec *tagRec, h *ruleHist, p *params)
 }
 
 // releaser is implemented by limiters whose admissions must be given back
@@ -30,15 +31,17 @@ type releaser interface {
 	release(key uint64, now, cost int64)
 }
 
-// tagging is a limiter's tag and the rule history that defines it.
+// tagging is a limiter's tag, the rule history that defines it and the
+// parameters the limiter decides with.
 type tagging struct {
 	rec          *tagRec
 	h            *ruleHist
+	p            *params
 	migrateUntil int64 // h.migrateUntil, kept beside the limiter's parameters
 }
 
-func (t *tagging) bind(rec *tagRec, h *ruleHist) {
-	t.rec, t.h, t.migrateUntil = rec, h, h.migrateUntil
+func (t *tagging) bind(rec *tagRec, h *ruleHist, p *params) {
+	t.rec, t.h, t.p, t.migrateUntil = rec, h, p, h.migrateUntil
 }
 
 // storeLimiter binds a stepper to a store. peekFn decides on a copy of the
@@ -55,7 +58,7 @@ type storeLimiter[S any, P bucket.State[S]] struct {
 
 func (l *storeLimiter[S, P]) take(key uint64, id ident, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, key, id, now)
+		l.s.migrate(l.h, l.rec, l.p, key, id, now)
 	}
 	for range 2 {
 		if d, ok := l.st.ApplyTagged(key, l.rec.tag, now, l.alg, cost); ok {
@@ -71,9 +74,9 @@ func (l *storeLimiter[S, P]) take(key uint64, id ident, now, cost int64) bucket.
 // retag converts p's entry, if it is of another tag, to the limiter's.
 func (l *storeLimiter[S, P]) retag(key uint64, id ident, now int64) {
 	l.st.Retag(key, l.rec.tag, now, func(from uint16, s *S) bool {
-		a := anyState{alg: l.rec.p.alg}
+		a := anyState{alg: l.p.alg}
 		*l.field(&a) = *s
-		if l.h.carry(from, &a, id, l.rec, now) {
+		if l.h.carry(from, &a, id, l.p, now) {
 			*s = *l.field(&a)
 		}
 		return true // an unknown tag is adopted as it is
@@ -83,7 +86,7 @@ func (l *storeLimiter[S, P]) retag(key uint64, id ident, now int64) {
 // ready converts p's entry for a look.
 func (l *storeLimiter[S, P]) ready(key uint64, id ident, now int64) {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, key, id, now)
+		l.s.migrate(l.h, l.rec, l.p, key, id, now)
 	}
 	if _, tag, ok := l.st.PeekTagged(key, now); ok && tag != l.rec.tag {
 		l.retag(key, id, now)
@@ -111,7 +114,7 @@ type gcraLimiter struct {
 
 func (l *gcraLimiter) take(key uint64, id ident, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, key, id, now)
+		l.s.migrate(l.h, l.rec, l.p, key, id, now)
 	}
 	v, ok := l.st.AllowTagged(key, l.rec.tag, now, &l.g, cost)
 	if !ok {
@@ -133,7 +136,7 @@ func (l *gcraLimiter) takeSlow(key uint64, id ident, now, cost int64) bucket.Ver
 func (l *gcraLimiter) retag(key uint64, id ident, now int64) {
 	l.st.Retag(key, l.rec.tag, now, func(from uint16, tat bucket.TAT) (bucket.TAT, bool) {
 		a := anyState{alg: quota.AlgorithmGCRA, tat: tat}
-		if l.h.carry(from, &a, id, l.rec, now) {
+		if l.h.carry(from, &a, id, l.p, now) {
 			return a.tat, true
 		}
 		return tat, true // an unknown tag is adopted as it is
@@ -142,7 +145,7 @@ func (l *gcraLimiter) retag(key uint64, id ident, now int64) {
 
 func (l *gcraLimiter) peek(key uint64, id ident, now, cost int64) bucket.Decision {
 	if now < l.migrateUntil {
-		l.s.migrate(l.h, l.rec, key, id, now)
+		l.s.migrate(l.h, l.rec, l.p, key, id, now)
 	}
 	tat, tag, ok := l.st.PeekTagged(key, now)
 	if ok && tag != l.rec.tag {
@@ -356,13 +359,13 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 // (rulegen.go) and puts it where the new algorithm reads it. Decisions on
 // one key are serialized here while a migration may be pending, so no two
 // take the same entry's spend or decide between its take and its put.
-func (s *stores) migrate(h *ruleHist, want *tagRec, key uint64, id ident, now int64) {
+func (s *stores) migrate(h *ruleHist, want *tagRec, wantP *params, key uint64, id ident, now int64) {
 	mu := &s.migrating[key%uint64(len(s.migrating))]
 	mu.Lock()
 	defer mu.Unlock()
 	for _, alg := range h.otherAlgs {
 		a, tag, ok := s.take(alg, key, now)
-		if !ok || !h.carry(tag, &a, id, want, now) || s.present(want.p.alg, key, now) {
+		if !ok || !h.carry(tag, &a, id, wantP, now) || s.present(wantP.alg, key, now) {
 			continue // nothing there, of a forgotten tag, or already carried
 		}
 		s.put(want.tag, key, now, &a)

@@ -357,11 +357,16 @@ func (st *GCRAStore) Retag(key uint64, tag uint16, now int64, fn func(from uint1
 // otherwise 0 and false. Lock-free unless a rebuild is in progress.
 func (st *GCRAStore) Peek(key uint64, now int64) (TAT, bool) {
 	tat, _, ok := st.PeekTagged(key, now)
-	return tat, ok
+	if !ok || int64(tat) <= now {
+		return 0, false
+	}
+	return tat, true
 }
 
-// PeekTagged is Peek that also returns the tag the entry was written under
-// (see AllowTagged). It converts nothing. Lock-free unless a rebuild is in
+// PeekTagged returns key's TAT, the tag it was written under (see
+// AllowTagged) and true if an entry exists, idle at now or not (converted
+// to another rule, an idle TAT may be live again, as with Store's
+// PeekTagged). It converts nothing. Lock-free unless a rebuild is in
 // progress.
 func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
 	h := keyWord(key)
@@ -378,9 +383,6 @@ func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
 		if k&^tagMask == h {
 			v := e.tat.Load()
 			if v >= 0 {
-				if v <= now {
-					return 0, 0, false
-				}
 				return TAT(v), uint16(k & tagMask), true
 			}
 			if v != tombTAT {
@@ -400,14 +402,15 @@ func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	if v := t.slots[i].tat.Load(); v > now {
-		return TAT(v), uint16(t.slots[i].key.Load() & tagMask), true
+	v := t.slots[i].tat.Load()
+	if v < 0 {
+		return 0, 0, false
 	}
-	return 0, 0, false
+	return TAT(v), uint16(t.slots[i].key.Load() & tagMask), true
 }
 
 // Take removes key's entry and returns its TAT and tag, and true if it was
-// there and not idle at now. Safe for concurrent use.
+// there, idle at now or not (as Store's Take). Safe for concurrent use.
 func (st *GCRAStore) Take(key uint64, now int64) (TAT, uint16, bool) {
 	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
@@ -424,7 +427,7 @@ func (st *GCRAStore) Take(key uint64, now int64) (TAT, uint16, bool) {
 	sh.live--
 	sh.tombs++
 	st.maybeShrink(sh, t, now)
-	if v <= now {
+	if v < 0 {
 		return 0, 0, false
 	}
 	return TAT(v), tag, true

@@ -150,6 +150,10 @@ type Override struct {
 	Source KeySource `json:",omitzero"`
 }
 
+// MaxTiers is the most tiers a rule may have. (A node records in each
+// stored state the tier it was written under, in a tag of a few bits.)
+const MaxTiers = 1000
+
 // Tier gives identities of a named tier (supplied by the caller, e.g. from
 // the customer's plan) their own limits. Limit must be positive; a zero
 // Burst inherits the rule's burst.

@@ -263,6 +263,9 @@ func (v *validator) rule(p string, r *Rule) {
 			v.rate(f+".limit", o.Limit, r.Window, algo)
 		}
 	}
+	if len(r.Tiers) > MaxTiers {
+		v.add(p+".tiers", "%d tiers, at most %d per rule", len(r.Tiers), MaxTiers)
+	}
 	names := make(map[string]int, len(r.Tiers))
 	for j, t := range r.Tiers {
 		f := fmt.Sprintf("%s.tiers[%d]", p, j)
