@@ -3,6 +3,7 @@ package envoyconf
 import (
 	"fmt"
 	"hash/fnv"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -56,6 +57,13 @@ type Limit struct {
 	Blocked bool
 	// Shadow: counted, never rejects.
 	Shadow bool
+	// Domain is the limit's domain; StatsKey its descriptor path as
+	// envoyproxy/ratelimit names it in its stats after the domain:
+	// "key_value.key" for ratelimit.service.rate_limit.<domain>.key_value.key.total_hits
+	// (":" and "|" become "_", and so do the dots of an IPv4 address, as
+	// envoyproxy/ratelimit sanitizes stats names). It names the configured
+	// path, never a request's values.
+	Domain, StatsKey string
 }
 
 // Entry is one entry of a descriptor Envoy sends.
@@ -77,6 +85,7 @@ type Match struct {
 type Config struct {
 	domains map[string]*node
 	rules   []quota.Rule
+	limits  []*Limit // every limit, in file order
 }
 
 type node struct {
@@ -130,7 +139,9 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 				}
 				if rl := ds.RateLimit; rl != nil {
 					lim := &Limit{Name: rl.Name, Replaces: rl.Replaces, Unit: rl.Unit, RequestsPerUnit: rl.RequestsPerUnit,
-						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode}
+						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode,
+						Domain: d.Name, StatsKey: sanitizeStatName(full[1:])}
+					c.limits = append(c.limits, lim)
 					if !lim.Unlimited && !lim.Blocked {
 						lim.RuleID = ruleID(opts.RulePrefix, d.Name, full)
 						where := fmt.Sprintf("%s:%d", d.File, ds.Line)
@@ -217,6 +228,21 @@ func ruleID(prefix, domain, path string) string {
 // Rules returns the weir rules of every limit, sorted by id. The slice is a
 // copy.
 func (c *Config) Rules() []quota.Rule { return append([]quota.Rule(nil), c.rules...) }
+
+// Limits returns every compiled limit (unlimited and blocked ones
+// included), in file order. The slice is a copy; the limits are shared and
+// must not be modified.
+func (c *Config) Limits() []*Limit { return append([]*Limit(nil), c.limits...) }
+
+// sanitizeStatName is envoyproxy/ratelimit's utils.SanitizeStatName: ":"
+// and "|" become "_", and so do the dots inside anything shaped like an
+// IPv4 address.
+func sanitizeStatName(s string) string {
+	s = strings.NewReplacer(":", "_", "|", "_").Replace(s)
+	return ipv4Shape.ReplaceAllStringFunc(s, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
+}
+
+var ipv4Shape = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
 
 // HasDomain reports whether the config has the domain.
 func (c *Config) HasDomain(domain string) bool { _, ok := c.domains[domain]; return ok }

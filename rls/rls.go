@@ -46,7 +46,8 @@ import (
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	node  *weir.Node
-	cfg   atomic.Pointer[envoyconf.Config]
+	cur   atomic.Pointer[served]
+	stats statsTable
 	maxID int
 }
 
@@ -68,7 +69,7 @@ func New(node *weir.Node, cfg *envoyconf.Config, opts ...Option) *Service {
 	for _, o := range opts {
 		o(s)
 	}
-	s.cfg.Store(cfg)
+	s.cur.Store(s.stats.serve(cfg))
 	return s
 }
 
@@ -76,7 +77,7 @@ func New(node *weir.Node, cfg *envoyconf.Config, opts ...Option) *Service {
 // config's rules in the node first (Node.SetRules): a descriptor whose rule
 // the node does not hold fails the call with codes.FailedPrecondition, and
 // Envoy then applies its failure_mode_deny.
-func (s *Service) SetConfig(cfg *envoyconf.Config) { s.cfg.Store(cfg) }
+func (s *Service) SetConfig(cfg *envoyconf.Config) { s.cur.Store(s.stats.serve(cfg)) }
 
 // Register registers the service on a gRPC server.
 func (s *Service) Register(r grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(r, s) }
@@ -103,7 +104,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if len(req.GetDescriptors()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
-	cfg := s.cfg.Load()
+	sv := s.cur.Load()
+	cfg := sv.cfg
 	if cfg == nil { // New(node, nil): no domain is configured
 		cfg = &envoyconf.Config{}
 	}
@@ -133,6 +135,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			st.LimitRemaining = math.MaxUint32
 		case lim.Blocked:
 			st.CurrentLimit = currentLimit(lim)
+			sv.stats[lim].count(0, uint64(cost(req, req.Descriptors[i])), true, lim.Shadow, 0)
 			if !lim.Shadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -158,6 +161,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		st.CurrentLimit = currentLimit(limits[i])
 		st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(r.Reset)
+		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(checks[j].Cost), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(max(r.Remaining, 0)))
 		if !r.Allowed {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT

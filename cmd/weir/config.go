@@ -18,7 +18,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -135,6 +134,16 @@ type EnvoySection struct {
 	Listen string `yaml:"listen"`
 	// Descriptors are the descriptor files, one domain each.
 	Descriptors []string `yaml:"descriptors"`
+	// Directory is a directory of descriptor files, as envoyproxy/ratelimit's
+	// runtime directory: every *.yaml and *.yml in it (dot entries and
+	// subdirectories skipped, symlinks followed), one domain each. It is
+	// watched, and so are the directories of Descriptors: a change (the
+	// Kubernetes ConfigMap "..data" swap included) is served once it
+	// compiles, as after SIGHUP.
+	Directory string `yaml:"directory"`
+	// Poll is how often the descriptor files are read again regardless of
+	// change notifications; zero means 5s, negative disables it.
+	Poll time.Duration `yaml:"poll"`
 	// Mode, OnFailure and Accuracy apply to every imported rule
 	// (envoyconf.Options).
 	Mode      string  `yaml:"mode"`
@@ -581,10 +590,10 @@ func (c *Config) validate() error {
 		}
 	}
 	if e := c.Envoy; e != nil {
-		if len(e.Descriptors) > 0 {
+		if c.servesEnvoy() {
 			sources++
 		} else {
-			bad("envoy.descriptors", "required: at least one descriptor file")
+			bad("envoy.descriptors", "required: at least one descriptor file, or envoy.directory")
 		}
 		addr("envoy.listen", e.Listen)
 		if _, err := c.envoyConfig(); err != nil {
@@ -593,7 +602,7 @@ func (c *Config) validate() error {
 	}
 	switch {
 	case sources == 0:
-		bad("rules", "no rules: set rules.file (or --rules), rules.lease, or envoy.descriptors")
+		bad("rules", "no rules: set rules.file (or --rules), rules.lease, or envoy.descriptors (or envoy.directory)")
 	case sources > 1:
 		bad("rules", "rules.file, rules.lease and envoy.descriptors are exclusive: set one")
 	}
@@ -791,47 +800,6 @@ func parseTokens(s string, out map[string]string) error {
 		}
 	}
 	return nil
-}
-
-// envoyConfig loads and compiles the envoy descriptor files.
-func (c *Config) envoyConfig() (*envoyconf.Config, error) {
-	e := c.Envoy
-	if e == nil || len(e.Descriptors) == 0 {
-		return nil, nil
-	}
-	var domains []*envoyconf.Domain
-	for i, f := range e.Descriptors {
-		if err := regularFile(f); err != nil {
-			return nil, c.errf(fmt.Sprintf("envoy.descriptors[%d]", i), "%v", err)
-		}
-		d, err := envoyconf.LoadFile(f)
-		if err != nil {
-			return nil, c.errf(fmt.Sprintf("envoy.descriptors[%d]", i), "%v", err)
-		}
-		domains = append(domains, d)
-	}
-	opts := envoyconf.Options{Mode: quota.Mode(e.Mode), OnFailure: quota.OnFailure(e.OnFailure), Accuracy: e.Accuracy, FixedWindow: e.FixedWindow}
-	switch e.Mode {
-	case "", "shared", "exact":
-	default:
-		return nil, c.errf("envoy.mode", "want shared or exact, got %q", e.Mode)
-	}
-	switch e.OnFailure {
-	case "", "local", "open", "closed":
-	default:
-		return nil, c.errf("envoy.on_failure", "want local, open or closed, got %q", e.OnFailure)
-	}
-	if e.FixedWindow && e.Mode == "shared" {
-		return nil, c.errf("envoy.fixed_window", "fixed windows are decided in exact mode: drop envoy.mode: shared, or fixed_window")
-	}
-	if e.Accuracy < 0 || e.Accuracy >= 1 {
-		return nil, c.errf("envoy.accuracy", "want a fraction in [0, 1), got %v", e.Accuracy)
-	}
-	cfg, err := envoyconf.Compile(opts, domains...)
-	if err != nil {
-		return nil, c.errf("envoy.descriptors", "%v", err)
-	}
-	return cfg, nil
 }
 
 // serverTLS builds a server's TLS config from files: with a CA, client

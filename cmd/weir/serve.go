@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -62,6 +63,11 @@ type daemon struct {
 	reloadMu sync.Mutex
 	envoy    *envoyconf.Config
 	reloads  *prometheus.CounterVec
+	// inForce is the digest of the descriptor files served; refused that
+	// of the last files refused (each content is reported and counted
+	// once, whichever of SIGHUP, a change or the poll reads it).
+	inForce, refused [sha256.Size]byte
+	watch            *dirWatcher
 
 	stopOnce sync.Once
 	stopErr  error
@@ -115,11 +121,17 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	wc := weir.Config{Registerer: reg, Logger: log, TrustedProxies: cfg.TrustedProxies, MaxKeys: cfg.MaxKeys,
 		RulesFile: cfg.Rules.File}
-	envoyCfg, err := cfg.envoyConfig()
-	if err != nil {
-		return nil, err
-	}
-	if envoyCfg != nil {
+	var envoyCfg *envoyconf.Config
+	if cfg.servesEnvoy() {
+		files, err := cfg.readEnvoyFiles()
+		if err != nil {
+			return nil, err
+		}
+		if envoyCfg, err = cfg.compileEnvoy(files); err != nil {
+			return nil, err
+		}
+		d.inForce = files.digest
+		d.warnSkipped(files)
 		wc.Rules = envoyCfg.Rules()
 	}
 	if g := cfg.Gossip; g != nil {
@@ -208,7 +220,7 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 
 	d.envoy = envoyCfg
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "weir_daemon_reloads_total",
-		Help: "Reloads of the envoy descriptor files (SIGHUP), by result: ok, or error (the files in force stay)."}, []string{"result"})
+		Help: "Reloads of the envoy descriptor files (on SIGHUP, or on a change in their directories), by result: ok, or error (the files in force stay). Each content is counted once; the load at start is not counted."}, []string{"result"})
 	d.reloads.WithLabelValues("ok")
 	d.reloads.WithLabelValues("error")
 	reg.MustRegister(d.reloads)
@@ -216,6 +228,13 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 		d.rlsSrv = grpc.NewServer()
 		d.rls = rls.New(node, envoyCfg)
 		d.rls.Register(d.rlsSrv)
+		reg.MustRegister(d.rls.Collector())
+		if cfg.servesEnvoy() {
+			if d.watch, err = watchDirs(cfg.envoyWatchDirs(), 0, cfg.Envoy.Poll); err != nil {
+				return nil, cfg.errf("envoy.directory", "%v", err)
+			}
+			closers = append(closers, d.watch.Close)
+		}
 		d.servers++
 		go func() { d.served <- d.rlsSrv.Serve(rlsLn) }()
 	}
@@ -237,36 +256,72 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	return d, nil
 }
 
-// reload reads the envoy descriptor files again and, when they compile,
-// serves them: what SIGHUP does. Nothing is half-applied: on any error the
-// files in force stay, the error names the file and field, and it is
-// counted and logged. Rules from rules.file need no signal (the node
-// watches that file); rules from the lease group change through the rules
-// API.
+// reload reads the envoy descriptor files again and, when they changed and
+// compile, serves them: what SIGHUP and a change in their directories do
+// (trigger says which, for the log). Nothing is half-applied: on any error
+// the files in force stay, the error names the file, line and field, and
+// it is counted and logged, once per distinct content (SIGHUP logs it
+// again, uncounted). Files that did not change since they were served are
+// not loaded again. Rules from rules.file need no signal (the node watches
+// that file); rules from the lease group change through the rules API.
 //
 // The switch never leaves a descriptor pointing at a rule the node does not
 // hold: the node first takes the union of the old and new rules, then the
 // service switches to the new descriptors, then the node drops the rules
 // only the old ones used. Limits of a rule that stays keep their buckets.
-func (d *daemon) reload() error {
+func (d *daemon) reload(trigger string) error {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
-	err := d.reloadEnvoy()
-	if err != nil {
-		d.reloads.WithLabelValues("error").Inc()
-		d.log.Error("reload refused: the descriptors in force stay", "err", err)
-		return err
-	}
-	d.reloads.WithLabelValues("ok").Inc()
-	return nil
-}
-
-func (d *daemon) reloadEnvoy() error {
 	if d.envoy == nil || d.rls == nil {
 		d.log.Info("reload: no envoy descriptors to read again (rules.file is watched without a signal)")
 		return nil
 	}
-	next, err := d.cfg.envoyConfig()
+	files, err := d.cfg.readEnvoyFiles()
+	var digest [sha256.Size]byte
+	if err != nil {
+		digest = sha256.Sum256([]byte("read error: " + err.Error()))
+	} else {
+		digest = files.digest
+	}
+	switch digest {
+	case d.inForce:
+		if trigger == "signal" {
+			d.log.Info("reload: the envoy descriptor files are unchanged")
+		}
+		return nil
+	case d.refused:
+		if err == nil {
+			_, err = d.cfg.compileEnvoy(files)
+		}
+		if trigger == "signal" {
+			d.log.Error("reload refused, as before: the descriptors in force stay", "trigger", trigger, "err", err)
+		}
+		return err
+	}
+	if err == nil {
+		err = d.reloadEnvoy(files)
+	}
+	if err != nil {
+		d.refused = digest
+		d.reloads.WithLabelValues("error").Inc()
+		d.log.Error("reload refused: the descriptors in force stay", "trigger", trigger, "err", err)
+		return err
+	}
+	d.inForce, d.refused = digest, [sha256.Size]byte{}
+	d.reloads.WithLabelValues("ok").Inc()
+	return nil
+}
+
+// warnSkipped logs the entries of envoy.directory that are not read.
+func (d *daemon) warnSkipped(files *envoyFiles) {
+	if len(files.skipped) > 0 {
+		d.log.Warn("envoy.directory: entries that are not descriptor files (*.yaml, *.yml) are not read",
+			"directory", d.cfg.Envoy.Directory, "skipped", files.skipped)
+	}
+}
+
+func (d *daemon) reloadEnvoy(files *envoyFiles) error {
+	next, err := d.cfg.compileEnvoy(files)
 	if err != nil {
 		return err
 	}
@@ -294,7 +349,8 @@ func (d *daemon) reloadEnvoy() error {
 		}
 	}
 	d.envoy = next
-	d.log.Info("reloaded the envoy descriptors", "files", len(d.cfg.Envoy.Descriptors), "rules", len(rules),
+	d.warnSkipped(files)
+	d.log.Info("reloaded the envoy descriptors", "files", len(files.files), "rules", len(rules),
 		"rules_version", d.node.Status().RulesVersion)
 	return nil
 }
@@ -353,6 +409,9 @@ func (d *daemon) shutdown() error {
 
 func (d *daemon) stop() error {
 	d.draining.Store(true)
+	if d.watch != nil {
+		d.watch.Close()
+	}
 	drain := d.cfg.Shutdown.Drain
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
@@ -400,6 +459,11 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger, ready func(Addrs)
 		ready(d.addrs)
 	}
 	var failed error
+	var changed <-chan struct{}
+	var watchErrs <-chan error
+	if d.watch != nil {
+		changed, watchErrs = d.watch.Changed(), d.watch.Errors()
+	}
 wait:
 	for {
 		select {
@@ -407,7 +471,11 @@ wait:
 			break wait
 		case s := <-reload:
 			log.Info("signal: reloading the envoy descriptors", "signal", s.String())
-			_ = d.reload() // logged and counted; the old files stay on error
+			_ = d.reload("signal") // logged and counted; the old files stay on error
+		case <-changed:
+			_ = d.reload("change") // the same; nothing happens when the files did not change
+		case err := <-watchErrs:
+			log.Warn("watching the envoy descriptor files failed; they are still read every envoy.poll", "err", err)
 		case failed = <-d.served: // a listener failed: shut the rest down, exit 1
 			d.servers--
 			if failed == nil {
@@ -444,8 +512,9 @@ Runs one weir node: Envoy's rate-limit service (when envoy descriptors are
 configured), the admin API, /metrics, /healthz, /readyz and the status page (/ops/).
 Flags override the config file's fields. SIGTERM or SIGINT shuts it down
 gracefully (exit 0); a second signal exits at once. SIGHUP reads the envoy
-descriptor files again and serves them if they are valid (the rules file is
-watched without a signal).
+descriptor files again and serves them if they are valid; so does a change
+in envoy.directory or in a descriptor file's directory (the rules file is
+watched too).
 
 Flags:
 `
