@@ -36,7 +36,7 @@ import (
 // (SIGKILL) them and restarts the killed ones. Every decision the load makes
 // is recorded; the checks run on the records and on the processes at the end.
 //
-//	WEIR_FAULTS=short go test -run TestFaults -v ./cmd/weir     # one fault of each kind, about 2 minutes
+//	WEIR_FAULTS=short go test -run TestFaults -v ./cmd/weir     # two faults of each kind, about 2 minutes
 //	WEIR_FAULTS=long WEIR_FAULTS_TIME=1h go test -run TestFaults -v -timeout 3h ./cmd/weir
 //
 // WEIR_FAULTS_SEED picks the schedule (default: drawn, and printed).
@@ -58,9 +58,14 @@ const (
 	fKillGateway   = "kill -9 and restart a gateway"
 	fKillVoters    = "kill -9 and restart two voters"
 	fKillLeaderPut = "kill -9 the leader during a rules PUT"
+	fFullDisk      = "fill a voter's disk"
 )
 
-var faultKinds = []string{fPauseGateway, fPauseLeader, fKillGateway, fKillVoters, fKillLeaderPut}
+var faultKinds = []string{fPauseGateway, fPauseLeader, fKillGateway, fKillVoters, fKillLeaderPut, fFullDisk}
+
+// tmpfsVoter is the voter whose data directory is a small tmpfs (when the
+// test runs as root), which fFullDisk fills.
+const tmpfsVoter = "v3"
 
 // window is a span of a process's fault, ns since the run's start: from
 // the signal to the moment it was back (resumed, or restarted and ready).
@@ -109,6 +114,10 @@ type harness struct {
 	puts    []putRec
 	faults  map[string]int
 	faultMu sync.Mutex
+	// tmpfs is the tmpfs data directory of tmpfsVoter; noTmpfs says why
+	// there is none (fFullDisk is then skipped).
+	tmpfs, noTmpfs string
+	diskCrashes    int // fFullDisk faults after which the voter had exited
 }
 
 // putRec is one rules PUT: its sequence number (the rule's limit is
@@ -264,7 +273,7 @@ func (h *harness) setup() {
 	t := h.t
 	label := fmt.Sprintf("weir-faults-%d", os.Getpid())
 	desc := filepath.Join(h.dir, "edge.yaml")
-	if err := os.WriteFile(desc, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 600}\n"), 0o600); err != nil {
+	if err := os.WriteFile(desc, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 60}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	type vaddr struct{ name, raft, rpc, http string }
@@ -277,6 +286,7 @@ func (h *harness) setup() {
 		voterList = append(voterList, fmt.Sprintf("{name: %s, raft: %s, rpc: %s}", v.name, v.raft, v.rpc))
 		rpcs = append(rpcs, v.rpc)
 	}
+	h.mountTmpfs(filepath.Join(h.dir, tmpfsVoter+"-data"))
 	for _, v := range vs {
 		path := filepath.Join(h.dir, v.name+".yaml")
 		body := fmt.Sprintf(`node: {name: %s, region: eu}
@@ -335,6 +345,50 @@ log: {level: warn}
 	}
 	if !h.recovered(60 * time.Second) {
 		t.Fatal("the fleet did not converge within 60s")
+	}
+}
+
+// mountTmpfs mounts a 64 MiB tmpfs on dir, the data directory of
+// tmpfsVoter, when it can (mounting needs root); else it says why in
+// h.noTmpfs.
+func (h *harness) mountTmpfs(dir string) {
+	if os.Geteuid() != 0 {
+		h.noTmpfs = "mounting a tmpfs needs root"
+		return
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64m,mode=0700"); err != nil {
+		h.noTmpfs = fmt.Sprintf("mount -t tmpfs: %v", err)
+		return
+	}
+	h.tmpfs = dir
+	// Registered before the voters start: it runs after they are killed.
+	h.t.Cleanup(func() {
+		if err := syscall.Unmount(dir, 0); err != nil {
+			h.t.Errorf("unmount the voter's tmpfs: %v", err)
+		}
+	})
+}
+
+// fillDisk writes a file into h.tmpfs until the disk is full and returns
+// its path and the bytes written.
+func (h *harness) fillDisk() (string, int64) {
+	path := filepath.Join(h.tmpfs, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		return path, 0 // full already
+	}
+	defer f.Close()
+	chunk := make([]byte, 1<<20)
+	var n int64
+	for {
+		w, err := f.Write(chunk)
+		n += int64(w)
+		if err != nil {
+			return path, n
+		}
 	}
 }
 
@@ -683,6 +737,33 @@ func (h *harness) inject(kind string, rng *rand.Rand) string {
 			ack = "failed: " + rec.err
 		}
 		return fmt.Sprintf("%s %v into a PUT of %s through %s (%s)", l.name, delay, rec.id, g.name, ack)
+	case fFullDisk:
+		v := h.byName(tmpfsVoter)
+		v.mu.Lock()
+		v.expectExit = true // a voter may stop on a full disk: counted, not a violation
+		c := v.cur
+		v.mu.Unlock()
+		from := h.now()
+		path, n := h.fillDisk()
+		hold := time.Duration(2000+rng.IntN(6000)) * time.Millisecond
+		time.Sleep(hold)
+		if err := os.Remove(path); err != nil {
+			h.violation("removing the filler: %v", err)
+		}
+		what := fmt.Sprintf("%s's tmpfs full (%d MiB written) for %v", v.name, n>>20, hold)
+		select {
+		case <-c.done:
+			h.diskCrashes++
+			what += fmt.Sprintf("; it exited (%v), restarted; its log ends: %s", c.err, tail(c.log.String(), 300))
+			h.restart(v, from)
+		default:
+			v.mu.Lock()
+			v.expectExit = false
+			v.mu.Unlock()
+			h.noteWindow(v, from)
+			what += "; it kept running"
+		}
+		return what
 	}
 	panic(kind)
 }
@@ -691,7 +772,7 @@ func (h *harness) inject(kind string, rng *rand.Rand) string {
 func TestFaults(t *testing.T) {
 	mode := os.Getenv("WEIR_FAULTS")
 	if mode == "" {
-		t.Skip("the process fault harness: WEIR_FAULTS=short (one fault of each kind, about 2 minutes) or WEIR_FAULTS=long WEIR_FAULTS_TIME=1h (at most 2h) go test -run TestFaults -v -timeout 3h ./cmd/weir")
+		t.Skip("the process fault harness: WEIR_FAULTS=short (two faults of each kind, about 2 minutes) or WEIR_FAULTS=long WEIR_FAULTS_TIME=1h (at most 2h) go test -run TestFaults -v -timeout 3h ./cmd/weir")
 	}
 	runFor := time.Duration(0)
 	switch mode {
@@ -728,6 +809,9 @@ func TestFaults(t *testing.T) {
 	t.Logf("go build: %v", time.Since(built).Round(time.Millisecond))
 	h.start = time.Now()
 	h.setup()
+	if h.noTmpfs != "" {
+		t.Logf("%s skipped: %s", fFullDisk, h.noTmpfs)
+	}
 	t.Logf("9 processes up in %v: voters %s; gateways %s", time.Since(h.start).Round(time.Millisecond),
 		names(h.voters), names(h.gws))
 
@@ -769,6 +853,9 @@ func TestFaults(t *testing.T) {
 	var count int
 	for round := 0; ; round++ {
 		order := slices.Clone(faultKinds)
+		if h.tmpfs == "" {
+			order = slices.DeleteFunc(order, func(k string) bool { return k == fFullDisk })
+		}
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		for _, kind := range order {
 			f0 := time.Now()
@@ -788,7 +875,7 @@ func TestFaults(t *testing.T) {
 			// has no fault.
 			time.Sleep(took)
 		}
-		if mode == "short" || time.Since(runStart) > runFor {
+		if (mode == "short" && round == 1) || (mode == "long" && time.Since(runStart) > runFor) {
 			break
 		}
 	}
@@ -806,7 +893,7 @@ func TestFaults(t *testing.T) {
 		kinds = append(kinds, fmt.Sprintf("%s: %d", k, h.faults[k]))
 	}
 	h.faultMu.Unlock()
-	t.Logf("run: %v, %d faults (%s), %v of it in faults or recovery", runTime.Round(time.Second), count, strings.Join(kinds, ", "), faultTime.Round(time.Second))
+	t.Logf("run: %v, %d faults (%s), %v of it in faults or recovery; %d full-disk faults ended with the voter exited", runTime.Round(time.Second), count, strings.Join(kinds, ", "), faultTime.Round(time.Second), h.diskCrashes)
 	if len(h.violations) > 0 {
 		t.Logf("%d violations", len(h.violations))
 	}
