@@ -68,6 +68,11 @@ type refState struct {
 	// concurrency: requests in flight, and the epoch their releases belong to.
 	inflight int64
 	epoch    int
+	// written is the state as the Node's store still holds it when a rule
+	// change converted this one and no decision has touched the bucket
+	// since (the Node converts on the next decision): what the key cap
+	// measures the bucket's debt by. nil once a decision has rewritten it.
+	written *refState
 }
 
 func rat(a, b int64) *big.Rat { return big.NewRat(a, b) }
@@ -501,15 +506,12 @@ func (rr *refRule) params(id, tier string) refParams {
 		p.burst = limit
 	}
 	if alg == quota.AlgorithmLeakyBucket {
-		// max_delay is a rule field: its default, (burst−1) × window ÷
-		// limit, is the rule's, for its overrides and tiers too.
+		// max_delay is the rule's when it sets one; its default,
+		// (burst−1) × window ÷ limit, is the identity's: of its override
+		// or tier when it has one.
 		p.maxDelay = int64(r.MaxDelay)
 		if p.maxDelay == 0 {
-			rb := r.Burst
-			if rb == 0 {
-				rb = r.Limit
-			}
-			p.maxDelay = new(big.Int).Div(new(big.Int).Mul(big.NewInt(rb-1), big.NewInt(int64(r.Window))), big.NewInt(r.Limit)).Int64()
+			p.maxDelay = new(big.Int).Div(new(big.Int).Mul(big.NewInt(burst-1), big.NewInt(int64(r.Window))), big.NewInt(limit)).Int64()
 		}
 	}
 	return p
@@ -711,7 +713,11 @@ func (l *refLimiter) install(rules []quota.Rule, now int64) {
 		p := rr.params(k.id, l.tiers[k])
 		cs = l.mayBeEvicted(cs, now) // from the store it was in before the change
 		for i, c := range cs {
-			cs[i] = c.convert(p, now, l.nextEpoch)
+			n := c.convert(p, now, l.nextEpoch)
+			if n != c && n.written == nil {
+				n.written = c
+			}
+			cs[i] = n
 		}
 		l.cands[k] = dedupe(cs, now)
 	}
@@ -779,23 +785,34 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 		src, id := rr.identity(q)
 		k := refKey{rule: rr.r.ID, inc: rr.inc, src: src, id: id}
 		p := rr.params(id, q.tier)
-		cs := l.cands[k]
-		if len(cs) == 0 {
-			cs = []*refState{freshState(p, now, l.nextEpoch())}
-		}
-		cs = l.mayBeEvicted(cs, now) // before a change of variant converts it
-		for j, c := range cs {
-			cs[j] = c.convert(p, now, l.nextEpoch) // the identity's variant may have changed (tier)
-		}
-		l.cands[k] = dedupe(cs, now)
-		cs = l.cands[k]
-		l.tiers[k] = ""
-		if rr.namesTier(q.tier) {
-			l.tiers[k] = q.tier
-		}
 		ro := refRuleOut{rule: rr.r.ID, key: k, shadow: rr.r.Shadow, cost: rr.cost(q.method, q.cost)}
 		if b := l.boxes[k]; b != nil && b.locked(now) {
 			ro.locked = true
+		}
+		cs := l.cands[k]
+		switch {
+		case ro.locked:
+			// The penalty box answers before the bucket, which the request
+			// does not touch: its variant does not change.
+			if len(cs) == 0 {
+				cs = []*refState{freshState(p, now, l.nextEpoch())}
+				l.cands[k] = cs
+			}
+		default:
+			if len(cs) == 0 {
+				cs = []*refState{freshState(p, now, l.nextEpoch())}
+			}
+			cs = l.mayBeEvicted(cs, now) // before a change of variant converts it
+			for j, c := range cs {
+				cs[j] = c.convert(p, now, l.nextEpoch) // the identity's variant may have changed (tier)
+				cs[j].written = nil                    // the decision writes it under the rules in force
+			}
+			l.cands[k] = dedupe(cs, now)
+			cs = l.cands[k]
+			l.tiers[k] = ""
+			if rr.namesTier(q.tier) {
+				l.tiers[k] = q.tier
+			}
 		}
 		for _, c := range cs {
 			v := c.clone().decide(now, ro.cost, true)
@@ -817,8 +834,12 @@ func (l *refLimiter) expect(q *refRequest, now int64) *outcome {
 // before a rule change or a change of variant converts them.
 func (l *refLimiter) mayBeEvicted(cs []*refState, now int64) []*refState {
 	for _, c := range cs {
-		flood := l.floodDebt[storeOf(c.p.alg)]
-		if flood == nil || c.debt(now).Cmp(flood) > 0 {
+		w := c
+		if c.written != nil {
+			w = c.written // as the store holds it, under the limits it was written with
+		}
+		flood := l.floodDebt[storeOf(w.p.alg)]
+		if flood == nil || w.debt(now).Cmp(flood) > 0 {
 			continue
 		}
 		fresh := freshState(c.p, now, cs[0].epoch)

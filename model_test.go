@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -191,7 +192,7 @@ type fataler interface {
 func newModelMachine(tb fataler, cfg modelConfig, rules []quota.Rule, seed uint64,
 	fail, logf func(string, ...any)) *modelMachine {
 	m := &modelMachine{cfg: cfg, clk: newFakeClock(), ref: newRefLimiter(), fail: fail, logf: logf}
-	wc := weir.Config{Clock: m.clk.Now, HashSeed: seed,
+	wc := weir.Config{Clock: m.clk.Now, HashSeed: seed, Logger: slog.New(slog.DiscardHandler), // refused reloads are expected
 		UserFunc: func(r *http.Request) string { return r.Header.Get("X-Model-User") },
 		TierFunc: func(r *http.Request) string { return r.Header.Get("X-Model-Tier") }}
 	if cfg.rotate {

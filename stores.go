@@ -322,10 +322,7 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 		out.lim = &logLimiter{storeLimiter: storeLimiter[bucket.SlidingLogState, *bucket.SlidingLogState]{s: s, st: s.log, alg: &f,
 			field: func(a *anyState) *bucket.SlidingLogState { return &a.log }}, log: &f}
 	case quota.AlgorithmLeakyBucket:
-		maxDelay := r.MaxDelay
-		if maxDelay == 0 {
-			maxDelay = time.Duration(burst-1) * (r.Window / time.Duration(limit))
-		}
+		maxDelay := r.QueueDelay(limit, burst)
 		f, err := bucket.NewLeaky(limit, r.Window, maxDelay)
 		if err != nil {
 			return out, err

@@ -366,8 +366,9 @@ func TestNormalizeDefaults(t *testing.T) {
 		t.Errorf("gcra defaults: %+v", g)
 	}
 	lb := s.Rule(1)
-	if lb.Mode != ModeLocal || lb.MaxDelay != 400*time.Millisecond {
-		t.Errorf("leaky defaults: mode %s max delay %s", lb.Mode, lb.MaxDelay)
+	if lb.Mode != ModeLocal || lb.MaxDelay != 0 || lb.QueueDelay(lb.Limit, lb.Burst) != 400*time.Millisecond ||
+		lb.QueueDelay(20, 5) != 200*time.Millisecond {
+		t.Errorf("leaky defaults: mode %s max delay %s, queue delay %s", lb.Mode, lb.MaxDelay, lb.QueueDelay(lb.Limit, lb.Burst))
 	}
 	tb := s.Rule(2)
 	if tb.Algorithm != AlgorithmGCRA || tb.Match.Prefix != "/a" || tb.Penalty.Within != time.Minute {

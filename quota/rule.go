@@ -413,6 +413,18 @@ func (r Rule) resolveLimits(ov *Override, tr *Tier) (limit, burst int64) {
 	return limit, burst
 }
 
+// QueueDelay returns the longest a request may queue under a leaky_bucket
+// rule r for an identity decided at the given limit and burst (the rule's
+// own, or an override's or tier's): MaxDelay when the rule sets it, else
+// (burst−1) × window ÷ limit, so an override or tier that raises the burst
+// lengthens its identities' queue.
+func (r *Rule) QueueDelay(limit, burst int64) time.Duration {
+	if r.MaxDelay > 0 {
+		return r.MaxDelay
+	}
+	return defaultMaxDelay(burst, limit, r.Window)
+}
+
 // defaultMaxDelay returns (burst-1) × window/limit, saturating at the
 // largest Duration. limit and burst must be positive.
 func defaultMaxDelay(burst, limit int64, window time.Duration) time.Duration {
@@ -457,9 +469,6 @@ func normalize(r Rule) Rule {
 	}
 	if n.Accuracy == 0 {
 		n.Accuracy = DefaultAccuracy
-	}
-	if n.Algorithm == AlgorithmLeakyBucket && n.MaxDelay == 0 {
-		n.MaxDelay = defaultMaxDelay(n.Burst, n.Limit, n.Window)
 	}
 	n.Match = normalizeMatch(r.Match)
 	if len(r.EnforceRegions) > 0 {

@@ -8,10 +8,10 @@ import (
 
 // Set is an immutable, validated, versioned list of rules with a compiled
 // matcher. Rules are normalised: every default is filled in (Burst, Cost,
-// Algorithm, Mode, Scope, OnFailure, Accuracy, Key, MaxDelay for
-// leaky_bucket, Penalty.Within, Sketch's Period, Width and Depth), methods
-// are upper-cased and sorted, header names canonical and prefixes without a
-// trailing "/". A Set is safe for concurrent use; the nil *Set is not
+// Algorithm, Mode, Scope, OnFailure, Accuracy, Key, Penalty.Within,
+// Sketch's Period, Width and Depth; a leaky_bucket rule's MaxDelay stays as
+// given, see Rule.QueueDelay), methods are upper-cased and sorted, header
+// names canonical and prefixes without a trailing "/". A Set is safe for concurrent use; the nil *Set is not
 // usable.
 type Set struct {
 	version uint64
