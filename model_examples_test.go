@@ -3,6 +3,7 @@ package weir_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -178,5 +179,76 @@ func TestModelRuleReaddedStartsEmpty(t *testing.T) {
 	m.setRules([]quota.Rule{rule}, false)
 	if !m.request(modelReq{method: "GET", path: "/", ip: "192.0.2.9"}) || !m.request(q) {
 		t.Error("a re-added rule kept the spend of its earlier incarnation")
+	}
+}
+
+// TestModelLeakyOverrideBurstQueues: a leaky_bucket rule without max_delay
+// takes its default from the identity's own limit and burst (docs/rules.md,
+// Rule.QueueDelay). 1 per second with the default burst queues nothing;
+// an override for key-gold of burst 2 queues one request a second.
+func TestModelLeakyOverrideBurstQueues(t *testing.T) {
+	rule := quota.Rule{ID: "smooth", Algorithm: quota.AlgorithmLeakyBucket, Limit: 1, Window: time.Second,
+		Key:       []quota.KeySource{{Kind: quota.KeyHeader, Name: "X-Api-Key"}},
+		Overrides: []quota.Override{{Identity: "key-gold", Burst: 2}}}
+	m := exampleMachine(t, modelConfig{}, []quota.Rule{rule})
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{{"key-gold", 2}, {"key-free", 1}} {
+		admitted := 0
+		for range 3 {
+			if m.request(modelReq{method: "GET", path: "/", apiKey: tc.key}) {
+				admitted++
+			}
+		}
+		if admitted != tc.want {
+			t.Errorf("%s: %d of 3 requests at one instant admitted, want %d", tc.key, admitted, tc.want)
+		}
+	}
+}
+
+// TestModelLockedRequestKeepsTier: a request turned away by the penalty box
+// does not reach the bucket, so it does not move the identity to its tier
+// (docs/rules.md, overrides and tiers). A global gcra bucket of 4 per 15
+// minutes, burst 2, with a tier gold of 2 per 15 minutes and a penalty
+// after 2 rejections: two requests spend the burst, a third is rejected, a
+// gold one is rejected and boxes the identity, an untiered one is locked
+// out. The bucket is still gold's when, 4 minutes later, an untiered
+// request comes: gold refilled 240/450 of a token, which is less than one
+// token under the rule too, so it is rejected.
+func TestModelLockedRequestKeepsTier(t *testing.T) {
+	rule := gcraRule("plan", 4, 15*time.Minute, 2, quota.KeySource{Kind: quota.KeyGlobal})
+	rule.Tiers = []quota.Tier{{Name: "gold", Limit: 2}}
+	rule.Penalty = &quota.Penalty{After: 2, Within: 10 * time.Second, Base: time.Second, Max: time.Second}
+	m := exampleMachine(t, modelConfig{}, []quota.Rule{rule})
+	q := modelReq{method: "GET", path: "/", ip: "192.0.2.1"}
+	gold := q
+	gold.tier = "gold"
+	got := []bool{m.request(q), m.request(q), m.request(q), m.request(gold), m.request(q)}
+	m.advance(4 * time.Minute)
+	got = append(got, m.request(q))
+	if want := []bool{true, true, false, false, false, false}; !slices.Equal(got, want) {
+		t.Errorf("admissions %v, want %v", got, want)
+	}
+}
+
+// TestModelSlidingLogSpentCarries: a sliding_log's tokens in view carry to
+// a new algorithm whole, even above a lowered limit (docs/rules.md,
+// algorithm). 2 tokens logged under 2 per second, the limit lowered to 1,
+// the rule changed to gcra 60 per second: the bucket has 58 tokens, so the
+// next request leaves 57.
+func TestModelSlidingLogSpentCarries(t *testing.T) {
+	rule := quota.Rule{ID: "api", Algorithm: quota.AlgorithmSlidingLog, Limit: 2, Window: time.Second, Key: []quota.KeySource{keyIP}}
+	m := exampleMachine(t, modelConfig{}, []quota.Rule{rule})
+	q := modelReq{method: "GET", path: "/", ip: "192.0.2.1"}
+	two := q
+	two.cost = 2
+	m.request(two)
+	rule.Limit = 1
+	m.setRules([]quota.Rule{rule}, false)
+	m.setRules([]quota.Rule{gcraRule("api", 60, time.Second, 60, keyIP)}, false)
+	d := m.n.Allow(context.Background(), weir.Request{Method: "GET", Path: "/", ClientIP: "192.0.2.1"})
+	if !d.Allowed || d.Results()[0].Remaining != 57 {
+		t.Errorf("after the change: allowed=%v remaining=%d, want admitted with 57 left", d.Allowed, d.Results()[0].Remaining)
 	}
 }

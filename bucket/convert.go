@@ -196,12 +196,19 @@ func (l SlidingLog) Convert(old SlidingLog, s SlidingLogState, now int64) Slidin
 	return s
 }
 
-// Spent returns the tokens logged in (now − W, now].
+// Spent returns the tokens logged in (now − W, now], all of them even when
+// they are more than Limit (a log converted from a higher limit).
 func (l SlidingLog) Spent(s SlidingLogState, now int64) int64 {
 	if s.Idle(now) {
 		return 0
 	}
-	return max(l.limit-l.Peek(s, now).Remaining, 0)
+	var k int64
+	for i := range s.n {
+		if e := s.ring[(s.head+i)%len(s.ring)]; e.at > now-l.w {
+			k += e.cost
+		}
+	}
+	return k
 }
 
 // Booked returns a fresh log of l holding one admission of k tokens at now,

@@ -162,7 +162,7 @@ func TestSlidingLogConvertMatchesDefinition(t *testing.T) {
 			}
 		}
 		got := l.Convert(old, s, now)
-		if sp := l.Spent(got, now); sp != min(want, l.limit) || got.Total() != want {
+		if sp := l.Spent(got, now); sp != want || got.Total() != want {
 			t.Fatalf("spent %d total %d, want %d", sp, got.Total(), want)
 		}
 	})
