@@ -434,10 +434,7 @@ func (n *Node) clusterRules(e *engine) {
 	var params []cluster.RuleParams
 	add := func(c *crule, spec *limitSpec, suffix string, limit, burst int64, sketch *quota.Sketch) {
 		r := *c.r
-		r.Limit, r.Burst, r.Sketch = limit, burst, sketch
-		if r.Algorithm == quota.AlgorithmLeakyBucket {
-			r.MaxDelay = c.r.QueueDelay(limit, burst)
-		}
+		r.Limit, r.Burst, r.Sketch = limit, burst, sketch // a leaky variant's default max_delay follows them
 		r.ID = c.r.ID + suffix
 		if gp := n.global; gp != nil && suffix == "" && gp.Leases(c.r.ID) {
 			r.Accuracy = gp.slackAccuracy(c.r.Accuracy)

@@ -74,11 +74,11 @@ import (
 func TestModel(t *testing.T) {
 	configs := []modelConfig{
 		{name: "plain", http: true, checks: 100},
-		{name: "rules", setRules: true, checks: 100, open: openRuleChangeDivergences},
+		{name: "rules", setRules: true, checks: 100},
 		{name: "identities", overlap: true, http: true, checks: 100},
 		{name: "keycap", rotate: true, checks: 50},
 		{name: "file", file: true, http: true, checks: 5},
-		{name: "all", setRules: true, file: true, overlap: true, http: true, rotate: true, checks: 10, open: openRuleChangeDivergences},
+		{name: "all", setRules: true, file: true, overlap: true, http: true, rotate: true, checks: 10},
 	}
 	long := os.Getenv("WEIR_MODEL") == "long"
 	total := 10 * time.Minute
@@ -91,9 +91,6 @@ func TestModel(t *testing.T) {
 	}
 	for _, cfg := range configs {
 		t.Run(cfg.name, func(t *testing.T) {
-			if cfg.open != "" && os.Getenv("WEIR_MODEL_OPEN") == "" {
-				t.Skip("known divergences not fixed yet (WEIR_MODEL_OPEN=1 runs it): " + cfg.open)
-			}
 			if !long {
 				withRapidChecks(t, cfg.checks)
 				rapid.Check(t, func(rt *rapid.T) { runModel(rt, cfg) })
@@ -133,12 +130,11 @@ func setFlag(t *testing.T, name, v string) {
 // modelConfig selects the operations of one model run.
 type modelConfig struct {
 	name     string
-	open     string // known divergences: the subtest runs only with WEIR_MODEL_OPEN set
-	setRules bool   // rule changes through SetRules
-	file     bool   // rule changes through a rules-file reload
-	overlap  bool   // identity values shared by headers, users and IPs
-	http     bool   // requests through the middleware too
-	rotate   bool   // key-cap pressure
+	setRules bool // rule changes through SetRules
+	file     bool // rule changes through a rules-file reload
+	overlap  bool // identity values shared by headers, users and IPs
+	http     bool // requests through the middleware too
+	rotate   bool // key-cap pressure
 	checks   int
 }
 
@@ -633,10 +629,3 @@ func (m *modelMachine) heldConcurrency() map[string]bool {
 	}
 	return out
 }
-
-// openRuleChangeDivergences are the divergences the rule-change subtests
-// still find on the Node: until they are fixed those subtests run only
-// with WEIR_MODEL_OPEN=1.
-const openRuleChangeDivergences = "an override that leaves out limit or burst takes the rule's value, not the tier's " +
-	"(TestModelOverrideInheritsTier); a leaky rule converted at a change admits where the reference's queue is full; " +
-	"a user-keyed gcra bucket after a rule change reports one token less than the reference"

@@ -194,8 +194,9 @@ type RuleParams struct {
 	// and the handoff's debt arithmetic apply to the departure unchanged.
 	leaky bool
 	lk    bucket.Leaky
-	// maxDelay is the rule's MaxDelay (ns) as given, which a handoff
-	// names with the other parameters (HandoffItem).
+	// maxDelay is the leaky queue's longest wait (ns; the rule's MaxDelay,
+	// else its default, quota.Rule.QueueDelay), which a handoff names with
+	// the other parameters (HandoffItem).
 	maxDelay int64
 	sk       *countMin // this coordinator's sketch of a gated rule
 	leased   bool      // decided on the owner through CoordinatorConfig.Shares
@@ -224,6 +225,7 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	algo, burst := quota.AlgorithmGCRA, r.Burst
 	var fw bucket.FixedWindow
 	var lk bucket.Leaky
+	var maxDelay time.Duration
 	switch r.Algorithm {
 	case "", quota.AlgorithmGCRA, quota.AlgorithmTokenBucket:
 	case quota.AlgorithmFixedWindow, quota.AlgorithmLeakyBucket:
@@ -235,7 +237,8 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 			fw, err = bucket.NewFixedWindow(r.Limit, r.Window)
 			burst = r.Limit
 		} else {
-			lk, err = bucket.NewLeaky(r.Limit, r.Window, r.MaxDelay)
+			maxDelay = r.QueueDelay(r.Limit, r.Burst)
+			lk, err = bucket.NewLeaky(r.Limit, r.Window, maxDelay)
 			burst = lk.Limit()
 		}
 		if err != nil {
@@ -262,7 +265,7 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
 		Limit: r.Limit, Window: r.Window, Burst: burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme,
 		Algorithm: algo, gcra: g, fixed: algo == quota.AlgorithmFixedWindow, fw: fw, leaky: algo == quota.AlgorithmLeakyBucket, lk: lk,
-		maxDelay: int64(r.MaxDelay)}, nil
+		maxDelay: int64(maxDelay)}, nil
 }
 
 // Slack returns the slack sᵢ every node of a region of n live nodes holds
