@@ -211,9 +211,12 @@ func (g *modelGen) mutate(t *rapid.T, rules []quota.Rule, held map[string]bool) 
 			"override", "tier", "shadow", "penalty", "add", "remove", "maxDelay"}).Draw(t, "change")
 		if what == "add" || len(out) == 0 {
 			ids := []string{"r0", "r1", "r2", "r3"}
-			ids = slices.DeleteFunc(ids, func(id string) bool {
-				return slices.ContainsFunc(out, func(r quota.Rule) bool { return r.ID == id })
-			})
+			// Not one removed by this change: re-added in the same change it
+			// would be the same rule changed in everything, its key too.
+			has := func(rs []quota.Rule, id string) bool {
+				return slices.ContainsFunc(rs, func(r quota.Rule) bool { return r.ID == id })
+			}
+			ids = slices.DeleteFunc(ids, func(id string) bool { return has(out, id) || has(rules, id) })
 			if len(ids) > 0 {
 				out = append(out, g.rule(t, rapid.SampledFrom(ids).Draw(t, "add")))
 			}
