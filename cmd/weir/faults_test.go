@@ -980,6 +980,21 @@ func (h *harness) check(l *load) {
 			}
 		}
 	}
+	// The longest durable answer (or failure) as the caller saw it, inside
+	// a voter's fault window (two voters killed: no quorum) and outside.
+	var durSlowIn, durSlowOut time.Duration
+	for _, r := range l.durable {
+		if r.Return >= h.loadEnd {
+			continue
+		}
+		d := time.Duration(r.Return - r.Call)
+		if excused(voterWindows, r.Call, r.Return, 0) {
+			durSlowIn = max(durSlowIn, d)
+		} else {
+			durSlowOut = max(durSlowOut, d)
+		}
+	}
+	t.Logf("durable: longest answer %v inside a voter's fault window, %v outside (the caller's deadline is 3s)", durSlowIn.Round(time.Millisecond), durSlowOut.Round(time.Millisecond))
 	t.Logf("RLS: %d decisions, %d over limit, %d errors (%d from a process down or just back); first errors %v", rlsN, rlsOver, rlsErr, rlsExcused, l.firstRLSErr)
 	t.Logf("durable: %d decisions (%d admitted, %d rejected, %d failed, %d of them in a voter's fault window or cut off by the end of the run) on %d identities; first error %v",
 		durN, durAdm, durRej, durUnk, durExcused, len(distinctIDs(l.durable)), l.firstDurErr)
