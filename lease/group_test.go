@@ -345,13 +345,15 @@ func TestGroupNoLeader(t *testing.T) {
 	c := &cluster{t: t, rpc: map[string]string{}, nodes: map[string]*Group{}, cfgs: map[string]GroupConfig{}}
 	t.Cleanup(c.closeAll)
 	cfg := c.baseConfig("n1", t.TempDir())
-	// Two voters that never start: nothing listens on these addresses.
-	cfg.Voters = []Voter{{"n1", "127.0.0.1:0"}, {"n2", closedAddr(t)}, {"n3", closedAddr(t)}}
+	// n1 listens first, so that the two closed addresses cannot be its port.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Voters[0].Addr, cfg.RaftListener = l.Addr().String(), l
+	// Two voters that never start: nothing listens on these addresses.
+	down := closedAddrs(t, 2)
+	cfg.Voters = []Voter{{"n1", l.Addr().String()}, {"n2", down[0]}, {"n3", down[1]}}
+	cfg.RaftListener = l
 	c.names = []string{"n1"}
 	g := c.start(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -367,13 +369,26 @@ func TestGroupNoLeader(t *testing.T) {
 
 // closedAddr returns a loopback address nothing listens on.
 func closedAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return closedAddrs(t, 1)[0]
+}
+
+// closedAddrs returns n distinct loopback addresses nothing listens on. The
+// listeners are held open together until all are picked, so the kernel cannot
+// hand the same ephemeral port out twice.
+func closedAddrs(t *testing.T, n int) []string {
+	addrs := make([]string, n)
+	ls := make([]net.Listener, n)
+	for i := range ls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i], addrs[i] = l, l.Addr().String()
 	}
-	a := l.Addr().String()
-	l.Close()
-	return a
+	for _, l := range ls {
+		l.Close()
+	}
+	return addrs
 }
 
 // regionSide is a region's side of the lease on (global, cust) in the
