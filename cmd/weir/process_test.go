@@ -54,16 +54,34 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
+// givenPorts holds every address freePort has handed out in this test
+// process: the kernel may give a port just closed to the next listener, and
+// two processes told the same address would fail as one.
+var givenPorts = struct {
+	sync.Mutex
+	m map[string]bool
+}{m: map[string]bool{}}
+
 // freePort returns a loopback address with a port free a moment ago (for
-// a node that must come back on the same gossip address after a crash).
+// a node that must come back on the same gossip address after a crash),
+// never one it returned before.
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := ln.Addr().String()
+		ln.Close()
+		givenPorts.Lock()
+		seen := givenPorts.m[a]
+		givenPorts.m[a] = true
+		givenPorts.Unlock()
+		if !seen {
+			return a
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // startProc starts `bin serve --config cfg` and waits for its ready line.
