@@ -294,3 +294,15 @@ func IdentityHash(identity string) uint64 { return xxhash.Sum64String(identity) 
 func memberHash(name string) uint64 { return bucket.Splitmix64(xxhash.Sum64String(name) + ringGolden) }
 
 const ringGolden = 0x9E3779B97F4A7C15
+
+// OwnerName returns the name of identity's owner, "" on an empty ring. It
+// makes *Ring an OwnerTable.
+func (r *Ring) OwnerName(identity string) string {
+	m, ok := r.Owner(identity)
+	if !ok {
+		return ""
+	}
+	return m.Name
+}
+
+var _ OwnerTable = (*Ring)(nil)

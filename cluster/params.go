@@ -1,0 +1,169 @@
+package cluster
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+// ShareMode says how an owner decides an identity of a leased rule.
+type ShareMode uint8
+
+// RuleParams is what the coordinator needs of a rule. Build it with
+// NewRuleParams.
+type RuleParams struct {
+	ID        string
+	Version   uint64
+	Mode      quota.Mode
+	OnFailure quota.OnFailure
+	Limit     int64
+	Window    time.Duration
+	Burst     int64
+	Accuracy  float64
+	// Sketch is the rule's sketch gating; the zero value is none.
+	Sketch SketchParams
+	// Scheme is how the rule's slack is spread over the nodes (shared
+	// rules only); NewRuleParams sets DefaultSlackScheme.
+	Scheme SlackScheme
+	// Algorithm is the rule's algorithm: quota.AlgorithmGCRA, or
+	// quota.AlgorithmFixedWindow or quota.AlgorithmLeakyBucket (exact mode
+	// only).
+	Algorithm quota.Algorithm
+	gcra      bucket.GCRA
+	// fixed is true for a fixed_window rule: the owner decides with fw on
+	// the window its entry holds (ownerEntry.count), not with gcra, which
+	// then serves only the node side's arithmetic and on_failure.
+	fixed bool
+	fw    bucket.FixedWindow
+	// leaky is true for a leaky_bucket rule: the owner decides with lk on
+	// the queue's departure time, which its entry holds in tat. Its
+	// spacing T equals gcra's (both ⌈window ÷ limit⌉), so gcra's Charge
+	// and the handoff's debt arithmetic apply to the departure unchanged.
+	leaky bool
+	lk    bucket.Leaky
+	// maxDelay is the leaky queue's longest wait (ns; the rule's MaxDelay,
+	// else its default, quota.Rule.QueueDelay), which a handoff names with
+	// the other parameters (HandoffItem).
+	maxDelay int64
+	sk       *countMin // this coordinator's sketch of a gated rule
+	leased   bool      // decided on the owner through CoordinatorConfig.Shares
+	// plain: a gcra rule that is not leased, decided on the owner by
+	// gcra.Step alone (SetRules sets it): ownerStep's one test.
+	plain bool
+	// slackN and slackS cache Slack(slackN) for Coordinator.slack (0: none).
+	slackN int
+	slackS int64
+	// nodesT and ownedT are this rule's tables in the coordinator's
+	// entries and owned (nil: not looked up yet), so that a lookup of a
+	// rule at hand goes straight to them (Coordinator.nodesOf, ownedOf).
+	nodesT *strTable[*nodeEntry]
+	ownedT *strTable[*ownerEntry]
+}
+
+// NewRuleParams builds the coordinator's view of a gcra rule in shared or
+// exact mode, or of a fixed_window or leaky_bucket rule in exact mode (the
+// burst of a fixed_window rule is its limit, the window's capacity; that of
+// a leaky_bucket rule its queue's positions, MaxDelay ÷ T + 1). version is
+// the rule set's version.
+func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
+	if r.Mode != quota.ModeShared && r.Mode != quota.ModeExact {
+		return RuleParams{}, fmt.Errorf("cluster: rule %q: mode %q is not decided by the coordinator", r.ID, r.Mode)
+	}
+	algo, burst := quota.AlgorithmGCRA, r.Burst
+	var fw bucket.FixedWindow
+	var lk bucket.Leaky
+	var maxDelay time.Duration
+	switch r.Algorithm {
+	case "", quota.AlgorithmGCRA, quota.AlgorithmTokenBucket:
+	case quota.AlgorithmFixedWindow, quota.AlgorithmLeakyBucket:
+		if r.Mode != quota.ModeExact {
+			return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %s is decided by the coordinator in mode exact only, not %q", r.ID, r.Algorithm, r.Mode)
+		}
+		var err error
+		if r.Algorithm == quota.AlgorithmFixedWindow {
+			fw, err = bucket.NewFixedWindow(r.Limit, r.Window)
+			burst = r.Limit
+		} else {
+			maxDelay = r.QueueDelay(r.Limit, r.Burst)
+			lk, err = bucket.NewLeaky(r.Limit, r.Window, maxDelay)
+			burst = lk.Limit()
+		}
+		if err != nil {
+			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
+		}
+		algo = r.Algorithm
+	default:
+		return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %q is not decided by the coordinator", r.ID, r.Algorithm)
+	}
+	g, err := bucket.NewGCRA(r.Limit, r.Window, burst)
+	if err != nil {
+		return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
+	}
+	acc := r.Accuracy
+	if acc == 0 {
+		acc = quota.DefaultAccuracy
+	}
+	var sk SketchParams
+	if r.Sketch != nil {
+		if sk, err = newSketchParams(r); err != nil {
+			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
+		}
+	}
+	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
+		Limit: r.Limit, Window: r.Window, Burst: burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme,
+		Algorithm: algo, gcra: g, fixed: algo == quota.AlgorithmFixedWindow, fw: fw, leaky: algo == quota.AlgorithmLeakyBucket, lk: lk,
+		maxDelay: int64(maxDelay)}, nil
+}
+
+// Slack returns the slack sᵢ every node of a region of n live nodes holds
+// without asking: under SlackFixed ⌊a·L ÷ n⌋ tokens (DESIGN.md: S = Σ sᵢ ≤
+// a·L); under SlackDemand the base ⌊P ÷ (2·(n−1))⌋ with P = ⌊a·L⌋ (P when n
+// is 1), to which the owner's grants add (slack.go). It is 0 for exact
+// rules. A slack under one token is 0: every admission beyond it then waits
+// for the owner (or, under SlackDemand, for a grant).
+func (p *RuleParams) Slack(n int) int64 {
+	if p.Mode != quota.ModeShared || n <= 0 {
+		return 0
+	}
+	if p.Scheme == SlackDemand {
+		if n == 1 {
+			return p.Pool()
+		}
+		return p.Pool() / int64(2*(n-1))
+	}
+	return int64(math.Floor(p.Accuracy * float64(p.Limit) / float64(n)))
+}
+
+// convertible reports whether the state of rule o carries over to r by
+// conversion: same algorithm, other parameters, and not decided through
+// leases (whose shares are the lease group's).
+func convertible(o, r *RuleParams) bool {
+	return o.Algorithm == r.Algorithm && !o.leased && !r.leased
+}
+
+// sameState reports whether o and r read a stored state alike.
+func sameState(o, r *RuleParams) bool {
+	return o.gcra == r.gcra && o.fw == r.fw && o.lk == r.lk
+}
+
+// convertTAT carries a TAT (a GCRA bucket's, or a leaky queue's departure)
+// of rule o over to r at now.
+func (r *RuleParams) convertTAT(o *RuleParams, tat bucket.TAT, now int64) bucket.TAT {
+	if r.leaky {
+		return bucket.TAT(r.lk.Convert(o.lk, bucket.Departure(tat), now))
+	}
+	return r.gcra.Convert(o.gcra, tat, now)
+}
+
+// The ShareMode values.
+const (
+	// ShareEnforce decides with the share's bucket.
+	ShareEnforce ShareMode = iota
+	// ShareReject rejects every request the owner decides.
+	ShareReject
+	// ShareAdmit admits every request the owner decides.
+	ShareAdmit
+)
