@@ -9,10 +9,9 @@ import (
 )
 
 // Backlog is what waits for a peer while an exchange with it is in flight:
-// the adapter keeps at most one exchange in flight per peer, and what is due
-// to a busy peer meanwhile joins its Backlog, to leave as the next exchange
-// when the one in flight returns (Shell.send and Shell.run do this, and so
-// does the simulator's model of them in sim/region).
+// Links keeps at most one exchange in flight per peer, and what is due to a
+// busy peer meanwhile joins its Backlog, to leave as the next exchange when
+// the one in flight returns.
 //
 // Syncs are cumulative, so a newer report of an identity's generation
 // replaces the one queued instead of joining it: under overload the backlog

@@ -20,12 +20,11 @@ import (
 
 // Shell is the thin adapter around one node's decision core: it serialises
 // calls into the core, reads the clock, drives Tick with a ticker, sends
-// what Ready returns through a Transport (at once when no exchange is in
-// flight, else in one batch per peer when the exchange in flight returns:
-// see nudge), feeds replies and
-// incoming batches back through Step, hands late decisions to the callers
-// waiting for them, and keeps a circuit breaker per peer. All decisions are
-// made by the core; the Shell only does I/O.
+// what Ready returns through a Transport as the node's Links decide (one
+// exchange in flight per peer, Nagle's sending, a circuit breaker per peer:
+// links.go), feeds replies and incoming batches back through Step, and
+// hands late decisions to the callers waiting for them. All decisions are
+// made by the core and the Links; the Shell only does I/O.
 //
 // The core is sharded: ShellConfig.Shards Coordinators, each with its own
 // mutex, each deciding the identities whose hash falls in its shard, so
@@ -42,18 +41,13 @@ type Shell struct {
 	shards []shard
 	shift  uint // ticket = the shard's ticket << shift | the shard's index
 	ring   atomic.Pointer[Ring]
-	// mu guards breaks and links. It may be held while taking shard
-	// locks, never taken while one is held.
-	mu     sync.Mutex
-	breaks map[string]*breaker
-	links  map[string]*link // per peer: an exchange in flight?, and what waits for the next
+	// mu guards lk, the policy of the exchanges with peers (links.go:
+	// one in flight per peer, Nagle's sending, the breakers). It may be
+	// held while taking shard locks, never taken while one is held.
+	mu sync.Mutex
+	lk *Links
 	// pool keeps the item arrays of messages the Shell is done with.
 	pool msgPool
-	// inflight is the number of busy links, readable without mu; pending
-	// is set when a shard queued work while an exchange was in flight,
-	// for the sender to collect when its exchange returns (see nudge).
-	inflight atomic.Int32
-	pending  atomic.Bool
 
 	flushC chan struct{}
 	stop   chan struct{}
@@ -64,12 +58,6 @@ type Shell struct {
 	// fastRejects counts the view rejections answered from a shard's
 	// reject cache (Stats adds them to ViewRejects).
 	fastRejects atomic.Uint64
-}
-
-// link is the Shell's side of the exchanges with one peer.
-type link struct {
-	busy bool    // an exchange is in flight
-	q    Backlog // what waits for the next exchange while one is in flight
 }
 
 // shard is one Coordinator of a Shell and the callers waiting on it.
@@ -143,12 +131,6 @@ type ShellConfig struct {
 	Hasher bucket.Hasher
 }
 
-// breaker is one peer's circuit breaker.
-type breaker struct {
-	failures int
-	openAt   int64 // 0 when closed
-}
-
 // NewShell starts a Shell around a new Coordinator.
 func NewShell(cfg ShellConfig) (*Shell, error) {
 	if cfg.Coordinator.Self == "" {
@@ -204,8 +186,8 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 		now:    cfg.Clock,
 		shards: make([]shard, cfg.Shards),
 		shift:  uint(bits.TrailingZeros(uint(cfg.Shards))),
-		breaks: map[string]*breaker{},
-		links:  map[string]*link{},
+		lk: NewLinks(LinkConfig{BreakerFailures: cfg.BreakerFailures,
+			BreakerCooldown: cfg.BreakerCooldown, MaxBatch: cfg.MaxBatch}),
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
@@ -250,35 +232,23 @@ func (s *Shell) SetRules(rules []RuleParams) {
 // SetRing installs a new ring (after a membership change).
 func (s *Shell) SetRing(r *Ring) {
 	s.mu.Lock()
-	old := s.ring.Swap(r)
+	s.ring.Store(r)
 	// Every shard's handoffs and its handed-over marker leave together:
 	// a peer takes a marker to mean that all this node's handoffs came
 	// before it, so no shard's may be sent before every shard has queued
 	// its own (all shard locks are held until then).
 	envs := s.withAll(func(now int64, c *Coordinator) { c.SetTable(now, r) })
 	// A member that is back in the ring, or at a new address, is a new
-	// run of that node (a restart): the failures its breaker counted were
-	// the old run's, so its identities stop being decided by on_failure
-	// at once instead of after the cooldown.
-	for peer := range s.breaks {
-		if i := r.IndexOf(peer); i >= 0 {
-			if j := old.IndexOf(peer); j < 0 || old.Member(j).Addr != r.Member(i).Addr {
-				s.peerOK(peer)
-			}
-		}
+	// run of that node: its identities stop being decided by on_failure
+	// at once instead of after the cooldown (Links.SetPeers).
+	for _, peer := range s.lk.SetPeers(r.Members(), nil) {
+		s.peerUp(peer)
 	}
-	// The links of peers gone from the ring go, once idle (a busy one is
-	// dropped when its exchanges end, if its peer is still gone then).
-	for peer, l := range s.links {
-		if !l.busy && r.IndexOf(peer) < 0 {
-			delete(s.links, peer)
-		}
-	}
+	s.kickLocked()
 	s.mu.Unlock()
 	for _, env := range envs {
 		s.send(env)
 	}
-	s.kick()
 }
 
 // withAll locks every shard, calls f on each coordinator at one time, takes
@@ -327,9 +297,9 @@ type outboxes struct {
 	// pool once sent or queued: see Shell.send, Shell.run and
 	// Shell.Handle).
 	pool *msgPool
-	// links, when set, are the Shell's (s.mu is held): a message for a
-	// peer with an exchange in flight joins its Backlog at once.
-	links map[string]*link
+	// lk, when set, is the Shell's (s.mu is held): a message for a peer
+	// with an exchange in flight joins its Backlog at once.
+	lk *Links
 }
 
 // add copies m's items into the message for to (or, with links, into
@@ -339,8 +309,7 @@ type outboxes struct {
 // room for left times m's items (and a quarter more) at once, so that it
 // does not grow by doubling as the others merge in.
 func (o *outboxes) add(to string, m *Message, left int) {
-	if l := o.links[to]; l != nil && l.busy {
-		l.q.Add(m)
+	if o.lk != nil && o.lk.Queue(to, m) {
 		return
 	}
 	for i := range o.envs {
@@ -726,15 +695,10 @@ func (s *Shell) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID,
 		// cached rejection would still reject, but not say when to retry.
 		sh.rej.forget(h, ruleID, identity)
 	}
-	full := sh.coord.Queued() >= s.cfg.MaxBatch
+	queued, ready := sh.coord.Queued(), sh.coord.HasReady()
 	if err != nil || !o.Pending {
-		queued := sh.coord.HasReady()
 		sh.mu.Unlock()
-		if full {
-			s.flush()
-		} else if queued {
-			s.nudge()
-		}
+		s.nudge(false, ready, queued)
 		return o, err
 	}
 	ch, _ := waitPool.Get().(chan Outcome)
@@ -743,11 +707,7 @@ func (s *Shell) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID,
 	}
 	sh.waits[o.Ticket] = ch
 	sh.mu.Unlock()
-	if full {
-		s.flush()
-	} else {
-		s.nudge()
-	}
+	s.nudge(true, ready, queued)
 	select {
 	case out := <-ch:
 		waitPool.Put(ch)
@@ -795,47 +755,52 @@ func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
 	sh.mu.Unlock()
 }
 
-// nudge sends what the shards have queued, Nagle's way: at once when no
-// exchange is in flight (an idle cluster pays one round trip, not a
-// linger: a timer shorter than a millisecond can take a whole one to fire
-// on a VM, which was most of an exact decision's latency at low load),
-// else when an exchange returns, so that what queues meanwhile travels in
-// the next batch and batches grow with the load instead of calls
-// multiplying. The flusher's linger stays as a backstop, so that work for
-// a healthy peer never waits on a slow peer's exchange.
-//
-// pending and inflight are a Dekker pair: nudge stores pending, then
-// loads inflight; a sender stores inflight (one exchange fewer), then
-// loads pending. One of the two sees the other's store, so queued work
-// is never left waiting for the linger.
-func (s *Shell) nudge() {
-	if s.closed.Load() {
+// nudge carries out what Links.Decided makes of a decision that left its
+// shard with pending (the decision waits for a peer), ready
+// (Coordinator.HasReady) and queued (Coordinator.Queued): a flush now, the
+// backstop flush after the linger, or nothing. A decision that left
+// nothing to send (a local admission or rejection) takes no lock:
+// Decided answers NudgeNone to it.
+func (s *Shell) nudge(pending, ready bool, queued int) {
+	if (!pending && !ready) || s.closed.Load() {
 		return // nothing is sent once Close has begun
 	}
-	if !s.pending.Load() {
-		s.pending.Store(true)
+	s.mu.Lock()
+	n := s.lk.Decided(pending, ready, queued)
+	s.mu.Unlock()
+	switch n {
+	case NudgeFlush:
+		s.flush()
+	case NudgeLinger:
+		s.signalFlusher()
 	}
-	if s.inflight.Load() == 0 {
-		if s.pending.Swap(false) {
-			s.flush()
-		}
-		return
-	}
-	s.kick()
 }
 
-// collect flushes when nudge left work pending for a returning exchange.
+// collect flushes when a decision left work pending for a returning
+// exchange (Links.Collect).
 func (s *Shell) collect() {
 	if s.closed.Load() {
 		return
 	}
-	if s.pending.Load() && s.pending.Swap(false) {
+	s.mu.Lock()
+	p := s.lk.Collect()
+	s.mu.Unlock()
+	if p {
 		s.flush()
 	}
 }
 
-// kick asks the flusher to send after the linger.
-func (s *Shell) kick() {
+// kickLocked asks for the backstop flush after the linger, unless one is
+// due already (under s.mu).
+func (s *Shell) kickLocked() {
+	if s.lk.Kick() {
+		s.signalFlusher()
+	}
+}
+
+// signalFlusher wakes the flusher, which flushes after the linger. Links
+// asks for one backstop flush at a time, so the channel has room.
+func (s *Shell) signalFlusher() {
 	select {
 	case s.flushC <- struct{}{}:
 	default:
@@ -929,7 +894,11 @@ func (s *Shell) ticker() {
 				sh.mu.Unlock()
 			}
 			s.mu.Lock()
-			s.retryBreakers(s.now())
+			// Cooled-down breakers are half-open: decisions go to the
+			// peer again, and the next batch to it is the trial.
+			for _, peer := range s.lk.Tick(s.now(), nil) {
+				s.setPeerDown(s.now(), peer, false)
+			}
 			s.mu.Unlock()
 			s.flush()
 		}
@@ -950,6 +919,9 @@ func (s *Shell) flusher() {
 				return
 			case <-t.C:
 			}
+			s.mu.Lock()
+			s.lk.Lingered()
+			s.mu.Unlock()
 			s.flush()
 		}
 	}
@@ -1027,7 +999,7 @@ func (s *Shell) addrOf(name string) string {
 func (s *Shell) flush() {
 	out := outboxes{pool: &s.pool}
 	s.mu.Lock()
-	out.links = s.links
+	out.lk = s.lk
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -1043,26 +1015,15 @@ func (s *Shell) flush() {
 // send exchanges one batch with a peer in its own goroutine and steps the
 // reply back in. Failures feed the peer's breaker.
 func (s *Shell) send(env Envelope) {
-	// One exchange in flight per peer: what is due to a peer while one is
-	// on its way waits and joins the next batch. Under load batches grow
-	// instead of calls multiplying (each call costs a round trip's CPU on
-	// both sides), and one peer's messages are stepped in the order they
-	// were made.
+	// One exchange in flight per peer (Links.Send): what is due to a busy
+	// peer joins its Backlog for the next exchange.
 	s.mu.Lock()
-	l := s.links[env.To]
-	if l == nil {
-		l = &link{}
-		s.links[env.To] = l
-	}
-	if l.busy {
-		l.q.Add(&env.Msg)
-		s.mu.Unlock()
+	start := s.lk.Send(env.To, &env.Msg)
+	s.mu.Unlock()
+	if !start {
 		s.pool.put(&env.Msg) // the Backlog copied the items
 		return
 	}
-	l.busy = true
-	s.inflight.Add(1)
-	s.mu.Unlock()
 	addr := s.addrOf(env.To)
 	s.wg.Add(1)
 	go s.run(env.To, addr, env.Msg)
@@ -1088,22 +1049,22 @@ func (s *Shell) run(to, addr string, msg Message) {
 		// now: this peer's part joins the queue below.
 		s.collect()
 		s.mu.Lock()
-		l := s.links[to]
-		if l.q.Empty() || s.closed.Load() {
-			l.busy = false
-			if s.closed.Load() {
-				delete(s.links, to)
-			} else if r := s.ring.Load(); r != nil && r.IndexOf(to) < 0 {
-				delete(s.links, to) // the peer left the ring
-			}
-			s.inflight.Add(-1)
+		if s.closed.Load() {
+			s.lk.Drop(to)
+			s.mu.Unlock()
+			s.pool.put(&msg)
+			return
+		}
+		// The exchange is over: the transport kept nothing of msg, whose
+		// arrays the next exchange reuses.
+		next, more := s.lk.Next(to, &msg)
+		if !more {
 			s.mu.Unlock()
 			s.pool.put(&msg)
 			s.collect()
 			return
 		}
-		l.q.Reuse(&msg) // the exchange is over: the transport kept nothing
-		msg = l.q.Take()
+		msg = next
 		s.mu.Unlock()
 	}
 }
@@ -1168,12 +1129,16 @@ func (s *Shell) exchange(to, addr string, msg *Message) bool {
 	defer cancel()
 	reply, err := s.cfg.Transport.Exchange(ctx, addr, msg)
 	s.sent.Add(1)
-	s.mu.Lock()
 	if err != nil {
 		s.failed.Add(1)
-		s.peerFailed(s.now(), to, err)
-	} else {
-		s.peerOK(to)
+	}
+	s.mu.Lock()
+	switch s.lk.Outcome(s.now(), to, err == nil) {
+	case BreakerOpened:
+		s.setPeerDown(s.now(), to, true)
+		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", to, "err", err)
+	case BreakerClosed:
+		s.peerUp(to)
 	}
 	s.mu.Unlock()
 	var envs []Envelope
@@ -1189,44 +1154,11 @@ func (s *Shell) exchange(to, addr string, msg *Message) bool {
 	return err == nil
 }
 
-func (s *Shell) peerFailed(now int64, peer string, err error) {
-	b := s.breaks[peer]
-	if b == nil {
-		b = &breaker{}
-		s.breaks[peer] = b
-	}
-	b.failures++
-	if b.failures >= s.cfg.BreakerFailures && b.openAt == 0 {
-		b.openAt = now
-		s.setPeerDown(now, peer, true)
-		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", peer, "err", err)
-	}
-}
-
-func (s *Shell) peerOK(peer string) {
-	b := s.breaks[peer]
-	if b == nil {
-		return
-	}
-	if b.openAt != 0 {
-		s.setPeerDown(0, peer, false)
-		s.log.Info("peer reachable again", "peer", peer)
-	}
-	delete(s.breaks, peer)
-}
-
-// retryBreakers lets a peer whose breaker cooled down be tried again: the
-// next batch to it is the trial (under mu).
-func (s *Shell) retryBreakers(now int64) {
-	for peer, b := range s.breaks {
-		if b.openAt != 0 && now-b.openAt >= int64(s.cfg.BreakerCooldown) {
-			// Half-open: decisions go to the peer again; one more
-			// failure reopens at once.
-			s.setPeerDown(now, peer, false)
-			b.openAt = 0
-			b.failures = s.cfg.BreakerFailures - 1
-		}
-	}
+// peerUp marks a peer whose breaker closed up again in every shard (under
+// s.mu).
+func (s *Shell) peerUp(peer string) {
+	s.setPeerDown(0, peer, false)
+	s.log.Info("peer reachable again", "peer", peer)
 }
 
 // setPeerDown marks peer down or back in every shard (under s.mu). The
@@ -1239,7 +1171,7 @@ func (s *Shell) setPeerDown(now int64, peer string, down bool) {
 		sh.mu.Unlock()
 	}
 	if down {
-		s.kick()
+		s.kickLocked() // the on_failure completions go at the backstop flush
 	}
 }
 

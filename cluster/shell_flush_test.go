@@ -109,13 +109,13 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	onlyC := func(sh *Shell) bool {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		l := sh.links["gw-c"]
-		return l != nil && l.busy && busyLinks(sh) == 1
+		l := sh.lk.links["gw-c"]
+		return l != nil && l.busy && sh.lk.Busy() == 1
 	}
 	idle := func(sh *Shell) bool {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		return busyLinks(sh) == 0
+		return sh.lk.Busy() == 0
 	}
 	c := shells["gw-c"]
 	waitFor(t, func() bool { return onlyC(a) && onlyC(b) && idle(c) })
@@ -176,16 +176,4 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// busyLinks counts the peers sh has an exchange in flight with (under
-// sh.mu).
-func busyLinks(sh *Shell) int {
-	n := 0
-	for _, l := range sh.links {
-		if l.busy {
-			n++
-		}
-	}
-	return n
 }

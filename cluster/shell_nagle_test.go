@@ -60,7 +60,7 @@ func nagleCluster(t *testing.T, delay time.Duration) ([]*testNode, *countingTran
 	for {
 		_, sent0, _ := nodes[0].shell.Stats()
 		_, sent1, _ := nodes[1].shell.Stats()
-		if sent0 >= 1 && sent1 >= 1 && nodes[0].shell.inflight.Load() == 0 && nodes[1].shell.inflight.Load() == 0 {
+		if sent0 >= 1 && sent1 >= 1 && idleLinks(nodes[0].shell) && idleLinks(nodes[1].shell) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -138,4 +138,11 @@ func TestShellBatchesWhileInFlight(t *testing.T) {
 			t.Errorf("%s: %d degraded, %d failed exchanges with no fault", tn.name, st.Degraded, failed)
 		}
 	}
+}
+
+// idleLinks reports whether sh has no exchange in flight.
+func idleLinks(sh *Shell) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.lk.Busy() == 0
 }

@@ -97,8 +97,13 @@ func (v *viewCheck) Fire(s *engine.Sim) {
 	if rg.cfg.Log != nil {
 		fmt.Fprintf(rg.cfg.Log, "%v %s: ring epoch %d, %d members\n", rg.elapsed(), n.name, n.epoch, ring.Len())
 	}
-	// Shell.SetRing: what SetTable queued goes at once, and the flusher
-	// is kicked.
+	// Shell.SetRing: a peer back in the ring is a new run of that node
+	// (Links.SetPeers), what SetTable queued goes at once, and the
+	// flusher is kicked.
+	n.peers = n.lk.SetPeers(ring.Members(), n.peers[:0])
+	for _, peer := range n.peers {
+		n.coord.SetPeerDown(0, peer, false)
+	}
 	n.flush()
 	n.kick()
 }
@@ -137,7 +142,7 @@ var _ cluster.OwnerTable = (*ownerCache)(nil)
 // tableOf is node n's OwnerTable for its view. Nodes whose views hold the
 // same members share one cache of owners: the same members give the same
 // owners.
-func (rg *Region) tableOf(n *node, epoch uint64) cluster.OwnerTable {
+func (rg *Region) tableOf(n *node, epoch uint64) *ownerCache {
 	key := make([]byte, len(n.member))
 	for j, in := range n.member {
 		if in || j == n.id {

@@ -26,35 +26,21 @@ func (p *nagleProbe) Fire(s *engine.Sim) {
 		if !n.up {
 			continue
 		}
-		busy, backlogged := 0, 0
-		for j, b := range n.busy {
-			if b {
-				busy++
-			}
-			if l := n.links[j]; l != nil && !l.q.Empty() {
-				backlogged++
-				if !b {
-					p.fail("%s: a backlog for %s, which is not busy", n.name, p.rg.names[j])
-				}
-			}
-		}
-		if busy != n.inflight {
-			p.fail("%s: inflight %d, %d busy peers", n.name, n.inflight, busy)
-		}
-		if backlogged != n.backlogged {
-			p.fail("%s: backlogged %d, %d backlogs", n.name, n.backlogged, backlogged)
-		}
-		if n.inflight == 0 && n.pending && !n.lingering {
+		st := n.lk.Stats()
+		if st.Busy == 0 && st.Pending && !st.Lingering {
 			p.fail("%s: work pending with no exchange in flight and no backstop", n.name)
 		}
+		if st.Backlogged > st.Busy {
+			p.fail("%s: %d backlogs for %d busy peers", n.name, st.Backlogged, st.Busy)
+		}
 		p.samples++
-		p.busy += busy
-		p.bl += backlogged
-		if n.pending && n.inflight > 0 {
+		p.busy += st.Busy
+		p.bl += st.Backlogged
+		if st.Pending && st.Busy > 0 {
 			p.pendingBehindBusy++
 		}
-		p.maxInflight = max(p.maxInflight, n.inflight)
-		if n.lingering {
+		p.maxInflight = max(p.maxInflight, st.Busy)
+		if st.Lingering {
 			p.lingering++
 		}
 	}

@@ -7,41 +7,36 @@ import (
 	"github.com/weir-dev/weir/sim/engine"
 )
 
-// node is one simulated gateway: the real cluster.Coordinator in an adapter
-// that does, under the virtual clock, what cluster.Shell does with
-// goroutines and sockets:
+// node is one simulated gateway: the real cluster.Coordinator and the
+// real cluster.Links (the policy of the exchanges with peers: one in flight
+// per peer, Nagle's sending, the breakers) in an adapter that does under
+// the virtual clock what cluster.Shell does with goroutines and sockets:
 //
-//   - Sending is Nagle's (Shell.nudge): a Decide that queued something
-//     sends at once when no exchange of this node is in flight (inflight,
-//     the peers with a busy exchange, is 0); otherwise it leaves the work
-//     pending for the next exchange to return, and schedules the linger
-//     flush as a backstop (at most one at a time). Tick runs every tick,
-//     followed by a send.
-//   - At most one exchange is in flight per peer (Shell.send): a message
-//     for a busy peer joins the peer's cluster.Backlog (items appended, a
-//     newer cumulative sync replacing the queued one). When the exchange
-//     returns, by its reply or its call timeout, the node steps the reply
-//     and sends what that readied, collects (flushes if work is pending),
-//     then sends the peer's backlog as the next exchange; once a peer's
-//     exchange returns with nothing queued the peer is no longer busy,
-//     and the node collects once more (Shell.run).
+//   - A decision is followed by what Links.Decided makes of it: a flush
+//     now, or the backstop flush after the linger (nodeFlush), or nothing.
+//     Tick runs every tick, followed by Links.Tick and a flush.
+//   - A flush sends each batch through Links.Send: it starts an exchange,
+//     or joins the busy peer's backlog. When an exchange returns, by its
+//     reply or its call timeout, the node reports its outcome
+//     (Links.Outcome: the breaker), steps the reply and sends what that
+//     readied, collects (Links.Collect), then sends what Links.Next
+//     returns, as Shell.run does.
 //   - An exchange is one request carrying one batched Message: the
 //     receiver Steps it and replies with what its Ready has for the
-//     sender; what its Ready has for others goes through the same
-//     one-per-peer send, as Shell.Handle does.
-//   - A lost request or reply surfaces as a failed exchange at the call
-//     timeout. BreakerFailures failures in a row open the peer's breaker
-//     (SetPeerDown true, and a backstop flush, as Shell.setPeerDown
-//     kicks the flusher); after the cooldown a tick makes it half-open
-//     (one failure reopens it); a success closes it.
-//   - A ring change sends what SetTable queued at once (one per peer as
-//     ever) and schedules a backstop flush (Shell.SetRing); a leave sends
-//     its handoffs and reports outside the one-per-peer rule, and what
+//     sender; what its Ready has for others goes through Links.Send, as
+//     Shell.Handle does.
+//   - A ring change installs the ring's members (Links.SetPeers) and
+//     sends what SetTable queued (Shell.SetRing); a leave sends its
+//     handoffs and reports outside the one-per-peer rule, and what
 //     stepping their replies readies goes as any send (Shell.flushWith).
 //
-// The node's clock is the virtual clock plus its skew. A crash loses the
-// busy peers, their backlogs and the pending flag: a new incarnation starts
-// with none, and exchanges of an old one do not touch its state.
+// What the simulator models rather than ships: the network (latency, loss,
+// partitions: the exchange and Network), the gRPC call timeout (an
+// exchange that cannot return in time fails at its deadline), membership
+// convergence (membership.go) and the clock's skew. The node's clock is
+// the virtual clock plus its skew. A crash loses the links: a new
+// incarnation starts with none, and exchanges of an old one do not touch
+// its state.
 type node struct {
 	rg   *Region
 	id   int
@@ -54,27 +49,13 @@ type node struct {
 	coord   *cluster.Coordinator
 	waits   waitQueue
 	rd      cluster.Ready // reused by every Ready of this node (ReadyInto)
-	breaks  []breaker     // by peer id
-	// busy[j] is whether an exchange with peer j is in flight; links[j]
-	// what waits for the next one (made at the first wait: most pairs of
-	// a big region never queue, and busy stays a few cache lines).
-	busy  []bool
-	links []*link
-	// backlogged counts the links whose backlog is not empty: while it is
-	// 0, a returning exchange need not look at its link.
-	backlogged int
-	// inflight counts the peers with an exchange in flight (busy links);
-	// pending is set when a Decide queued work while one was, for the
-	// next exchange to return to collect; lingering when the backstop
-	// flush is scheduled.
-	inflight           int
-	pending, lingering bool
-	tick               *nodeTick
-	flushEv            *nodeFlush
-
-	// unclean counts breakers that are not closed with no failure, open
-	// those open: a reply or a tick with none skips the walk.
-	unclean, open int
+	lk      *cluster.Links
+	// backlogs[j] is what the simulator notes of the items waiting in the
+	// backlog of peer j (made at the first wait).
+	backlogs []*backlogTimes
+	peers    []string // scratch for Links.Tick and Links.SetPeers
+	tick     *nodeTick
+	flushEv  *nodeFlush
 
 	// membership: member[j] is whether j is in this node's view.
 	member []bool
@@ -160,12 +141,12 @@ func (wq *waitQueue) done(w *wait) {
 	}
 }
 
-// link is what waits for a busy peer.
-type link struct {
-	q cluster.Backlog
-	// readyAt is the virtual time of the earliest flush whose items wait
-	// in q (valid while q is not empty); runs gives, in order, how many of
-	// q's results each flush added and when (the owner's decision times).
+// backlogTimes is when the items waiting in a peer's backlog were taken
+// from the coordinator, for the checks: readyAt is the virtual time of the
+// earliest flush whose items wait (valid while the backlog is not empty);
+// runs gives, in order, how many of its results each flush added and when
+// (the owner's decision times).
+type backlogTimes struct {
 	readyAt int64
 	runs    []resultRun
 }
@@ -174,11 +155,6 @@ type link struct {
 type resultRun struct {
 	count int
 	at    int64
-}
-
-type breaker struct {
-	failures int
-	openAt   int64 // node clock; 0 when closed
 }
 
 func (n *node) now() int64 { return n.rg.sim.Now() + n.skew }
@@ -208,14 +184,14 @@ func (n *node) start(view []bool) {
 	n.coord.SetRules(n.now(), []cluster.RuleParams{n.rg.params})
 	n.waits = waitQueue{}
 	n.rd = cluster.Ready{}
-	n.breaks = make([]breaker, len(n.rg.nodes))
-	n.busy = make([]bool, len(n.rg.nodes))
-	n.links = make([]*link, len(n.rg.nodes))
-	n.unclean, n.open = 0, 0
-	n.inflight, n.pending, n.lingering, n.backlogged = 0, false, false, 0
+	n.lk = cluster.NewLinks(cluster.LinkConfig{BreakerFailures: n.rg.cfg.BreakerFailures,
+		BreakerCooldown: n.rg.cfg.BreakerCooldown})
+	n.backlogs = make([]*backlogTimes, len(n.rg.nodes))
 	n.member = view
 	n.epoch = 0
-	n.coord.SetTable(n.now(), n.rg.tableOf(n, n.epoch))
+	t := n.rg.tableOf(n, n.epoch)
+	n.coord.SetTable(n.now(), t)
+	n.lk.SetPeers(t.Members(), nil)
 	n.tick = &nodeTick{n: n, inc: inc}
 	n.flushEv = &nodeFlush{n: n, inc: inc}
 	n.rg.sim.AfterIn(n.rg.tickLane, n.rg.tickPhase(n.id), n.tick)
@@ -229,7 +205,7 @@ func (n *node) stop() {
 	n.addPast()
 	n.up, n.serving = false, false
 	n.coord, n.waits = nil, waitQueue{}
-	n.busy, n.links, n.inflight, n.pending, n.backlogged = nil, nil, 0, false, 0
+	n.lk, n.backlogs = nil, nil
 }
 
 func (n *node) addPast() {
@@ -270,42 +246,35 @@ func (n *node) request(ident int, cost int64) {
 	} else {
 		n.rg.outcome(ident, vnow, &o, cost)
 	}
-	// Shell.DecideAt nudges after a pending decision, and after any other
-	// that queued something.
-	if o.Pending || n.coord.HasReady() {
-		n.nudge()
+	if !o.Pending && !n.coord.HasReady() {
+		return // Links.Decided: nothing to send (the common case, kept cheap)
 	}
-}
-
-// nudge sends what the coordinator has queued, Nagle's way (Shell.nudge):
-// at once when no exchange of this node is in flight, else when one
-// returns (collect), with the linger flush as a backstop.
-func (n *node) nudge() {
-	n.pending = true
-	if n.inflight == 0 {
-		n.pending = false
+	switch n.lk.Decided(o.Pending, true, n.coord.Queued()) {
+	case cluster.NudgeFlush:
 		n.flush()
-		return
+	case cluster.NudgeLinger:
+		n.linger()
 	}
-	n.kick()
 }
 
-// collect flushes when nudge left work pending for a returning exchange
-// (Shell.collect).
+// collect flushes when a decision left work pending for a returning
+// exchange (Links.Collect).
 func (n *node) collect() {
-	if n.pending {
-		n.pending = false
+	if n.lk.Collect() {
 		n.flush()
 	}
 }
 
-// kick schedules the backstop flush after the linger, unless one is
-// scheduled already (Shell.kick and its flusher).
+// kick asks for the backstop flush (Links.Kick), as a ring change or an
+// opened breaker does.
 func (n *node) kick() {
-	if n.lingering {
-		return
+	if n.lk.Kick() {
+		n.linger()
 	}
-	n.lingering = true
+}
+
+// linger schedules the backstop flush after the linger.
+func (n *node) linger() {
 	n.rg.sim.AfterIn(n.rg.flushLane, int64(n.rg.cfg.Linger), n.flushEv)
 }
 
@@ -391,26 +360,24 @@ func (n *node) send(env *cluster.Envelope) {
 		return
 	}
 	now := rg.sim.Now()
-	if n.busy[to] {
-		l := n.links[to]
-		if l == nil {
-			l = &link{}
-			n.links[to] = l
-		}
-		if l.q.Empty() {
-			l.readyAt = now
-			n.backlogged++
-		}
-		if k := len(env.Msg.Results); k > 0 {
-			l.runs = append(l.runs, resultRun{count: k, at: now})
-		}
-		l.q.Add(&env.Msg)
-		n.coord.Recycle(&env.Msg) // the backlog copied the items
+	first := !n.lk.Waiting(env.To)
+	if n.lk.Send(env.To, &env.Msg) {
+		n.exchange(to, &env.Msg, nil, now, false)
 		return
 	}
-	n.busy[to] = true
-	n.inflight++
-	n.exchange(to, &env.Msg, nil, now, false)
+	// Queued in the peer's backlog, which copied the items.
+	bt := n.backlogs[to]
+	if bt == nil {
+		bt = &backlogTimes{}
+		n.backlogs[to] = bt
+	}
+	if first {
+		bt.readyAt = now
+	}
+	if k := len(env.Msg.Results); k > 0 {
+		bt.runs = append(bt.runs, resultRun{count: k, at: now})
+	}
+	n.coord.Recycle(&env.Msg)
 }
 
 // exchange starts one exchange of *msg (copied) with peer to. readyAt is
@@ -438,20 +405,14 @@ func (n *node) exchange(to int, msg *cluster.Message, runs []resultRun, readyAt 
 // backlog as the next exchange, or mark the peer idle and collect again.
 func (n *node) finish(peer int) {
 	n.collect()
-	var l *link
-	if n.backlogged > 0 {
-		l = n.links[peer]
-	}
-	if l == nil || l.q.Empty() {
-		n.busy[peer] = false
-		n.inflight--
+	msg, more := n.lk.Next(n.rg.names[peer], nil)
+	if !more {
 		n.collect()
 		return
 	}
-	msg := l.q.Take()
-	n.backlogged--
-	n.exchange(peer, &msg, l.runs, l.readyAt, false)
-	l.runs = l.runs[:0]
+	bt := n.backlogs[peer]
+	n.exchange(peer, &msg, bt.runs, bt.readyAt, false)
+	bt.runs = bt.runs[:0]
 }
 
 // transmit hands the exchange to the network, from a to b, and arms the
@@ -700,55 +661,31 @@ func (t *exchangeTimer) Fire(*engine.Sim) {
 	n.finish(x.to)
 }
 
+// peerFailed reports a failed exchange with peer to its breaker.
 func (n *node) peerFailed(peer int) {
-	b := &n.breaks[peer]
-	if *b == (breaker{}) {
-		n.unclean++
-	}
-	b.failures++
-	if b.failures >= n.rg.cfg.BreakerFailures && b.openAt == 0 {
-		b.openAt = n.now()
-		n.open++
-		n.coord.SetPeerDown(n.now(), n.rg.names[peer], true)
+	name := n.rg.names[peer]
+	if n.lk.Outcome(n.now(), name, false) == cluster.BreakerOpened {
+		n.coord.SetPeerDown(n.now(), name, true)
 		n.rg.breakerOpens++
 		n.kick() // Shell.setPeerDown: the on_failure completions go at the backstop flush
 	}
 }
 
+// peerOK reports a successful exchange with peer to its breaker.
 func (n *node) peerOK(peer int) {
-	if n.unclean == 0 {
-		return // the common case
+	name := n.rg.names[peer]
+	if n.lk.Outcome(n.now(), name, true) == cluster.BreakerClosed {
+		n.coord.SetPeerDown(0, name, false)
 	}
-	b := &n.breaks[peer]
-	if *b == (breaker{}) {
-		return
-	}
-	if b.openAt != 0 {
-		n.coord.SetPeerDown(0, n.rg.names[peer], false)
-		n.open--
-	}
-	*b = breaker{}
-	n.unclean--
 }
 
-// retryBreakers makes a cooled-down breaker half-open, as Shell does on
-// every tick.
+// retryBreakers makes the cooled-down breakers half-open (Links.Tick), as
+// Shell does on every tick.
 func (n *node) retryBreakers() {
-	if n.open == 0 {
-		return
-	}
 	now := n.now()
-	for peer := range n.breaks {
-		b := &n.breaks[peer]
-		if b.openAt != 0 && now-b.openAt >= int64(n.rg.cfg.BreakerCooldown) {
-			n.coord.SetPeerDown(now, n.rg.names[peer], false)
-			b.openAt = 0
-			b.failures = n.rg.cfg.BreakerFailures - 1
-			n.open--
-			if *b == (breaker{}) {
-				n.unclean--
-			}
-		}
+	n.peers = n.lk.Tick(now, n.peers[:0])
+	for _, peer := range n.peers {
+		n.coord.SetPeerDown(now, peer, false)
 	}
 }
 
@@ -784,9 +721,6 @@ func (f *nodeFlush) Fire(*engine.Sim) {
 	if !n.up || n.inc != f.inc {
 		return
 	}
-	// The Shell's flusher leaves pending as it is: a stale one costs the
-	// next collect an empty flush, or sends early what came without a
-	// nudge.
-	n.lingering = false
+	n.lk.Lingered()
 	n.flush()
 }
