@@ -1,0 +1,354 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// nudge carries out what Links.Decided makes of a decision that left its
+// shard with pending (the decision waits for a peer), ready
+// (Coordinator.HasReady) and queued (Coordinator.Queued): a flush now, the
+// backstop flush after the linger, or nothing. A decision that left
+// nothing to send (a local admission or rejection) takes no lock:
+// Decided answers NudgeNone to it.
+func (s *Shell) nudge(pending, ready bool, queued int) {
+	if (!pending && !ready) || s.closed.Load() {
+		return // nothing is sent once Close has begun
+	}
+	s.mu.Lock()
+	n := s.lk.Decided(pending, ready, queued)
+	s.mu.Unlock()
+	switch n {
+	case NudgeFlush:
+		s.flush()
+	case NudgeLinger:
+		s.signalFlusher()
+	}
+}
+
+// collect flushes when a decision left work pending for a returning
+// exchange (Links.Collect).
+func (s *Shell) collect() {
+	if s.closed.Load() {
+		return
+	}
+	s.mu.Lock()
+	p := s.lk.Collect()
+	s.mu.Unlock()
+	if p {
+		s.flush()
+	}
+}
+
+// kickLocked asks for the backstop flush after the linger, unless one is
+// due already (under s.mu).
+func (s *Shell) kickLocked() {
+	if s.lk.Kick() {
+		s.signalFlusher()
+	}
+}
+
+// signalFlusher wakes the flusher, which flushes after the linger. Links
+// asks for one backstop flush at a time, so the channel has room.
+func (s *Shell) signalFlusher() {
+	select {
+	case s.flushC <- struct{}{}:
+	default:
+	}
+}
+
+// Handle is the Transport Handler: it steps an incoming batch through the
+// core and returns what the core has for the sender as the reply.
+func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, error) {
+	if s.closed.Load() {
+		return nil, errors.New("cluster: node closed")
+	}
+	reply := &Message{}
+	var others []Envelope
+	for _, env := range s.step(from, m) {
+		if env.To != from {
+			others = append(others, env)
+			continue
+		}
+		// The reply carries one batch, in arrays of its own (the
+		// transport drops it once encoded, so the pool's would not come
+		// back); anything beyond it follows as exchanges of its own.
+		var rest Message
+		first := true
+		eachPart(&env.Msg, s.cfg.MaxBatch, func(part *Message) bool {
+			if first {
+				*reply, first = cloneMessage(part), false
+			} else {
+				if rest.Items() == 0 {
+					rest = s.pool.get()
+				}
+				rest.merge(part)
+			}
+			return true
+		})
+		if rest.Items() > 0 {
+			others = append(others, Envelope{To: from, Msg: rest})
+		}
+		s.pool.put(&env.Msg)
+	}
+	for _, env := range others {
+		s.send(env)
+	}
+	return reply, nil
+}
+
+// complete hands completions to their waiters (under sh.mu).
+func (sh *shard) complete(cs []Completion) {
+	for _, c := range cs {
+		if ch, ok := sh.waits[c.Ticket]; ok {
+			ch <- c.Outcome
+			delete(sh.waits, c.Ticket)
+		}
+	}
+}
+
+func (s *Shell) ticker() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			for i := range s.shards {
+				sh := &s.shards[i]
+				sh.lock()
+				sh.coord.Tick(s.now())
+				sh.mu.Unlock()
+			}
+			s.mu.Lock()
+			// Cooled-down breakers are half-open: decisions go to the
+			// peer again, and the next batch to it is the trial.
+			for _, peer := range s.lk.Tick(s.now(), nil) {
+				s.setPeerDown(s.now(), peer, false)
+			}
+			s.mu.Unlock()
+			s.flush()
+		}
+	}
+}
+
+func (s *Shell) flusher() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.flushC:
+			t := time.NewTimer(s.cfg.Linger)
+			select {
+			case <-s.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			s.mu.Lock()
+			s.lk.Lingered()
+			s.mu.Unlock()
+			s.flush()
+		}
+	}
+}
+
+// Flush reports every identity's unsent spend to its owner and waits for
+// the exchanges (each bounded by CallTimeout): a node does it before it
+// leaves, so that what it admitted is charged.
+func (s *Shell) Flush() { s.flushWith(func(now int64, c *Coordinator) { c.FlushAll(now) }) }
+
+// Leave hands every bucket this node owns to its owner in the ring without
+// this node, reports all unsent spend, and waits for the exchanges: the
+// graceful half of leaving (the caller then leaves the membership).
+func (s *Shell) Leave() {
+	r := s.ring.Load()
+	var rest []Member
+	for _, m := range r.Members() {
+		if m.Name != s.cfg.Coordinator.Self {
+			rest = append(rest, m)
+		}
+	}
+	next, err := NewRing(r.Epoch()+1, rest)
+	if err != nil || next.Len() == 0 {
+		s.Flush()
+		return
+	}
+	s.flushWith(func(now int64, c *Coordinator) { c.HandoffAll(now, next) })
+}
+
+func (s *Shell) flushWith(queue func(now int64, c *Coordinator)) {
+	var wg sync.WaitGroup
+	for _, env := range s.withAll(queue) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, msg := range env.Msg.Split(s.cfg.MaxBatch) {
+				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
+				reply, err := s.cfg.Transport.Exchange(ctx, s.addrOf(env.To), &msg)
+				cancel()
+				s.sent.Add(1)
+				if err != nil {
+					s.failed.Add(1)
+					return
+				}
+				if reply != nil && !reply.Empty() {
+					// What stepping the reply readied (acknowledgements,
+					// results of decides forwarded here, other
+					// requests' work taken with it) goes as any send.
+					for _, e := range s.step(env.To, reply) {
+						s.send(e)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// addrOf returns a member's peer address from the ring (its name if absent).
+func (s *Shell) addrOf(name string) string {
+	if r := s.ring.Load(); r != nil {
+		if i := r.IndexOf(name); i >= 0 {
+			return r.Member(i).Addr
+		}
+	}
+	return name
+}
+
+// flush sends everything the core has queued, one exchange per peer.
+//
+// What is due to a peer with an exchange in flight joins its Backlog
+// straight from the shards' outboxes (s.mu is held throughout, so that no
+// exchange starts or ends meanwhile): under load, when every peer is
+// busy, the items are copied once on their way, not merged first.
+func (s *Shell) flush() {
+	out := outboxes{pool: &s.pool}
+	s.mu.Lock()
+	out.lk = s.lk
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		s.take(i, &out, len(s.shards)-i)
+		sh.mu.Unlock()
+	}
+	s.mu.Unlock()
+	for _, env := range out.envs {
+		s.send(env)
+	}
+}
+
+// send exchanges one batch with a peer in its own goroutine and steps the
+// reply back in. Failures feed the peer's breaker.
+func (s *Shell) send(env Envelope) {
+	// One exchange in flight per peer (Links.Send): what is due to a busy
+	// peer joins its Backlog for the next exchange.
+	s.mu.Lock()
+	start := s.lk.Send(env.To, &env.Msg)
+	s.mu.Unlock()
+	if !start {
+		s.pool.put(&env.Msg) // the Backlog copied the items
+		return
+	}
+	addr := s.addrOf(env.To)
+	s.wg.Add(1)
+	go s.run(env.To, addr, env.Msg)
+}
+
+// run exchanges msg with the peer to, then whatever queued for it
+// meanwhile, until nothing does; the peer is marked busy throughout. The
+// arrays of each message sent go back to the peer's Backlog, for it to
+// fill while the next exchange is in flight (and to the pool at the end).
+// It calls s.wg.Done when it returns.
+func (s *Shell) run(to, addr string, msg Message) {
+	defer s.wg.Done()
+	for {
+		// Most batches fit in one exchange; a larger one goes as parts
+		// that are windows on its arrays (the transport copies nothing
+		// back into them), in Split's order.
+		eachPart(&msg, s.cfg.MaxBatch, func(part *Message) bool {
+			// A failed part ends the batch: the rest is dropped, as a
+			// lost message.
+			return s.exchange(to, addr, part)
+		})
+		// What the shards queued while this exchange was in flight goes
+		// now: this peer's part joins the queue below.
+		s.collect()
+		s.mu.Lock()
+		if s.closed.Load() {
+			s.lk.Drop(to)
+			s.mu.Unlock()
+			s.pool.put(&msg)
+			return
+		}
+		// The exchange is over: the transport kept nothing of msg, whose
+		// arrays the next exchange reuses.
+		next, more := s.lk.Next(to, &msg)
+		if !more {
+			s.mu.Unlock()
+			s.pool.put(&msg)
+			s.collect()
+			return
+		}
+		msg = next
+		s.mu.Unlock()
+	}
+}
+
+// exchange sends one batch, steps the reply in and sends what follows from
+// it; it reports whether the exchange succeeded.
+func (s *Shell) exchange(to, addr string, msg *Message) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
+	defer cancel()
+	reply, err := s.cfg.Transport.Exchange(ctx, addr, msg)
+	s.sent.Add(1)
+	if err != nil {
+		s.failed.Add(1)
+	}
+	s.mu.Lock()
+	switch s.lk.Outcome(s.now(), to, err == nil) {
+	case BreakerOpened:
+		s.setPeerDown(s.now(), to, true)
+		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", to, "err", err)
+	case BreakerClosed:
+		s.peerUp(to)
+	}
+	s.mu.Unlock()
+	var envs []Envelope
+	if err == nil && reply != nil && !reply.Empty() {
+		envs = s.step(to, reply)
+	}
+	if s.closed.Load() {
+		return false
+	}
+	for _, e := range envs {
+		s.send(e)
+	}
+	return err == nil
+}
+
+// peerUp marks a peer whose breaker closed up again in every shard (under
+// s.mu).
+func (s *Shell) peerUp(peer string) {
+	s.setPeerDown(0, peer, false)
+	s.log.Info("peer reachable again", "peer", peer)
+}
+
+// setPeerDown marks peer down or back in every shard (under s.mu). The
+// requests a shard then decides by on_failure complete at the next flush.
+func (s *Shell) setPeerDown(now int64, peer string, down bool) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.lock()
+		sh.coord.SetPeerDown(now, peer, down)
+		sh.mu.Unlock()
+	}
+	if down {
+		s.kickLocked() // the on_failure completions go at the backstop flush
+	}
+}
