@@ -60,11 +60,16 @@ type LinkConfig struct {
 	MaxBatch int
 }
 
-// link is one peer's side of the exchanges.
+// link is one peer's side of the exchanges. Most pairs of nodes in a big
+// region never queue: the Backlog is made when something first waits.
 type link struct {
-	busy bool    // an exchange is in flight
-	q    Backlog // what waits for the next exchange while one is in flight
+	busy bool     // an exchange is in flight
+	gone bool     // the peer left the ring while busy: forget the link once idle
+	q    *Backlog // what waits for the next exchange while one is in flight (nil: nothing yet)
 }
+
+// waiting reports whether anything waits in k's backlog.
+func (k *link) waiting() bool { return k != nil && k.q != nil && !k.q.Empty() }
 
 // breaker is one peer's circuit breaker: failures in a row, and whether
 // (and since when, on the node's clock) it is open.
@@ -176,21 +181,30 @@ func (l *Links) Queue(to string, m *Message) bool {
 	if k == nil || !k.busy {
 		return false
 	}
-	k.q.Add(m)
+	k.queue(m)
 	return true
+}
+
+// queue adds m's items to k's backlog.
+func (k *link) queue(m *Message) {
+	if k.q == nil {
+		k.q = &Backlog{}
+	}
+	k.q.Add(m)
 }
 
 // Send is Queue, or, when no exchange with to is in flight, marks one in
 // flight and returns true: the adapter then starts the exchange of m, and
 // calls Outcome and Next when it returns.
 func (l *Links) Send(to string, m *Message) bool {
-	if l.Queue(to, m) {
-		return false
-	}
 	k := l.links[to]
 	if k == nil {
 		k = &link{}
 		l.links[to] = k
+	}
+	if k.busy {
+		k.queue(m)
+		return false
 	}
 	k.busy = true
 	l.inflight++
@@ -199,8 +213,7 @@ func (l *Links) Send(to string, m *Message) bool {
 
 // Waiting reports whether anything waits in the backlog of the peer to.
 func (l *Links) Waiting(to string) bool {
-	k := l.links[to]
-	return k != nil && !k.q.Empty()
+	return l.links[to].waiting()
 }
 
 // Next is called when an exchange with to has returned and its reply was
@@ -214,24 +227,25 @@ func (l *Links) Next(to string, done *Message) (Message, bool) {
 	if k == nil || !k.busy {
 		return Message{}, false
 	}
-	if !k.q.Empty() {
+	if k.waiting() {
 		if done != nil {
 			k.q.Reuse(done)
 		}
 		return k.q.Take(), true
 	}
-	k.busy = false
 	l.inflight--
-	if _, in := l.members[to]; !in && l.members != nil {
+	if k.gone {
 		delete(l.links, to)
+		return Message{}, false
 	}
+	k.busy = false
 	return Message{}, false
 }
 
 // Drop marks the exchange with to over and forgets the peer's link, its
 // backlog included (a node that is closing sends nothing more).
 func (l *Links) Drop(to string) {
-	if k := l.links[to]; k != nil {
+	if k, ok := l.links[to]; ok {
 		if k.busy {
 			l.inflight--
 		}
@@ -243,6 +257,9 @@ func (l *Links) Drop(to string) {
 // clock): ok when it succeeded. It returns the change of the peer's
 // breaker.
 func (l *Links) Outcome(now int64, peer string, ok bool) Breaker {
+	if ok && len(l.breaks) == 0 {
+		return BreakerSame // the common case
+	}
 	b := l.breaks[peer]
 	if ok {
 		if b == nil {
@@ -307,6 +324,15 @@ func (l *Links) SetPeers(members []Member, into []string) []string {
 	for _, m := range members {
 		l.members[m.Name] = m.Addr
 	}
+	for peer, k := range l.links {
+		_, in := l.members[peer]
+		switch {
+		case !in && !k.busy:
+			delete(l.links, peer)
+		default: // busy: forgotten once idle if gone
+			k.gone = !in
+		}
+	}
 	if old == nil {
 		return into
 	}
@@ -326,11 +352,6 @@ func (l *Links) SetPeers(members []Member, into []string) []string {
 		}
 	}
 	slices.Sort(into[start:])
-	for peer, k := range l.links {
-		if _, in := l.members[peer]; !in && !k.busy {
-			delete(l.links, peer)
-		}
-	}
 	return into
 }
 
@@ -354,7 +375,7 @@ type LinkStats struct {
 func (l *Links) Stats() LinkStats {
 	st := LinkStats{Busy: l.inflight, Pending: l.pending, Lingering: l.lingering, Open: l.open}
 	for _, k := range l.links {
-		if !k.q.Empty() {
+		if k.waiting() {
 			st.Backlogged++
 		}
 	}

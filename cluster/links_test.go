@@ -225,7 +225,7 @@ func TestLinksInvariants(t *testing.T) {
 				if k.busy {
 					busy++
 				}
-				if !k.q.Empty() {
+				if k.waiting() {
 					backlogged++
 					if !k.busy {
 						t.Fatalf("%s: a backlog on an idle link", name)

@@ -147,6 +147,7 @@ func (wq *waitQueue) done(w *wait) {
 // runs gives, in order, how many of its results each flush added and when
 // (the owner's decision times).
 type backlogTimes struct {
+	waiting bool // something was queued since the backlog was last taken
 	readyAt int64
 	runs    []resultRun
 }
@@ -360,7 +361,6 @@ func (n *node) send(env *cluster.Envelope) {
 		return
 	}
 	now := rg.sim.Now()
-	first := !n.lk.Waiting(env.To)
 	if n.lk.Send(env.To, &env.Msg) {
 		n.exchange(to, &env.Msg, nil, now, false)
 		return
@@ -371,8 +371,8 @@ func (n *node) send(env *cluster.Envelope) {
 		bt = &backlogTimes{}
 		n.backlogs[to] = bt
 	}
-	if first {
-		bt.readyAt = now
+	if !bt.waiting {
+		bt.waiting, bt.readyAt = true, now
 	}
 	if k := len(env.Msg.Results); k > 0 {
 		bt.runs = append(bt.runs, resultRun{count: k, at: now})
@@ -412,7 +412,7 @@ func (n *node) finish(peer int) {
 	}
 	bt := n.backlogs[peer]
 	n.exchange(peer, &msg, bt.runs, bt.readyAt, false)
-	bt.runs = bt.runs[:0]
+	bt.runs, bt.waiting = bt.runs[:0], false
 }
 
 // transmit hands the exchange to the network, from a to b, and arms the
