@@ -132,10 +132,9 @@ func validate(rules []Rule) []*Error {
 	return v.errs
 }
 
-// rule checks one rule field by field, in the order the fields are
-// documented, so that the problems of a rule are reported in a stable order
-// a reader can follow down the YAML. p is the rule's field path, e.g.
-// "rules[3]".
+// rule checks one rule (p is its field path, e.g. "rules[3]"), one group of
+// fields per helper. The order of the calls is the order in which a rule's
+// problems are reported.
 func (v *validator) rule(p string, r *Rule) {
 	if !utf8.ValidString(r.Description) {
 		v.add(p+".description", "must be valid UTF-8")
