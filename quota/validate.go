@@ -132,10 +132,35 @@ func validate(rules []Rule) []*Error {
 	return v.errs
 }
 
+// rule checks one rule (p is its field path, e.g. "rules[3]"), one group of
+// fields per helper. The order of the calls is the order in which a rule's
+// problems are reported.
 func (v *validator) rule(p string, r *Rule) {
 	if !utf8.ValidString(r.Description) {
 		v.add(p+".description", "must be valid UTF-8")
 	}
+	algo := v.enums(p, r)
+	v.algorithmNeeds(p, r, algo)
+	v.enforceRegions(p, r)
+	v.limits(p, r, algo)
+	v.match(p+".match", &r.Match)
+	v.keys(p+".key", r.Key)
+	v.overrides(p, r, algo)
+	v.tiers(p, r, algo)
+	if r.Sketch != nil {
+		v.sketch(p+".sketch", r, algo)
+	}
+	if r.Penalty != nil {
+		v.penalty(p+".penalty", r.Penalty)
+	}
+}
+
+// enums checks the rule's enumerated fields (algorithm, mode, scope,
+// on_failure) against their known values and returns the algorithm the
+// rule runs: gcra for the empty value and token_bucket (its alias), and ""
+// for an unknown one, so that the checks depending on the algorithm are
+// skipped instead of piling up errors on a typo.
+func (v *validator) enums(p string, r *Rule) Algorithm {
 	algo := r.Algorithm
 	switch algo {
 	case "", AlgorithmTokenBucket:
@@ -160,6 +185,14 @@ func (v *validator) rule(p string, r *Rule) {
 	default:
 		v.add(p+".on_failure", "unknown on_failure %s (want local, open or closed)", quote(string(r.OnFailure)))
 	}
+	return algo
+}
+
+// algorithmNeeds checks the combinations of fields that only some
+// algorithms or modes support: shared mode, durable counters and global
+// scope are implemented for gcra only, and a durable counter contradicts
+// mode local, where each node counts on its own.
+func (v *validator) algorithmNeeds(p string, r *Rule, algo Algorithm) {
 	if algo != "" && algo != AlgorithmGCRA {
 		if r.Mode == ModeShared {
 			v.add(p+".mode", "shared mode needs algorithm gcra, not %s (use exact or local)", algo)
@@ -174,6 +207,12 @@ func (v *validator) rule(p string, r *Rule) {
 	if r.Durable && r.Mode == ModeLocal {
 		v.add(p+".durable", "durable contradicts mode local (local is enforced per node)")
 	}
+}
+
+// enforceRegions checks enforce_regions: it only means something on a
+// shadow rule (a rule without shadow is enforced everywhere), and each
+// entry must be a well-formed region name listed once.
+func (v *validator) enforceRegions(p string, r *Rule) {
 	if len(r.EnforceRegions) > 0 && !r.Shadow {
 		v.add(p+".enforce_regions", "only with shadow: true (a rule without shadow is enforced in every region)")
 	}
@@ -188,9 +227,13 @@ func (v *validator) rule(p string, r *Rule) {
 		}
 		seenRegion[reg] = true
 	}
+}
 
-	limitOK := r.Limit > 0
-	if !limitOK {
+// limits checks the rule's numbers: limit, window and burst in range, the
+// costs against the burst (a cost above the burst could never pass), the
+// accuracy target and max_delay, which only the leaky bucket uses.
+func (v *validator) limits(p string, r *Rule, algo Algorithm) {
+	if r.Limit <= 0 {
 		v.add(p+".limit", "must be positive, got %d", r.Limit)
 	}
 	if r.Window <= 0 {
@@ -201,6 +244,22 @@ func (v *validator) rule(p string, r *Rule) {
 	if !burstOK {
 		v.add(p+".burst", "must be positive, got %d", r.Burst)
 	}
+	v.costs(p, r, burstOK)
+	if r.Accuracy != 0 && !(r.Accuracy > 0 && r.Accuracy <= 0.5) {
+		v.add(p+".accuracy", "must be in (0, 0.5], got %v", r.Accuracy)
+	}
+	if r.MaxDelay < 0 {
+		v.add(p+".max_delay", "must be positive, got %s", r.MaxDelay)
+	} else if r.MaxDelay > 0 && algo != "" && algo != AlgorithmLeakyBucket {
+		v.add(p+".max_delay", "only applies to leaky_bucket, not %s", algo)
+	}
+}
+
+// costs checks cost and cost_by_method: each at least 1 and at most the
+// effective burst (compared only when the burst itself is valid, burstOK),
+// and each method a valid HTTP token listed once regardless of case, since
+// methods are matched case-insensitively.
+func (v *validator) costs(p string, r *Rule, burstOK bool) {
 	burst := r.effectiveBurst()
 	if r.Cost < 0 {
 		v.add(p+".cost", "must be at least 1, got %d", r.Cost)
@@ -225,17 +284,13 @@ func (v *validator) rule(p string, r *Rule) {
 			v.add(f, "%d is above the burst %d, so no %s request could ever pass", c, burst, u)
 		}
 	}
-	if r.Accuracy != 0 && !(r.Accuracy > 0 && r.Accuracy <= 0.5) {
-		v.add(p+".accuracy", "must be in (0, 0.5], got %v", r.Accuracy)
-	}
-	if r.MaxDelay < 0 {
-		v.add(p+".max_delay", "must be positive, got %s", r.MaxDelay)
-	} else if r.MaxDelay > 0 && algo != "" && algo != AlgorithmLeakyBucket {
-		v.add(p+".max_delay", "only applies to leaky_bucket, not %s", algo)
-	}
-	v.match(p+".match", &r.Match)
-	v.keys(p+".key", r.Key)
+}
 
+// overrides checks the rule's per-identity overrides: each names a source
+// of the rule's key and an identity not overridden twice for that source,
+// sets a limit or a burst, and keeps its burst at or above the rule's
+// largest cost so that every request can still pass.
+func (v *validator) overrides(p string, r *Rule, algo Algorithm) {
 	maxCost := r.maxCost()
 	ids := make(map[overrideKey]int, len(r.Overrides))
 	for j, o := range r.Overrides {
@@ -263,9 +318,16 @@ func (v *validator) rule(p string, r *Rule) {
 			v.rate(f+".limit", o.Limit, r.Window, algo)
 		}
 	}
+}
+
+// tiers checks the rule's tiers: at most MaxTiers, each with a unique name,
+// a positive limit within the algorithm's rate bounds, and a burst at or
+// above the rule's largest cost so that every request can still pass.
+func (v *validator) tiers(p string, r *Rule, algo Algorithm) {
 	if len(r.Tiers) > MaxTiers {
 		v.add(p+".tiers", "%d tiers, at most %d per rule", len(r.Tiers), MaxTiers)
 	}
+	maxCost := r.maxCost()
 	names := make(map[string]int, len(r.Tiers))
 	for j, t := range r.Tiers {
 		f := fmt.Sprintf("%s.tiers[%d]", p, j)
@@ -287,26 +349,26 @@ func (v *validator) rule(p string, r *Rule) {
 			v.add(f+".burst", "%d is below the largest cost %d, so such a request could never pass", t.Burst, maxCost)
 		}
 	}
-	if r.Sketch != nil {
-		v.sketch(p+".sketch", r, algo)
+}
+
+// penalty checks a rule's penalty box: positive after, base and max, a
+// non-negative within, and a base no longer than the max it doubles up to.
+// f is the penalty's field path.
+func (v *validator) penalty(f string, pen *Penalty) {
+	if pen.After <= 0 {
+		v.add(f+".after", "must be positive, got %d", pen.After)
 	}
-	if pen := r.Penalty; pen != nil {
-		f := p + ".penalty"
-		if pen.After <= 0 {
-			v.add(f+".after", "must be positive, got %d", pen.After)
-		}
-		if pen.Within < 0 {
-			v.add(f+".within", "must be positive, got %s", pen.Within)
-		}
-		if pen.Base <= 0 {
-			v.add(f+".base", "must be positive, got %s", pen.Base)
-		}
-		if pen.Max <= 0 {
-			v.add(f+".max", "must be positive, got %s", pen.Max)
-		}
-		if pen.Base > 0 && pen.Max > 0 && pen.Base > pen.Max {
-			v.add(f+".base", "%s is above max %s", pen.Base, pen.Max)
-		}
+	if pen.Within < 0 {
+		v.add(f+".within", "must be positive, got %s", pen.Within)
+	}
+	if pen.Base <= 0 {
+		v.add(f+".base", "must be positive, got %s", pen.Base)
+	}
+	if pen.Max <= 0 {
+		v.add(f+".max", "must be positive, got %s", pen.Max)
+	}
+	if pen.Base > 0 && pen.Max > 0 && pen.Base > pen.Max {
+		v.add(f+".base", "%s is above max %s", pen.Base, pen.Max)
 	}
 }
 

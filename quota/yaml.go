@@ -236,6 +236,8 @@ func (p *parser) top(root *yaml.Node) (rules []Rule, found bool) {
 var ruleFields = []string{"id", "description", "match", "key", "limit", "window", "burst", "cost", "cost_by_method",
 	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "enforce_regions", "max_delay", "overrides", "tiers", "penalty", "sketch"}
 
+// rule parses one rule mapping into r, field by field; the nested mappings
+// (overrides, tiers, penalty, sketch, cost_by_method) each have a helper.
 func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 	p.mapping(n, path, ruleFields, func(key string, v *yaml.Node, f string) {
 		switch key {
@@ -261,10 +263,7 @@ func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 			if isNull(v) {
 				return
 			}
-			r.CostByMethod = map[string]int64{}
-			p.mappingAny(v, f, func(k string, v *yaml.Node, kp string) {
-				r.CostByMethod[k] = p.int(v, kp)
-			})
+			r.CostByMethod = p.costByMethod(v, f)
 		case "algorithm":
 			r.Algorithm = Algorithm(p.str(v, f))
 		case "mode":
@@ -293,85 +292,129 @@ func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 			}
 		case "overrides":
 			p.list(v, f, func(item *yaml.Node, ip string) {
-				var o Override
-				p.mapping(item, ip, []string{"identity", "source", "limit", "burst"}, func(k string, v *yaml.Node, kp string) {
-					switch k {
-					case "identity":
-						o.Identity = p.str(v, kp)
-					case "source":
-						o.Source = p.keySource(v, kp)
-						if o.Source == (KeySource{}) && !p.bad[kp] {
-							p.syntax(v, kp, "must name a source of the rule's key (header:NAME, user or ip); omit the field for the key's first source")
-						}
-					case "limit":
-						o.Limit = p.positiveInt(v, kp)
-					case "burst":
-						o.Burst = p.positiveInt(v, kp)
-					}
-				})
-				r.Overrides = append(r.Overrides, o)
+				r.Overrides = append(r.Overrides, p.override(item, ip))
 			})
 		case "tiers":
 			p.list(v, f, func(item *yaml.Node, ip string) {
-				var t Tier
-				p.mapping(item, ip, []string{"name", "limit", "burst"}, func(k string, v *yaml.Node, kp string) {
-					switch k {
-					case "name":
-						t.Name = p.str(v, kp)
-					case "limit":
-						t.Limit = p.int(v, kp)
-					case "burst":
-						t.Burst = p.positiveInt(v, kp)
-					}
-				})
-				r.Tiers = append(r.Tiers, t)
+				r.Tiers = append(r.Tiers, p.tier(item, ip))
 			})
 		case "penalty":
 			if isNull(v) {
 				return
 			}
-			var pen Penalty
-			if p.mapping(v, f, []string{"after", "within", "base", "max"}, func(k string, v *yaml.Node, kp string) {
-				switch k {
-				case "after":
-					pen.After = p.int(v, kp)
-				case "within":
-					pen.Within = p.duration(v, kp)
-					if pen.Within == 0 && !p.bad[kp] {
-						p.syntax(v, kp, "must be positive; omit the field for the default 1m")
-					}
-				case "base":
-					pen.Base = p.duration(v, kp)
-				case "max":
-					pen.Max = p.duration(v, kp)
-				}
-			}) {
-				r.Penalty = &pen
+			if pen := p.penalty(v, f); pen != nil {
+				r.Penalty = pen
 			}
 		case "sketch":
 			if isNull(v) {
 				return
 			}
-			var sk Sketch
-			if p.mapping(v, f, []string{"threshold", "period", "width", "depth"}, func(k string, v *yaml.Node, kp string) {
-				switch k {
-				case "threshold":
-					sk.Threshold = p.int(v, kp)
-				case "period":
-					sk.Period = p.duration(v, kp)
-					if sk.Period == 0 && !p.bad[kp] {
-						p.syntax(v, kp, "must be positive; omit the field for the default (the rule's window)")
-					}
-				case "width":
-					sk.Width = p.positiveInt(v, kp)
-				case "depth":
-					sk.Depth = p.positiveInt(v, kp)
-				}
-			}) {
-				r.Sketch = &sk
+			if sk := p.sketch(v, f); sk != nil {
+				r.Sketch = sk
 			}
 		}
 	})
+}
+
+// costByMethod parses cost_by_method, a mapping from HTTP method to cost
+// whose keys are free-form (validation checks them as method tokens).
+func (p *parser) costByMethod(n *yaml.Node, path string) map[string]int64 {
+	costs := map[string]int64{}
+	p.mappingAny(n, path, func(k string, v *yaml.Node, kp string) {
+		costs[k] = p.int(v, kp)
+	})
+	return costs
+}
+
+// override parses one entry of overrides. A source given but naming no key
+// source is refused, pointing to the way to pick the key's first source:
+// leaving the field out.
+func (p *parser) override(n *yaml.Node, path string) Override {
+	var o Override
+	p.mapping(n, path, []string{"identity", "source", "limit", "burst"}, func(k string, v *yaml.Node, kp string) {
+		switch k {
+		case "identity":
+			o.Identity = p.str(v, kp)
+		case "source":
+			o.Source = p.keySource(v, kp)
+			if o.Source == (KeySource{}) && !p.bad[kp] {
+				p.syntax(v, kp, "must name a source of the rule's key (header:NAME, user or ip); omit the field for the key's first source")
+			}
+		case "limit":
+			o.Limit = p.positiveInt(v, kp)
+		case "burst":
+			o.Burst = p.positiveInt(v, kp)
+		}
+	})
+	return o
+}
+
+// tier parses one entry of tiers.
+func (p *parser) tier(n *yaml.Node, path string) Tier {
+	var t Tier
+	p.mapping(n, path, []string{"name", "limit", "burst"}, func(k string, v *yaml.Node, kp string) {
+		switch k {
+		case "name":
+			t.Name = p.str(v, kp)
+		case "limit":
+			t.Limit = p.int(v, kp)
+		case "burst":
+			t.Burst = p.positiveInt(v, kp)
+		}
+	})
+	return t
+}
+
+// penalty parses the penalty mapping; it returns nil when n is not a
+// mapping (the problem is already recorded), so the rule keeps no penalty.
+// A within of zero is refused, pointing to the way to get the default:
+// leaving the field out.
+func (p *parser) penalty(n *yaml.Node, path string) *Penalty {
+	var pen Penalty
+	if !p.mapping(n, path, []string{"after", "within", "base", "max"}, func(k string, v *yaml.Node, kp string) {
+		switch k {
+		case "after":
+			pen.After = p.int(v, kp)
+		case "within":
+			pen.Within = p.duration(v, kp)
+			if pen.Within == 0 && !p.bad[kp] {
+				p.syntax(v, kp, "must be positive; omit the field for the default 1m")
+			}
+		case "base":
+			pen.Base = p.duration(v, kp)
+		case "max":
+			pen.Max = p.duration(v, kp)
+		}
+	}) {
+		return nil
+	}
+	return &pen
+}
+
+// sketch parses the sketch mapping; it returns nil when n is not a mapping
+// (the problem is already recorded), so the rule keeps no sketch. A period
+// of zero is refused, pointing to the way to get the default: leaving the
+// field out.
+func (p *parser) sketch(n *yaml.Node, path string) *Sketch {
+	var sk Sketch
+	if !p.mapping(n, path, []string{"threshold", "period", "width", "depth"}, func(k string, v *yaml.Node, kp string) {
+		switch k {
+		case "threshold":
+			sk.Threshold = p.int(v, kp)
+		case "period":
+			sk.Period = p.duration(v, kp)
+			if sk.Period == 0 && !p.bad[kp] {
+				p.syntax(v, kp, "must be positive; omit the field for the default (the rule's window)")
+			}
+		case "width":
+			sk.Width = p.positiveInt(v, kp)
+		case "depth":
+			sk.Depth = p.positiveInt(v, kp)
+		}
+	}) {
+		return nil
+	}
+	return &sk
 }
 
 func (p *parser) match(n *yaml.Node, path string, m *Match) {

@@ -23,6 +23,7 @@ package main
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -53,40 +54,9 @@ func isTerminal(f *os.File) bool {
 }
 
 func run(args []string, stdout, stderr io.Writer, tty bool) int {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	duration := fs.Duration("duration", time.Minute, "how long the synthetic clients run; the demo ends by itself and scales its schedule to this. "+
-		"The clients offer about 110 requests/s in all: on a 2-core machine the whole process uses about a fifth of one core, "+
-		"so gossip and Raft are never starved (the summary prints the measured CPU use and load average)")
-	regions := fs.Int("regions", 2, "regions, 1 or 2")
-	nodes := fs.Int("nodes", 3, "gateway nodes per region (1 to 5); -regions 1 -nodes 1 runs a single node: no cluster, no lease group")
-	addr := fs.String("addr", "127.0.0.1:0", "loopback host for every listener, as host:port (the port is ignored: ports are picked free)")
-	if err := fs.Parse(args); err != nil {
+	o, ok := parseFlags(args, stderr)
+	if !ok {
 		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "demo: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if *duration < 2*time.Second || *duration > 10*time.Minute {
-		fmt.Fprintln(stderr, "demo: -duration must be between 2s and 10m")
-		return 2
-	}
-	if *regions < 1 || *regions > 2 {
-		fmt.Fprintln(stderr, "demo: -regions must be 1 or 2")
-		return 2
-	}
-	if *nodes < 1 || *nodes > 5 {
-		fmt.Fprintln(stderr, "demo: -nodes must be between 1 and 5")
-		return 2
-	}
-	host, _, err := net.SplitHostPort(*addr)
-	if err != nil || !isLoopback(host) {
-		fmt.Fprintf(stderr, "demo: -addr %q must be a loopback address such as 127.0.0.1:0\n", *addr)
-		return 2
-	}
-	if host == "localhost" {
-		host = "127.0.0.1" // memberlist binds an IP
 	}
 	rules, err := quota.Parse("rules.yaml", rulesYAML)
 	if err != nil {
@@ -105,46 +75,109 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	if tty {
 		logs = out // above the live table, which a stray line would break
 	}
-	f, err := newFleet(host, *regions, *nodes, rules, upstream, logs)
+	f, err := newFleet(o.host, o.regions, o.nodes, rules, upstream, logs)
 	if err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
 		return 1
 	}
 	defer f.stopAll()
 	t0 := time.Now()
-	for _, name := range f.nodeNames() {
-		g, err := f.start(name)
-		if err != nil {
-			fmt.Fprintln(stderr, "demo:", err)
-			return 1
-		}
-		f.enter(g)
+	version, err := bringUp(f)
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 1
 	}
-	version := uint64(0)
-	if f.clustered {
-		if !waitFor(15*time.Second, f.converged) {
-			fmt.Fprintln(stderr, "demo: the regions' rings did not converge within 15s")
-			return 1
-		}
-		if version, err = f.seed(30 * time.Second); err != nil {
-			fmt.Fprintln(stderr, "demo:", err)
-			return 1
-		}
-	}
-	header(out, f, *nodes, version, *duration, time.Since(t0))
+	header(out, f, o.nodes, version, o.duration, time.Since(t0))
 
-	clients := newClients(*regions)
+	clients := newClients(o.regions)
 	mon := &monitor{f: f, clients: clients, out: out, global: "partner-global"}
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer hc.CloseIdleConnections()
-	// The clients run for -duration, or longer while a scheduled step
-	// that started late (on a busy machine) has not finished, but never
-	// past twice the duration: the schedule's own context.
 	// Ctrl-C ends the run early: the summary is still printed and the
 	// temporary directory removed.
 	interrupted, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
-	schedCtx, schedCancel := context.WithTimeout(interrupted, 2**duration)
+	sched, ld := runWorkload(interrupted, hc, f, out, clients, mon, rules, o.duration)
+	return summarize(stdout, f, clients, rules, sched, mon, upstreamCalls.Load(), ld, o.nodes)
+}
+
+// options are the demo's command-line flags, checked.
+type options struct {
+	duration       time.Duration
+	regions, nodes int
+	// host is the loopback IP every listener binds.
+	host string
+}
+
+// parseFlags parses and checks the command line; on a problem it says what
+// is wrong on stderr and returns false (exit status 2).
+func parseFlags(args []string, stderr io.Writer) (options, bool) {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	duration := fs.Duration("duration", time.Minute, "how long the synthetic clients run; the demo ends by itself and scales its schedule to this. "+
+		"The clients offer about 110 requests/s in all: on a 2-core machine the whole process uses about a fifth of one core, "+
+		"so gossip and Raft are never starved (the summary prints the measured CPU use and load average)")
+	regions := fs.Int("regions", 2, "regions, 1 or 2")
+	nodes := fs.Int("nodes", 3, "gateway nodes per region (1 to 5); -regions 1 -nodes 1 runs a single node: no cluster, no lease group")
+	addr := fs.String("addr", "127.0.0.1:0", "loopback host for every listener, as host:port (the port is ignored: ports are picked free)")
+	if err := fs.Parse(args); err != nil {
+		return options{}, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "demo: unexpected arguments %q\n", fs.Args())
+		return options{}, false
+	}
+	if *duration < 2*time.Second || *duration > 10*time.Minute {
+		fmt.Fprintln(stderr, "demo: -duration must be between 2s and 10m")
+		return options{}, false
+	}
+	if *regions < 1 || *regions > 2 {
+		fmt.Fprintln(stderr, "demo: -regions must be 1 or 2")
+		return options{}, false
+	}
+	if *nodes < 1 || *nodes > 5 {
+		fmt.Fprintln(stderr, "demo: -nodes must be between 1 and 5")
+		return options{}, false
+	}
+	host, _, err := net.SplitHostPort(*addr)
+	if err != nil || !isLoopback(host) {
+		fmt.Fprintf(stderr, "demo: -addr %q must be a loopback address such as 127.0.0.1:0\n", *addr)
+		return options{}, false
+	}
+	if host == "localhost" {
+		host = "127.0.0.1" // memberlist binds an IP
+	}
+	return options{duration: *duration, regions: *regions, nodes: *nodes, host: host}, true
+}
+
+// bringUp starts every node of the fleet and, in a cluster, waits until the
+// regions' rings have converged and the lease group holds the initial
+// rules, so that the clients start against a settled fleet. It returns the
+// rules' version in the lease group (0 without one).
+func bringUp(f *fleet) (uint64, error) {
+	for _, name := range f.nodeNames() {
+		g, err := f.start(name)
+		if err != nil {
+			return 0, err
+		}
+		f.enter(g)
+	}
+	if !f.clustered {
+		return 0, nil
+	}
+	if !waitFor(15*time.Second, f.converged) {
+		return 0, errors.New("the regions' rings did not converge within 15s")
+	}
+	return f.seed(30 * time.Second)
+}
+
+// runWorkload runs the synthetic clients, the monitor and the schedule for
+// d, or until interrupted, and returns the scheduler (what it did) and the
+// load the run put on the machine. The clients go on past d while a
+// scheduled step that started late (on a busy machine) has not finished,
+// but never past twice d: the schedule's own context.
+func runWorkload(interrupted context.Context, hc *http.Client, f *fleet, out *printer, clients []*client, mon *monitor, rules []quota.Rule, d time.Duration) (*scheduler, load) {
+	schedCtx, schedCancel := context.WithTimeout(interrupted, 2*d)
 	defer schedCancel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -153,16 +186,16 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	out.start = start // the events' t= counts from here
 	out.mu.Unlock()
 	cpu0, cpuOK := cpuTime()
-	sched := &scheduler{f: f, out: out, start: start, run: *duration}
+	sched := &scheduler{f: f, out: out, start: start, run: d}
 	var clientsDone, others sync.WaitGroup
 	for i, c := range clients {
-		clientsDone.Go(func() { c.drive(ctx, hc, f, start, *duration, uint64(i+1)) })
+		clientsDone.Go(func() { c.drive(ctx, hc, f, start, d, uint64(i+1)) })
 	}
 	schedDone := make(chan struct{})
 	others.Go(func() { mon.run(ctx, start) })
 	others.Go(func() { defer close(schedDone); sched.runSchedule(schedCtx, rules) })
 	select {
-	case <-time.After(*duration):
+	case <-time.After(d):
 	case <-schedCtx.Done():
 	}
 	if interrupted.Err() != nil {
@@ -171,7 +204,7 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	select {
 	case <-schedDone:
 	default:
-		out.event("the run goes on until the scheduled step in progress ends (at most %v in all)", 2**duration)
+		out.event("the run goes on until the scheduled step in progress ends (at most %v in all)", 2*d)
 		<-schedDone
 	}
 	cancel()
@@ -186,7 +219,7 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	}
 	ld := load{wall: wall, cpu: cpu1 - cpu0, cpuOK: cpuOK, offeredRPS: float64(sent) / wall.Seconds()}
 	ld.avg1, ld.avgOK = loadAverage()
-	return summarize(stdout, f, clients, rules, sched, mon, upstreamCalls.Load(), ld, *nodes)
+	return sched, ld
 }
 
 // header prints what runs where, and how to talk to it.

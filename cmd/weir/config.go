@@ -8,17 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/weir-dev/weir/quota"
 )
 
 // Defaults of the daemon's addresses: every one on loopback, so that
@@ -503,184 +499,6 @@ func (c *Config) applyDefaults() {
 	if c.Shutdown.Drain == 0 {
 		c.Shutdown.Drain = 5 * time.Second
 	}
-}
-
-// validate checks every field (after applyDefaults) and reports every
-// problem, each naming its field.
-func (c *Config) validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) { errs = append(errs, c.errf(field, format, args...)) }
-	addr := func(field, v string) {
-		if v == "" {
-			bad(field, "required")
-			return
-		}
-		if _, port, err := net.SplitHostPort(v); err != nil {
-			bad(field, "want host:port, got %q", v)
-		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-			bad(field, "bad port in %q", v)
-		}
-	}
-	nonNeg := func(field string, d time.Duration) {
-		if d < 0 {
-			bad(field, "must not be negative, got %v", d)
-		}
-	}
-	file := func(field, path string) {
-		if path == "" {
-			bad(field, "required")
-			return
-		}
-		if err := regularFile(path); err != nil {
-			bad(field, "%v", err)
-		}
-	}
-	tlsFiles := func(field string, t *TLSFiles, needCA bool) {
-		if t == nil {
-			return
-		}
-		file(field+".cert", t.Cert)
-		file(field+".key", t.Key)
-		if needCA || t.CA != "" {
-			file(field+".ca", t.CA)
-		}
-	}
-	if strings.ContainsAny(c.Node.Name, " \t\n/") {
-		bad("node.name", "must not contain spaces or slashes, got %q", c.Node.Name)
-	}
-	if strings.ContainsAny(c.Node.Region, " \t\n/") {
-		bad("node.region", "must not contain spaces or slashes, got %q", c.Node.Region)
-	}
-	if g := c.Gossip; g != nil {
-		addr("gossip.bind", g.Bind)
-		if g.Advertise != "" {
-			addr("gossip.advertise", g.Advertise)
-		}
-		for i, j := range g.Join {
-			addr(fmt.Sprintf("gossip.join[%d]", i), j)
-		}
-		for i, k := range g.Keys {
-			if _, err := k.load(); err != nil {
-				bad(fmt.Sprintf("gossip.keys[%d]", i), "%v", err)
-			}
-		}
-		addr("peer.rpc", c.Peer.RPC)
-		tlsFiles("peer.tls", c.Peer.TLS, true)
-	} else if c.Peer.TLS != nil {
-		bad("peer.tls", "peer TLS without a cluster: add a gossip section (or --gossip/--join)")
-	}
-	nonNeg("peer.sync_interval", c.Peer.SyncInterval)
-	nonNeg("peer.decide_timeout", c.Peer.DecideTimeout)
-	nonNeg("peer.call_timeout", c.Peer.CallTimeout)
-	nonNeg("peer.handoff_timeout", c.Peer.HandoffTimeout)
-
-	sources := 0
-	if c.Rules.File != "" {
-		sources++
-		if err := regularFile(c.Rules.File); err != nil {
-			bad("rules.file", "%v", err)
-		} else if _, err := quota.LoadFile(c.Rules.File); err != nil {
-			bad("rules.file", "%v", err)
-		}
-	}
-	if c.Rules.Lease {
-		sources++
-		if c.Lease == nil {
-			bad("rules.lease", "needs a lease section (the group the rules come from)")
-		}
-	}
-	if e := c.Envoy; e != nil {
-		if c.servesEnvoy() {
-			sources++
-		} else {
-			bad("envoy.descriptors", "required: at least one descriptor file, or envoy.directory")
-		}
-		addr("envoy.listen", e.Listen)
-		if _, err := c.envoyConfig(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	switch {
-	case sources == 0:
-		bad("rules", "no rules: set rules.file (or --rules), rules.lease, or envoy.descriptors (or envoy.directory)")
-	case sources > 1:
-		bad("rules", "rules.file, rules.lease and envoy.descriptors are exclusive: set one")
-	}
-	if l := c.Lease; l != nil {
-		if (l.Voter == nil) == (len(l.Voters) == 0) {
-			bad("lease", "set exactly one of voter (this node is a voter) and voters (the voters' lease RPC addresses)")
-		}
-		for i, v := range l.Voters {
-			addr(fmt.Sprintf("lease.voters[%d]", i), v)
-		}
-		if v := l.Voter; v != nil {
-			if v.DataDir == "" {
-				bad("lease.voter.data_dir", "required")
-			}
-			addr("lease.voter.raft", v.Raft)
-			addr("lease.voter.rpc", v.RPC)
-			self := false
-			names := map[string]bool{}
-			for i, va := range v.Voters {
-				f := fmt.Sprintf("lease.voter.voters[%d]", i)
-				if va.Name == "" {
-					bad(f+".name", "required")
-				}
-				if names[va.Name] {
-					bad(f+".name", "voter %q listed twice", va.Name)
-				}
-				names[va.Name] = true
-				self = self || va.Name == c.Node.Name
-				addr(f+".raft", va.Raft)
-				addr(f+".rpc", va.RPC)
-			}
-			if len(v.Voters) > 0 && !self {
-				bad("lease.voter.voters", "must list this node (%q) among the voters", c.Node.Name)
-			}
-			if n := len(v.Voters); n != 0 && n != 1 && n != 3 && n != 5 {
-				bad("lease.voter.voters", "want 1, 3 or 5 voters, got %d", n)
-			}
-		}
-		tlsFiles("lease.tls", l.TLS, true)
-		nonNeg("lease.lease_duration", l.LeaseDuration)
-		nonNeg("lease.max_skew", l.MaxSkew)
-		nonNeg("lease.check_interval", l.CheckInterval)
-		if !slices.Contains(l.Regions, c.Node.Region) {
-			bad("lease.regions", "must include this node's region %q", c.Node.Region)
-		}
-	}
-	addr("http.listen", c.HTTP.Listen)
-	tlsFiles("http.tls", c.HTTP.TLS, false)
-	if c.AdminTokens.File != "" {
-		file("admin_tokens.file", c.AdminTokens.File)
-	}
-	if _, err := c.tokens(os.Getenv); err != nil {
-		errs = append(errs, err)
-	}
-	if c.MaxKeys < 0 {
-		bad("max_keys", "must not be negative, got %d", c.MaxKeys)
-	}
-	if k := c.Canary; k != nil {
-		if k.Rule == "" {
-			bad("canary.rule", "required")
-		}
-		nonNeg("canary.interval", k.Interval)
-		nonNeg("canary.window", k.Window)
-	}
-	switch c.Log.Level {
-	case "debug", "info", "warn", "error":
-	default:
-		bad("log.level", "want debug, info, warn or error, got %q", c.Log.Level)
-	}
-	switch c.Log.Format {
-	case "text", "json":
-	default:
-		bad("log.format", "want text or json, got %q", c.Log.Format)
-	}
-	if c.Shutdown.Drain <= 0 {
-		bad("shutdown.drain", "must be positive, got %v", c.Shutdown.Drain)
-	}
-	return errors.Join(errs...)
 }
 
 // load reads one gossip key.

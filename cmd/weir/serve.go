@@ -89,30 +89,20 @@ func newLogger(c LogSection, w io.Writer) *slog.Logger {
 // left running.
 func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	d := &daemon{cfg: cfg, log: log, served: make(chan error, 2), addrs: Addrs{Name: cfg.Node.Name, Region: cfg.Node.Region}}
-	var closers []func()
+	st := &startup{cfg: cfg}
 	defer func() {
 		if err != nil {
-			for i := len(closers) - 1; i >= 0; i-- {
-				closers[i]()
-			}
+			st.closeAll()
 		}
 	}()
-	listen := func(field, addr string) (net.Listener, error) {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, cfg.errf(field, "%v", err)
-		}
-		closers = append(closers, func() { ln.Close() })
-		return ln, nil
-	}
-	httpLn, err := listen("http.listen", cfg.HTTP.Listen)
+	httpLn, err := st.listen("http.listen", cfg.HTTP.Listen)
 	if err != nil {
 		return nil, err
 	}
 	d.addrs.HTTP = httpLn.Addr().String()
 	var rlsLn net.Listener
 	if cfg.Envoy != nil {
-		if rlsLn, err = listen("envoy.listen", cfg.Envoy.Listen); err != nil {
+		if rlsLn, err = st.listen("envoy.listen", cfg.Envoy.Listen); err != nil {
 			return nil, err
 		}
 		d.addrs.RLS = rlsLn.Addr().String()
@@ -123,87 +113,24 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 		RulesFile: cfg.Rules.File}
 	var envoyCfg *envoyconf.Config
 	if cfg.servesEnvoy() {
-		files, err := cfg.readEnvoyFiles()
-		if err != nil {
+		if envoyCfg, err = d.loadEnvoy(); err != nil {
 			return nil, err
 		}
-		if envoyCfg, err = cfg.compileEnvoy(files); err != nil {
-			return nil, err
-		}
-		d.inForce = files.digest
-		d.warnSkipped(files)
 		wc.Rules = envoyCfg.Rules()
 	}
-	if g := cfg.Gossip; g != nil {
-		cc := &weir.ClusterConfig{Name: cfg.Node.Name, Region: cfg.Node.Region, GossipAddr: g.Bind, AdvertiseAddr: g.Advertise,
-			Join: g.Join, RPCAddr: cfg.Peer.RPC, SyncInterval: cfg.Peer.SyncInterval, DecideTimeout: cfg.Peer.DecideTimeout,
-			CallTimeout: cfg.Peer.CallTimeout, HandoffTimeout: cfg.Peer.HandoffTimeout, LocalTiming: g.LocalTiming, Label: g.Label}
-		if len(g.Keys) > 0 {
-			keys := make([][]byte, 0, len(g.Keys))
-			for _, k := range g.Keys {
-				b, err := k.load()
-				if err != nil {
-					return nil, cfg.errf("gossip.keys", "%v", err)
-				}
-				keys = append(keys, b)
-			}
-			if cc.Keyring, err = memberlist.NewKeyring(keys[1:], keys[0]); err != nil {
-				return nil, cfg.errf("gossip.keys", "%v", err)
-			}
+	if cfg.Gossip != nil {
+		if wc.Cluster, err = cfg.clusterConfig(); err != nil {
+			return nil, err
 		}
-		if t := cfg.Peer.TLS; t != nil {
-			if cc.ServerTLS, err = serverTLS(t, true); err != nil {
-				return nil, cfg.errf("peer.tls", "%v", err)
-			}
-			if cc.ClientTLS, err = clientTLS(t); err != nil {
-				return nil, cfg.errf("peer.tls", "%v", err)
-			}
-		}
-		wc.Cluster = cc
 	}
 	tokens, err := cfg.tokens(os.Getenv)
 	if err != nil {
 		return nil, err
 	}
-	if l := cfg.Lease; l != nil {
-		lc := &weir.LeaseConfig{Rules: cfg.Rules.Lease, CheckInterval: l.CheckInterval, AdminTokens: tokens,
-			Machine: lease.Config{Regions: l.Regions, LeaseDuration: l.LeaseDuration, MaxSkew: l.MaxSkew}}
-		if l.TLS != nil {
-			if lc.ClientTLS, err = clientTLS(l.TLS); err != nil {
-				return nil, cfg.errf("lease.tls", "%v", err)
-			}
+	if cfg.Lease != nil {
+		if wc.Lease, err = d.leaseConfig(st, tokens); err != nil {
+			return nil, err
 		}
-		if v := l.Voter; v != nil {
-			raftLn, err := listen("lease.voter.raft", v.Raft)
-			if err != nil {
-				return nil, err
-			}
-			rpcLn, err := listen("lease.voter.rpc", v.RPC)
-			if err != nil {
-				return nil, err
-			}
-			d.addrs.LeaseRaft, d.addrs.LeaseRPC = raftLn.Addr().String(), rpcLn.Addr().String()
-			gc := &lease.GroupConfig{Name: cfg.Node.Name, Dir: v.DataDir, RaftListener: raftLn, RPCListener: rpcLn,
-				Machine: lc.Machine, RPCPeers: map[string]string{}, Logger: log}
-			if len(v.Voters) == 0 {
-				gc.Voters = []lease.Voter{{Name: cfg.Node.Name}}
-				gc.RPCPeers[cfg.Node.Name] = d.addrs.LeaseRPC
-			}
-			for _, va := range v.Voters {
-				gc.Voters = append(gc.Voters, lease.Voter{Name: va.Name, Addr: va.Raft})
-				gc.RPCPeers[va.Name] = va.RPC
-			}
-			if l.TLS != nil {
-				if gc.ServerTLS, err = serverTLS(l.TLS, true); err != nil {
-					return nil, cfg.errf("lease.tls", "%v", err)
-				}
-				gc.ClientTLS = lc.ClientTLS
-			}
-			lc.Voter = gc
-		} else {
-			lc.Voters = l.Voters
-		}
-		wc.Lease = lc
 	} else if len(tokens) > 0 {
 		log.Warn("admin tokens are configured but there is no lease section: the rules API answers 503")
 	}
@@ -214,46 +141,214 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	closers = append(closers, func() { node.Close() })
+	st.onFail(func() { node.Close() })
 	d.node = node
 	d.addrs.Gossip = node.GossipAddr()
 
 	d.envoy = envoyCfg
+	d.countReloads(reg)
+	if rlsLn != nil {
+		if err = d.serveRLS(st, reg, rlsLn); err != nil {
+			return nil, err
+		}
+	}
+	if err = d.serveHTTP(reg, httpLn); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// startup is what startDaemon has opened so far: listeners, the node, the
+// directory watch. When the start fails part way, closeAll closes them
+// newest first, so that a failed start leaves nothing bound or running.
+type startup struct {
+	cfg     *Config
+	closers []func()
+}
+
+// listen binds a TCP listener for the config field that names its address;
+// the error names that field.
+func (st *startup) listen(field, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, st.cfg.errf(field, "%v", err)
+	}
+	st.onFail(func() { ln.Close() })
+	return ln, nil
+}
+
+// onFail adds close to what closeAll closes.
+func (st *startup) onFail(close func()) { st.closers = append(st.closers, close) }
+
+// closeAll closes everything opened, newest first.
+func (st *startup) closeAll() {
+	for i := len(st.closers) - 1; i >= 0; i-- {
+		st.closers[i]()
+	}
+}
+
+// loadEnvoy reads and compiles the Envoy descriptor files served at start,
+// and records their digest as the content in force, so that a reload of the
+// same files is no change.
+func (d *daemon) loadEnvoy() (*envoyconf.Config, error) {
+	files, err := d.cfg.readEnvoyFiles()
+	if err != nil {
+		return nil, err
+	}
+	envoyCfg, err := d.cfg.compileEnvoy(files)
+	if err != nil {
+		return nil, err
+	}
+	d.inForce = files.digest
+	d.warnSkipped(files)
+	return envoyCfg, nil
+}
+
+// clusterConfig builds the node's cluster config from the gossip and peer
+// sections (c.Gossip is set): the gossip keyring, whose first key encrypts
+// and all of which decrypt so that keys can be rotated, and the peers'
+// mutual TLS.
+func (c *Config) clusterConfig() (*weir.ClusterConfig, error) {
+	g := c.Gossip
+	cc := &weir.ClusterConfig{Name: c.Node.Name, Region: c.Node.Region, GossipAddr: g.Bind, AdvertiseAddr: g.Advertise,
+		Join: g.Join, RPCAddr: c.Peer.RPC, SyncInterval: c.Peer.SyncInterval, DecideTimeout: c.Peer.DecideTimeout,
+		CallTimeout: c.Peer.CallTimeout, HandoffTimeout: c.Peer.HandoffTimeout, LocalTiming: g.LocalTiming, Label: g.Label}
+	var err error
+	if len(g.Keys) > 0 {
+		keys := make([][]byte, 0, len(g.Keys))
+		for _, k := range g.Keys {
+			b, err := k.load()
+			if err != nil {
+				return nil, c.errf("gossip.keys", "%v", err)
+			}
+			keys = append(keys, b)
+		}
+		if cc.Keyring, err = memberlist.NewKeyring(keys[1:], keys[0]); err != nil {
+			return nil, c.errf("gossip.keys", "%v", err)
+		}
+	}
+	if t := c.Peer.TLS; t != nil {
+		if cc.ServerTLS, err = serverTLS(t, true); err != nil {
+			return nil, c.errf("peer.tls", "%v", err)
+		}
+		if cc.ClientTLS, err = clientTLS(t); err != nil {
+			return nil, c.errf("peer.tls", "%v", err)
+		}
+	}
+	return cc, nil
+}
+
+// leaseConfig builds the node's lease config from the lease section
+// (d.cfg.Lease is set): as a voter, which binds the Raft and lease RPC
+// listeners here so that their addresses are known before the node starts,
+// or as a client of the voters' addresses.
+func (d *daemon) leaseConfig(st *startup, tokens map[string]string) (*weir.LeaseConfig, error) {
+	cfg := d.cfg
+	l := cfg.Lease
+	lc := &weir.LeaseConfig{Rules: cfg.Rules.Lease, CheckInterval: l.CheckInterval, AdminTokens: tokens,
+		Machine: lease.Config{Regions: l.Regions, LeaseDuration: l.LeaseDuration, MaxSkew: l.MaxSkew}}
+	var err error
+	if l.TLS != nil {
+		if lc.ClientTLS, err = clientTLS(l.TLS); err != nil {
+			return nil, cfg.errf("lease.tls", "%v", err)
+		}
+	}
+	if v := l.Voter; v != nil {
+		if lc.Voter, err = d.voterGroup(st, v, lc); err != nil {
+			return nil, err
+		}
+	} else {
+		lc.Voters = l.Voters
+	}
+	return lc, nil
+}
+
+// voterGroup binds the voter's Raft and lease RPC listeners and builds its
+// lease group config: the initial voters (this node alone when none are
+// listed), each voter's lease RPC address, and the voters' mutual TLS,
+// whose client side is lc's.
+func (d *daemon) voterGroup(st *startup, v *VoterSection, lc *weir.LeaseConfig) (*lease.GroupConfig, error) {
+	cfg := d.cfg
+	raftLn, err := st.listen("lease.voter.raft", v.Raft)
+	if err != nil {
+		return nil, err
+	}
+	rpcLn, err := st.listen("lease.voter.rpc", v.RPC)
+	if err != nil {
+		return nil, err
+	}
+	d.addrs.LeaseRaft, d.addrs.LeaseRPC = raftLn.Addr().String(), rpcLn.Addr().String()
+	gc := &lease.GroupConfig{Name: cfg.Node.Name, Dir: v.DataDir, RaftListener: raftLn, RPCListener: rpcLn,
+		Machine: lc.Machine, RPCPeers: map[string]string{}, Logger: d.log}
+	if len(v.Voters) == 0 {
+		gc.Voters = []lease.Voter{{Name: cfg.Node.Name}}
+		gc.RPCPeers[cfg.Node.Name] = d.addrs.LeaseRPC
+	}
+	for _, va := range v.Voters {
+		gc.Voters = append(gc.Voters, lease.Voter{Name: va.Name, Addr: va.Raft})
+		gc.RPCPeers[va.Name] = va.RPC
+	}
+	if t := cfg.Lease.TLS; t != nil {
+		if gc.ServerTLS, err = serverTLS(t, true); err != nil {
+			return nil, cfg.errf("lease.tls", "%v", err)
+		}
+		gc.ClientTLS = lc.ClientTLS
+	}
+	return gc, nil
+}
+
+// countReloads registers weir_daemon_reloads_total with both results at
+// zero, so that a dashboard sees the series before the first reload.
+func (d *daemon) countReloads(reg *prometheus.Registry) {
 	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "weir_daemon_reloads_total",
 		Help: "Reloads of the envoy descriptor files (on SIGHUP, or on a change in their directories), by result: ok, or error (the files in force stay). Each content is counted once; the load at start is not counted."}, []string{"result"})
 	d.reloads.WithLabelValues("ok")
 	d.reloads.WithLabelValues("error")
 	reg.MustRegister(d.reloads)
-	if rlsLn != nil {
-		d.rlsSrv = grpc.NewServer()
-		d.rls = rls.New(node, envoyCfg)
-		d.rls.Register(d.rlsSrv)
-		reg.MustRegister(d.rls.Collector())
-		if cfg.servesEnvoy() {
-			if d.watch, err = watchDirs(cfg.envoyWatchDirs(), 0, cfg.Envoy.Poll); err != nil {
-				return nil, cfg.errf("envoy.directory", "%v", err)
-			}
-			closers = append(closers, d.watch.Close)
+}
+
+// serveRLS starts the Envoy rate limit service on ln with the descriptors
+// in force (d.envoy), registers its metrics, and, when descriptor files are
+// served, watches their directories for the changes that trigger a reload.
+func (d *daemon) serveRLS(st *startup, reg *prometheus.Registry, ln net.Listener) error {
+	cfg := d.cfg
+	d.rlsSrv = grpc.NewServer()
+	d.rls = rls.New(d.node, d.envoy)
+	d.rls.Register(d.rlsSrv)
+	reg.MustRegister(d.rls.Collector())
+	if cfg.servesEnvoy() {
+		var err error
+		if d.watch, err = watchDirs(cfg.envoyWatchDirs(), 0, cfg.Envoy.Poll); err != nil {
+			return cfg.errf("envoy.directory", "%v", err)
 		}
-		d.servers++
-		go func() { d.served <- d.rlsSrv.Serve(rlsLn) }()
+		st.onFail(d.watch.Close)
 	}
-	d.httpSrv = &http.Server{Handler: d.mux(reg), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	d.servers++
+	go func() { d.served <- d.rlsSrv.Serve(ln) }()
+	return nil
+}
+
+// serveHTTP starts the operators' listener on ln (admin API, metrics,
+// status page), over TLS when http.tls is set.
+func (d *daemon) serveHTTP(reg *prometheus.Registry, ln net.Listener) error {
+	cfg := d.cfg
+	d.httpSrv = &http.Server{Handler: d.mux(reg), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	if t := cfg.HTTP.TLS; t != nil {
+		var err error
 		if d.httpSrv.TLSConfig, err = serverTLS(t, false); err != nil {
-			return nil, cfg.errf("http.tls", "%v", err)
+			return cfg.errf("http.tls", "%v", err)
 		}
 		d.addrs.HTTPS = true
 	}
 	d.servers++
 	go func() {
 		if d.httpSrv.TLSConfig != nil {
-			d.served <- d.httpSrv.ServeTLS(httpLn, "", "")
+			d.served <- d.httpSrv.ServeTLS(ln, "", "")
 		} else {
-			d.served <- d.httpSrv.Serve(httpLn)
+			d.served <- d.httpSrv.Serve(ln)
 		}
 	}()
-	return d, nil
+	return nil
 }
 
 // reload reads the envoy descriptor files again and, when they changed and

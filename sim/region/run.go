@@ -428,11 +428,20 @@ func (rg *Region) evicted(ev cluster.Eviction) {
 // envelope (docs/overshoot.md derives each).
 func (rg *Region) deriveTerms() {
 	c := &rg.cfg
-	p := &rg.params
-	B := float64(c.Burst)
-	r := c.rate()
-	T := c.Window.Seconds() / float64(c.Limit) // s per token
 	nMax := c.Nodes + countJoins(c.Faults)
+	rg.liveRange(nMax)
+	rg.deriveSlack(nMax)
+	if c.Sketch > 0 {
+		rg.sketchGating(nMax)
+	}
+	rg.faultTerms(nMax)
+}
+
+// liveRange sets the fewest and the most live nodes the fault schedule
+// passes through, and the smallest side a partition leaves among nMax
+// nodes (the initial ones and every join): the view sizes S depends on.
+func (rg *Region) liveRange(nMax int) {
+	c := &rg.cfg
 	live, liveMin, liveMax := c.Nodes, c.Nodes, c.Nodes
 	sideMin := nMax
 	for _, f := range sortFaults(c.Faults) {
@@ -449,21 +458,67 @@ func (rg *Region) deriveTerms() {
 		liveMin, liveMax = min(liveMin, live), max(liveMax, live)
 	}
 	rg.liveMin, rg.liveMax, rg.sideMin = liveMin, liveMax, sideMin
+}
+
+// deriveSlack sets the initial per-node slack and the S figures of the
+// envelope: S in fault-free stretches (sClean), S while views disagree
+// (sFault) and the most slack one node may then hold (sView). It needs
+// liveRange's counts.
+func (rg *Region) deriveSlack(nMax int) {
+	c := &rg.cfg
+	p := &rg.params
 	rg.slack = p.Slack(c.Nodes)
 	// S in fault-free stretches: the largest (n−1)·sᵢ(n) over the live
 	// counts the run passes through.
-	for n := max(liveMin, 1); n <= liveMax; n++ {
+	for n := max(rg.liveMin, 1); n <= rg.liveMax; n++ {
 		rg.sClean = max(rg.sClean, p.RegionSlack(n))
 	}
 	// S while views disagree: any node may use the slack of the smallest
 	// view that still has a remote owner (a view of one owns everything).
 	// Under demand-following slack a node may hold the largest grant of
 	// any owner it sees (MaxSlack).
-	nView := max(min(liveMin, sideMin), 2)
+	nView := max(min(rg.liveMin, rg.sideMin), 2)
 	rg.sFault = max(int64(nMax-1)*p.MaxSlack(nView), rg.sClean)
-	S := float64(rg.sFault)
-	s := float64(p.MaxSlack(nView))
 	rg.sView = p.MaxSlack(nView)
+}
+
+// sketchGating sets the sketch term's parameters (docs/overshoot.md
+// "Sketch gating"): every incarnation of a node has a sketch of its own, a
+// restarted or joining node an empty one, so sketchN counts incarnations.
+// θ_eff = min(θ, sᵢ(n), B) at the view size n the node has: the initial
+// size without faults, any size up to nMax (a restarted node starts alone)
+// with them.
+func (rg *Region) sketchGating(nMax int) {
+	c := &rg.cfg
+	p := &rg.params
+	rg.sketchN = c.Nodes
+	slackMax := p.Slack(c.Nodes)
+	for _, f := range c.Faults {
+		if f.Kind == FaultRestart || f.Kind == FaultJoin {
+			rg.sketchN++
+		}
+	}
+	if len(c.Faults) > 0 {
+		for n := 1; n <= nMax; n++ {
+			slackMax = max(slackMax, p.Slack(n))
+		}
+	}
+	rg.sketchTheta = min(c.Sketch, slackMax, c.Burst)
+}
+
+// faultTerms sets, for each fault in time order, the window in which the
+// envelope is suspended and the term of tokens the fault may add
+// (docs/overshoot.md "Fault terms"). A window lasts past the fault by the
+// time detection, gossip, the breaker and the timeouts take to settle, and
+// by the refill of B + S tokens. It needs deriveSlack's S figures and
+// sketchGating's θ_eff.
+func (rg *Region) faultTerms(nMax int) {
+	c := &rg.cfg
+	B := float64(c.Burst)
+	r := c.rate()
+	T := c.Window.Seconds() / float64(c.Limit) // s per token
+	S := float64(rg.sFault)
+	s := float64(rg.sView)
 	G := c.Gossip.Seconds()
 	tail := c.Detect + 2*c.Gossip + c.BreakerCooldown + c.CallTimeout + c.DecideTimeout + c.Sync + 2*c.Tick +
 		time.Duration((B+S)*T*1e9)
@@ -480,26 +535,6 @@ func (rg *Region) deriveTerms() {
 		}
 	}
 	ceil := math.Ceil
-	if c.Sketch > 0 {
-		// Gating (docs/overshoot.md "Sketch gating"): every incarnation
-		// of a node has a sketch of its own, a restarted or joining node
-		// an empty one. θ_eff = min(θ, sᵢ(n), B) at the view size n the
-		// node has: the initial size without faults, any size (a
-		// restarted node starts alone) with them.
-		rg.sketchN = c.Nodes
-		slackMax := p.Slack(c.Nodes)
-		for _, f := range c.Faults {
-			if f.Kind == FaultRestart || f.Kind == FaultJoin {
-				rg.sketchN++
-			}
-		}
-		if len(c.Faults) > 0 {
-			for n := 1; n <= nMax; n++ {
-				slackMax = max(slackMax, p.Slack(n))
-			}
-		}
-		rg.sketchTheta = min(c.Sketch, slackMax, c.Burst)
-	}
 	for _, f := range sortFaults(c.Faults) {
 		switch f.Kind {
 		case FaultCrash:
