@@ -23,6 +23,7 @@ import (
 
 	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/cluster/peerpb"
+	"github.com/weir-dev/weir/cluster/shell"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -692,7 +693,7 @@ func (f *benchFixture) benchOwnerCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr, err := cluster.NewGRPCTransport(cluster.GRPCConfig{Self: "replay", Listener: ln,
+	tr, err := shell.NewGRPCTransport(shell.GRPCConfig{Self: "replay", Listener: ln,
 		Handler: func(context.Context, string, *cluster.Message) (*cluster.Message, error) { return nil, nil }})
 	if err != nil {
 		ln.Close()

@@ -215,7 +215,7 @@ func (c *accCluster) close() {
 // is called; stop reports whether any of them ever held other members than
 // idx. That happens when a live node is declared dead and comes back,
 // which memberlist's local timing does on a badly overloaded machine (see
-// cluster.ProfileLocal): a fault the test did not inject, so a run it falls
+// shell.ProfileLocal): a fault the test did not inject, so a run it falls
 // in is not a run with no fault.
 func (c *accCluster) watchRings(idx ...int) (stop func() (changed bool)) {
 	var nodes []*Node

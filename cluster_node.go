@@ -16,6 +16,7 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/cluster/shell"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -42,7 +43,7 @@ type ClusterConfig struct {
 	// Keyring, instead of or with SecretKey, holds several gossip keys
 	// (memberlist.NewKeyring). Keep a reference to rotate keys with no
 	// downtime: AddKey(new) on every node, then UseKey(new) on every node,
-	// then RemoveKey(old) (see cluster.Membership and docs/cluster.md).
+	// then RemoveKey(old) (see shell.Membership and docs/cluster.md).
 	Keyring *memberlist.Keyring
 	// RPCAddr is the "ip:port" the peer gRPC server listens on; port 0 picks
 	// a free one. Default "127.0.0.1:0".
@@ -72,7 +73,7 @@ type ClusterConfig struct {
 	MaxBatch int
 	// Shards is the number of independent decision cores the identities
 	// are spread over, each behind its own lock (a power of two, at most
-	// cluster.MaxShards); 0 means cluster.DefaultShards.
+	// shell.MaxShards); 0 means shell.DefaultShards.
 	Shards int
 	// LocalTiming selects memberlist timings for a single machine (fast
 	// failure detection, for tests and the demo) instead of LAN defaults.
@@ -111,9 +112,9 @@ type netHooks struct {
 
 // clusterPart is a node's cluster machinery.
 type clusterPart struct {
-	mem   *cluster.Membership
-	tr    *cluster.GRPCTransport
-	shell *cluster.Shell
+	mem   *shell.Membership
+	tr    *shell.GRPCTransport
+	shell *shell.Node
 	epoch atomic.Uint64
 	done  chan struct{}
 	wg    sync.WaitGroup
@@ -147,7 +148,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 		return fmt.Errorf("weir: Config.Cluster.RPCAddr: %w", err)
 	}
 	cp := &clusterPart{done: make(chan struct{}), region: cc.Region, version: make(chan uint64, 1)}
-	tr, err := cluster.NewGRPCTransport(cluster.GRPCConfig{
+	tr, err := shell.NewGRPCTransport(shell.GRPCConfig{
 		Self: cc.Name, Listener: ln, ServerTLS: cc.ServerTLS, ClientTLS: cc.ClientTLS, Logger: n.log, Dialer: dial,
 		Handler: func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 			return cp.shell.Handle(ctx, from, m)
@@ -158,7 +159,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 		return fmt.Errorf("weir: Config.Cluster: peer RPC: %w", err)
 	}
 	cp.tr = tr
-	sh, err := cluster.NewShell(cluster.ShellConfig{
+	sh, err := shell.New(shell.Config{
 		Coordinator: cluster.CoordinatorConfig{Self: cc.Name, SyncInterval: cc.SyncInterval, DecideTimeout: cc.DecideTimeout, HandoffTimeout: cc.HandoffTimeout,
 			Shares: n.shares(), MaxKeys: cc.MaxKeys, SketchSeed: n.hasher.Sum("\x00seed: cluster sketch")},
 		Transport: tr, CallTimeout: cc.CallTimeout, Linger: cc.Linger, MaxBatch: cc.MaxBatch, Shards: cc.Shards, Clock: n.now, Logger: n.log,
@@ -172,9 +173,9 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	// A ring of just this node until membership says otherwise.
 	self, _ := cluster.NewRing(0, []cluster.Member{{Name: cc.Name, Addr: tr.Addr()}})
 	sh.SetRing(self)
-	profile := cluster.ProfileLAN
+	profile := shell.ProfileLAN
 	if cc.LocalTiming {
-		profile = cluster.ProfileLocal
+		profile = shell.ProfileLocal
 	}
 	gossip := cc.GossipAddr
 	if gossip == "" {
@@ -184,7 +185,7 @@ func (n *Node) startCluster(cc *ClusterConfig) error {
 	if cc.keyFormat != 0 {
 		cp.speaks = cc.keyFormat
 	}
-	mem, err := cluster.StartMembership(cluster.MembershipConfig{
+	mem, err := shell.StartMembership(shell.MembershipConfig{
 		Name: cc.Name, Region: cc.Region, BindAddr: gossip, AdvertiseAddr: cc.AdvertiseAddr, Join: cc.Join,
 		SecretKey: cc.SecretKey, Keyring: cc.Keyring, RPCAddr: tr.Addr(), Label: cc.Label, Profile: profile, Logger: n.log,
 		WrapTransport: wrapGossip, KeyFormat: uint8(cp.speaks),
@@ -249,7 +250,7 @@ func (n *Node) publishVersions() {
 		case v := <-cp.version:
 			meta := cp.mem.LocalMeta()
 			meta.RulesVersion = v
-			if err := cp.mem.SetMeta(meta); err != nil && !errors.Is(err, cluster.ErrBroadcastTimeout) {
+			if err := cp.mem.SetMeta(meta); err != nil && !errors.Is(err, shell.ErrBroadcastTimeout) {
 				n.log.Warn("could not gossip the rule version", "version", v, "err", err)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/cluster/shell"
 	"github.com/weir-dev/weir/internal/hitters"
 	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
@@ -152,7 +153,7 @@ func overrideSuffix(c *crule, src int, id string) string {
 // format 1, and the fleet switches once its last member speaks format 2
 // (docs/operations.md, "The bucket key format"). A member that left no
 // longer counts.
-func (n *Node) noteKeyFormat(members []cluster.MemberInfo) {
+func (n *Node) noteKeyFormat(members []shell.MemberInfo) {
 	f := n.cluster.speaks
 	for _, mi := range members {
 		f = min(f, uint32(mi.KeyFormat))

@@ -43,7 +43,7 @@ type Backlog struct {
 func (b *Backlog) Add(m *Message) {
 	syncs := m.Syncs
 	m.Syncs = nil
-	b.msg.merge(m)
+	b.msg.Merge(m)
 	m.Syncs = syncs
 	if len(syncs) == 0 {
 		return
@@ -159,8 +159,8 @@ func keepLarger[T any](kept, s []T, limit int) []T {
 // over.
 const maxReuseItems = MaxBatchItems
 
-// merge appends n's items to m's, keeping their order; n is the newer.
-func (m *Message) merge(n *Message) {
+// Merge appends n's items to m's, keeping their order; n is the newer.
+func (m *Message) Merge(n *Message) {
 	m.Epoch = n.Epoch
 	m.Syncs = append(m.Syncs, n.Syncs...)
 	m.Decides = append(m.Decides, n.Decides...)

@@ -111,7 +111,7 @@ func TestBacklogReuseMatchesModel(t *testing.T) {
 				}
 			}
 			m.Syncs = nil
-			others.merge(&m)
+			others.Merge(&m)
 			// The caller's arrays stay the caller's.
 			if len(m.Acks) > 0 {
 				m.Acks[0].Total = -1
@@ -174,4 +174,24 @@ func TestBacklogReuseClears(t *testing.T) {
 	if second.Syncs[0].Identity != "c" || third.Syncs[0].Identity != "d" {
 		t.Fatal("a later fill wrote into a take not handed back")
 	}
+}
+
+// normal turns empty slices into nil for comparison.
+func normal(m Message) Message {
+	if len(m.Handoffs) == 0 {
+		m.Handoffs = nil
+	}
+	if len(m.Syncs) == 0 {
+		m.Syncs = nil
+	}
+	if len(m.Decides) == 0 {
+		m.Decides = nil
+	}
+	if len(m.Acks) == 0 {
+		m.Acks = nil
+	}
+	if len(m.Results) == 0 {
+		m.Results = nil
+	}
+	return m
 }

@@ -704,3 +704,25 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 
 // HasReady reports whether Ready would return anything.
 func (c *Coordinator) HasReady() bool { return len(c.outs) > 0 || len(c.done) > 0 }
+
+// Add adds every counter of o to st (the shell sums its shards' with it).
+func (st *Stats) Add(o *Stats) {
+	st.LocalAdmits += o.LocalAdmits
+	st.ViewRejects += o.ViewRejects
+	st.Forwarded += o.Forwarded
+	st.RemoteResults += o.RemoteResults
+	st.Degraded += o.Degraded
+	st.SyncsSent += o.SyncsSent
+	st.AcksSent += o.AcksSent
+	st.ReportsCharged += o.ReportsCharged
+	st.Entries += o.Entries
+	st.Owned += o.Owned
+	st.SketchAdmits += o.SketchAdmits
+	st.SketchPromotions += o.SketchPromotions
+	st.SketchBytes += o.SketchBytes
+	st.EvictedIdle += o.EvictedIdle
+	st.EvictedViews += o.EvictedViews
+	st.EvictedForgiven += o.EvictedForgiven
+	st.OverCap += o.OverCap
+	st.ForgivenTokens += o.ForgivenTokens
+}

@@ -355,6 +355,12 @@ func (l *Links) SetPeers(members []Member, into []string) []string {
 	return into
 }
 
+// InFlight reports whether an exchange with to is in flight.
+func (l *Links) InFlight(to string) bool {
+	k := l.links[to]
+	return k != nil && k.busy
+}
+
 // Busy returns the number of peers with an exchange in flight.
 func (l *Links) Busy() int { return l.inflight }
 

@@ -226,3 +226,15 @@ type Ready struct {
 	Messages    []Envelope
 	Completions []Completion
 }
+
+// Limits of one batch on the wire.
+const (
+	// MaxNodeNameBytes caps Batch.from (memberlist names are far shorter).
+	MaxNodeNameBytes = 256
+	// MaxRuleIDBytes caps a rule id.
+	MaxRuleIDBytes = 128
+	// MaxIdentityBytes caps an identity.
+	MaxIdentityBytes = 1024
+	// MaxBatchItems caps the items of all kinds in one batch.
+	MaxBatchItems = 65536
+)

@@ -159,30 +159,33 @@ func sketchSlots(seed uint64, width, depth int, identity string, idx *[quota.Max
 	}
 }
 
-// sketchHint is where a gated rule's counters live, published by the Shell
-// for Prefetch: read without the Shell's lock, so it holds plain values
+// SketchHint is where a gated rule's counters live, published by the shell
+// for its prefetch: read without the shell's lock, so it holds plain values
 // (base is an address, not a pointer: it keeps nothing alive, and a
 // prefetch of memory since freed is harmless, it never faults).
-type sketchHint struct {
+type SketchHint struct {
 	rule         string
 	seed         uint64
 	base         uintptr // &counts[0]
 	width, depth int
 }
 
-// sketchHint returns the hint for ruleID's sketch on this coordinator, or false
+// SketchHint returns the hint for ruleID's sketch on this coordinator, or false
 // when the rule is not gated or its sketch holds no counters now.
-func (c *Coordinator) sketchHint(ruleID string) (sketchHint, bool) {
+func (c *Coordinator) SketchHint(ruleID string) (SketchHint, bool) {
 	r, ok := c.rule(ruleID)
 	if !ok || r.sk == nil || r.sk.counts == nil {
-		return sketchHint{}, false
+		return SketchHint{}, false
 	}
 	s := r.sk
-	return sketchHint{rule: ruleID, seed: s.seed, base: uintptr(unsafe.Pointer(&s.counts[0])), width: s.p.Width, depth: s.p.Depth}, true
+	return SketchHint{rule: ruleID, seed: s.seed, base: uintptr(unsafe.Pointer(&s.counts[0])), width: s.p.Width, depth: s.p.Depth}, true
 }
 
-// prefetch starts loading identity's counters into the cache.
-func (h *sketchHint) prefetch(identity string) {
+// Rule returns the id of the rule whose sketch the hint is of.
+func (h *SketchHint) Rule() string { return h.rule }
+
+// Prefetch starts loading identity's counters into the cache.
+func (h *SketchHint) Prefetch(identity string) {
 	var idx [quota.MaxSketchDepth]int
 	sketchSlots(h.seed, h.width, h.depth, identity, &idx)
 	for i := range h.depth {

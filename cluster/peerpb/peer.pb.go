@@ -1,7 +1,7 @@
 // The peer protocol of weir's cluster package: one Batch per peer per
 // linger, answered by one Batch (on a unary call or a long-lived stream).
 // It mirrors cluster.Message field for field;
-// cluster/wire.go converts and validates. Durations are nanoseconds measured
+// cluster/shell/wire.go converts and validates. Durations are nanoseconds measured
 // on the sender; no field is a point in the sender's clock.
 //
 // Regenerate with scripts/gen-proto.sh; the generated code is committed.

@@ -52,7 +52,7 @@ var TrafficKinds = []string{TrafficConstant, TrafficSaturate, TrafficBursty, Tra
 
 // Config is one simulated run: a region of Nodes gateways enforcing one
 // GCRA rule under Traffic, with Faults. The zero values of the optional
-// fields are the production defaults (cluster.ShellConfig and
+// fields are the production defaults (shell.Config and
 // cluster.CoordinatorConfig).
 type Config struct {
 	// Nodes is the number of gateways at the start (n0 ... n{Nodes-1}).

@@ -13,7 +13,7 @@
 //
 // # What is modelled, and the simplifications
 //
-//   - Nodes: the adapter around each coordinator does what cluster.Shell
+//   - Nodes: the adapter around each coordinator does what shell.Node
 //     does. It sends Nagle's way: what a decision queues leaves at once
 //     when no exchange of the node is in flight, else when one returns,
 //     with a flush one linger later as a backstop. At most one exchange

@@ -10,7 +10,7 @@ import (
 // node is one simulated gateway: the real cluster.Coordinator and the
 // real cluster.Links (the policy of the exchanges with peers: one in flight
 // per peer, Nagle's sending, the breakers) in an adapter that does under
-// the virtual clock what cluster.Shell does with goroutines and sockets:
+// the virtual clock what shell.Node does with goroutines and sockets:
 //
 //   - A decision is followed by what Links.Decided makes of it: a flush
 //     now, or the backstop flush after the linger (nodeFlush), or nothing.

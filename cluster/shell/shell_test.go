@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/cluster"
+
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 
@@ -18,7 +20,7 @@ import (
 // testNode is one shell over the real gRPC transport on loopback.
 type testNode struct {
 	name  string
-	shell *Shell
+	shell *Node
 	tr    *GRPCTransport
 }
 
@@ -28,11 +30,11 @@ func startGRPCCluster(t *testing.T, n int, rules ...quota.Rule) []*testNode {
 }
 
 // startGRPCClusterWith is startGRPCCluster with a change to every node's
-// ShellConfig.
-func startGRPCClusterWith(t *testing.T, n int, tweak func(*ShellConfig), rules ...quota.Rule) []*testNode {
+// Config.
+func startGRPCClusterWith(t *testing.T, n int, tweak func(*Config), rules ...quota.Rule) []*testNode {
 	t.Helper()
 	var nodes []*testNode
-	var members []Member
+	var members []cluster.Member
 	for i := range n {
 		name := fmt.Sprintf("gw-%d", i)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -41,7 +43,7 @@ func startGRPCClusterWith(t *testing.T, n int, tweak func(*ShellConfig), rules .
 		}
 		tn := &testNode{name: name}
 		tr, err := NewGRPCTransport(GRPCConfig{Self: name, Listener: ln,
-			Handler: func(ctx context.Context, from string, m *Message) (*Message, error) {
+			Handler: func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 				return tn.shell.Handle(ctx, from, m)
 			}})
 		if err != nil {
@@ -49,20 +51,20 @@ func startGRPCClusterWith(t *testing.T, n int, tweak func(*ShellConfig), rules .
 		}
 		tn.tr = tr
 		// Generous timeouts: CI runs this with -race on a loaded 2-core box.
-		cfg := ShellConfig{Coordinator: CoordinatorConfig{Self: name, DecideTimeout: time.Second},
+		cfg := Config{Coordinator: cluster.CoordinatorConfig{Self: name, DecideTimeout: time.Second},
 			Transport: tr, CallTimeout: 2 * time.Second}
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		sh, err := NewShell(cfg)
+		sh, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		tn.shell = sh
 		nodes = append(nodes, tn)
-		members = append(members, Member{Name: name, Addr: tr.Addr()})
+		members = append(members, cluster.Member{Name: name, Addr: tr.Addr()})
 	}
-	ring, err := NewRing(1, members)
+	ring, err := cluster.NewRing(1, members)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +92,7 @@ func TestShellOverGRPC(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			rule := gcraRule("api", mode, 200, time.Second, 20)
 			nodes := startGRPCCluster(t, 3, rule)
-			p, _ := NewRuleParams(&rule, 1)
+			p, _ := cluster.NewRuleParams(&rule, 1)
 			var S int64
 			if mode == quota.ModeShared {
 				S = 2 * p.Slack(3)
@@ -202,7 +204,7 @@ func TestShellBatchSize(t *testing.T) {
 	// A linger far longer than the test: what does not go at once (no
 	// exchange in flight) or when the exchange in flight returns must go
 	// by the size trigger; nothing waits for the linger.
-	nodes := startGRPCClusterWith(t, 2, func(c *ShellConfig) {
+	nodes := startGRPCClusterWith(t, 2, func(c *Config) {
 		c.MaxBatch = 8
 		c.Linger = time.Hour
 	}, rule)
@@ -254,25 +256,25 @@ func TestShellBatchSize(t *testing.T) {
 // parts of at most n items.
 func TestMessageSplit(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		m := Message{Epoch: 7}
+		m := cluster.Message{Epoch: 7}
 		for i := range rapid.IntRange(0, 20).Draw(t, "handoffs") {
-			m.Handoffs = append(m.Handoffs, HandoffItem{Identity: fmt.Sprint("h", i)})
+			m.Handoffs = append(m.Handoffs, cluster.HandoffItem{Identity: fmt.Sprint("h", i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "syncs") {
-			m.Syncs = append(m.Syncs, SyncItem{Identity: fmt.Sprint("s", i)})
+			m.Syncs = append(m.Syncs, cluster.SyncItem{Identity: fmt.Sprint("s", i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "decides") {
-			m.Decides = append(m.Decides, DecideItem{Ticket: uint64(i)})
+			m.Decides = append(m.Decides, cluster.DecideItem{Ticket: uint64(i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "acks") {
-			m.Acks = append(m.Acks, AckItem{Identity: fmt.Sprint("a", i)})
+			m.Acks = append(m.Acks, cluster.AckItem{Identity: fmt.Sprint("a", i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "results") {
-			m.Results = append(m.Results, ResultItem{Ticket: uint64(i)})
+			m.Results = append(m.Results, cluster.ResultItem{Ticket: uint64(i)})
 		}
 		n := rapid.IntRange(1, 30).Draw(t, "n")
 		parts := m.Split(n)
-		var joined Message
+		var joined cluster.Message
 		joined.Epoch = 7
 		for i, p := range parts {
 			if p.Items() > n || (p.Items() == 0 && m.Items() > 0) {
@@ -297,7 +299,7 @@ func TestMessageSplit(t *testing.T) {
 }
 
 // normal turns empty slices into nil for comparison.
-func normal(m Message) Message {
+func normal(m cluster.Message) cluster.Message {
 	if len(m.Handoffs) == 0 {
 		m.Handoffs = nil
 	}
@@ -327,7 +329,7 @@ func TestShellShards(t *testing.T) {
 	for _, shards := range []int{1, 8} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
 			rule := gcraRule("api", quota.ModeExact, burst, time.Hour, burst)
-			nodes := startGRPCClusterWith(t, 3, func(c *ShellConfig) { c.Shards = shards }, rule)
+			nodes := startGRPCClusterWith(t, 3, func(c *Config) { c.Shards = shards }, rule)
 			admitted := make([]int, ids)
 			var mu sync.Mutex
 			var wg sync.WaitGroup
@@ -377,7 +379,7 @@ func TestShellShards(t *testing.T) {
 // TestShellConfigShards: the shard count is a power of two in range.
 func TestShellConfigShards(t *testing.T) {
 	for _, n := range []int{-1, 3, 12, MaxShards * 2} {
-		_, err := NewShell(ShellConfig{Coordinator: CoordinatorConfig{Self: "a"}, Transport: NewInmemNetwork().Transport("a", nil), Shards: n})
+		_, err := New(Config{Coordinator: cluster.CoordinatorConfig{Self: "a"}, Transport: NewInmemNetwork().Transport("a", nil), Shards: n})
 		if err == nil {
 			t.Errorf("Shards %d accepted", n)
 		}
@@ -385,9 +387,9 @@ func TestShellConfigShards(t *testing.T) {
 }
 
 // TestStatsAddEveryField: Stats.add sums every field, so a counter added
-// to Stats later cannot be lost in the Shell's sum over shards.
+// to Stats later cannot be lost in the Node's sum over shards.
 func TestStatsAddEveryField(t *testing.T) {
-	var one Stats
+	var one cluster.Stats
 	v := reflect.ValueOf(&one).Elem()
 	for i := range v.NumField() {
 		switch f := v.Field(i); f.Kind() {
@@ -399,9 +401,9 @@ func TestStatsAddEveryField(t *testing.T) {
 			t.Fatalf("Stats.%s: kind %s not handled by this test", v.Type().Field(i).Name, f.Kind())
 		}
 	}
-	var sum Stats
-	sum.add(&one)
-	sum.add(&one)
+	var sum cluster.Stats
+	sum.Add(&one)
+	sum.Add(&one)
 	w := reflect.ValueOf(sum)
 	for i := range w.NumField() {
 		if f := w.Field(i); !(f.CanInt() && f.Int() == 2) && !(f.CanUint() && f.Uint() == 2) {

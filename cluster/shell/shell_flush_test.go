@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"go.uber.org/goleak"
 
@@ -19,7 +21,7 @@ import (
 // away, the first tick two seconds): the only way it can leave is in b's
 // reply to a's Flush. a, stepping
 // that reply inside Flush, decides it as the owner, and its result must
-// reach b, whose caller then gets a remote admission; the Shell dropped it
+// reach b, whose caller then gets a remote admission; the Node dropped it
 // before, and the caller got a degraded decision at its decide timeout.
 func TestFlushSendsWhatRepliesReady(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -29,9 +31,9 @@ func TestFlushSendsWhatRepliesReady(t *testing.T) {
 func testFlushSendsWhatRepliesReady(t *testing.T) {
 	rules := []quota.Rule{gcraRule("s", quota.ModeShared, 1000, time.Second, 100), gcraRule("e", quota.ModeExact, 1000, time.Second, 100)}
 	names := []string{"gw-a", "gw-b", "gw-c"}
-	shells := map[string]*Shell{}
+	shells := map[string]*Node{}
 	release := make(chan struct{}) // c answers once it is closed
-	var members []Member
+	var members []cluster.Member
 	var trs []*GRPCTransport
 	for _, name := range names {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -40,7 +42,7 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 		}
 		slow := name == "gw-c"
 		tr, err := NewGRPCTransport(GRPCConfig{Self: name, Listener: ln,
-			Handler: func(ctx context.Context, from string, m *Message) (*Message, error) {
+			Handler: func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 				if slow {
 					select { // keeps every exchange with c in flight
 					case <-release:
@@ -54,8 +56,8 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 			t.Fatal(err)
 		}
 		trs = append(trs, tr)
-		sh, err := NewShell(ShellConfig{
-			Coordinator: CoordinatorConfig{Self: name, DecideTimeout: time.Second, SyncInterval: time.Hour},
+		sh, err := New(Config{
+			Coordinator: cluster.CoordinatorConfig{Self: name, DecideTimeout: time.Second, SyncInterval: time.Hour},
 			Transport:   tr, CallTimeout: 20 * time.Second, Linger: time.Hour, Shards: 1,
 			// The ticker flushes too: its first tick comes long after the
 			// exchanges below (and expires a decision the bug strands).
@@ -64,7 +66,7 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 			t.Fatal(err)
 		}
 		shells[name] = sh
-		members = append(members, Member{Name: name, Addr: tr.Addr()})
+		members = append(members, cluster.Member{Name: name, Addr: tr.Addr()})
 	}
 	t.Cleanup(func() {
 		for i, name := range names {
@@ -80,7 +82,7 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 		}
 	}
 	t.Cleanup(free) // runs first: c answers, so the shells can close
-	ring, err := NewRing(1, members)
+	ring, err := cluster.NewRing(1, members)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,13 +108,12 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	// returned (the ring's first exchanges), so that nothing returning
 	// collects what b queues next, and no reply of b's (nor anything b's
 	// handler sends on) but its reply to a's Flush can carry it.
-	onlyC := func(sh *Shell) bool {
+	onlyC := func(sh *Node) bool {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		l := sh.lk.links["gw-c"]
-		return l != nil && l.busy && sh.lk.Busy() == 1
+		return sh.lk.InFlight("gw-c") && sh.lk.Busy() == 1
 	}
-	idle := func(sh *Shell) bool {
+	idle := func(sh *Node) bool {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
 		return sh.lk.Busy() == 0
@@ -134,12 +135,12 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	}
 	// a admits y within its slack (unreported: the sync interval is an
 	// hour), then flushes: one exchange to y's owner b.
-	if o, err := a.Decide(ctx, "s", y, 1); err != nil || !o.Allowed || o.Source != SourceSlack {
+	if o, err := a.Decide(ctx, "s", y, 1); err != nil || !o.Allowed || o.Source != cluster.SourceSlack {
 		t.Fatalf("a's admission of %s: %+v, %v", y, o, err)
 	}
 	a.Flush()
 
-	if o := <-xDone; !o.Allowed || o.Degraded || o.Source != SourceRemote {
+	if o := <-xDone; !o.Allowed || o.Degraded || o.Source != cluster.SourceRemote {
 		t.Errorf("b's decision for %s: %+v, want a remote admission by its owner", x, o)
 	}
 	free()
@@ -156,8 +157,8 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 // waitFor polls cond for up to ten seconds.
 // decideAsync decides one token of identity under rule on sh in a
 // goroutine of its own and hands the outcome to the channel it returns.
-func decideAsync(t *testing.T, sh *Shell, rule, identity string) <-chan Outcome {
-	done := make(chan Outcome, 1)
+func decideAsync(t *testing.T, sh *Node, rule, identity string) <-chan cluster.Outcome {
+	done := make(chan cluster.Outcome, 1)
 	go func() {
 		o, err := sh.Decide(context.Background(), rule, identity, 1)
 		if err != nil {

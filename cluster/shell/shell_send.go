@@ -1,10 +1,12 @@
-package cluster
+package shell
 
 import (
 	"context"
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 )
 
 // nudge carries out what Links.Decided makes of a decision that left its
@@ -13,7 +15,7 @@ import (
 // backstop flush after the linger, or nothing. A decision that left
 // nothing to send (a local admission or rejection) takes no lock:
 // Decided answers NudgeNone to it.
-func (s *Shell) nudge(pending, ready bool, queued int) {
+func (s *Node) nudge(pending, ready bool, queued int) {
 	if (!pending && !ready) || s.closed.Load() {
 		return // nothing is sent once Close has begun
 	}
@@ -21,16 +23,16 @@ func (s *Shell) nudge(pending, ready bool, queued int) {
 	n := s.lk.Decided(pending, ready, queued)
 	s.mu.Unlock()
 	switch n {
-	case NudgeFlush:
+	case cluster.NudgeFlush:
 		s.flush()
-	case NudgeLinger:
+	case cluster.NudgeLinger:
 		s.signalFlusher()
 	}
 }
 
 // collect flushes when a decision left work pending for a returning
 // exchange (Links.Collect).
-func (s *Shell) collect() {
+func (s *Node) collect() {
 	if s.closed.Load() {
 		return
 	}
@@ -44,7 +46,7 @@ func (s *Shell) collect() {
 
 // kickLocked asks for the backstop flush after the linger, unless one is
 // due already (under s.mu).
-func (s *Shell) kickLocked() {
+func (s *Node) kickLocked() {
 	if s.lk.Kick() {
 		s.signalFlusher()
 	}
@@ -52,7 +54,7 @@ func (s *Shell) kickLocked() {
 
 // signalFlusher wakes the flusher, which flushes after the linger. Links
 // asks for one backstop flush at a time, so the channel has room.
-func (s *Shell) signalFlusher() {
+func (s *Node) signalFlusher() {
 	select {
 	case s.flushC <- struct{}{}:
 	default:
@@ -61,12 +63,12 @@ func (s *Shell) signalFlusher() {
 
 // Handle is the Transport Handler: it steps an incoming batch through the
 // core and returns what the core has for the sender as the reply.
-func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, error) {
+func (s *Node) Handle(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 	if s.closed.Load() {
 		return nil, errors.New("cluster: node closed")
 	}
-	reply := &Message{}
-	var others []Envelope
+	reply := &cluster.Message{}
+	var others []cluster.Envelope
 	for _, env := range s.step(from, m) {
 		if env.To != from {
 			others = append(others, env)
@@ -75,21 +77,21 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 		// The reply carries one batch, in arrays of its own (the
 		// transport drops it once encoded, so the pool's would not come
 		// back); anything beyond it follows as exchanges of its own.
-		var rest Message
+		var rest cluster.Message
 		first := true
-		eachPart(&env.Msg, s.cfg.MaxBatch, func(part *Message) bool {
+		eachPart(&env.Msg, s.cfg.MaxBatch, func(part *cluster.Message) bool {
 			if first {
 				*reply, first = cloneMessage(part), false
 			} else {
 				if rest.Items() == 0 {
 					rest = s.pool.get()
 				}
-				rest.merge(part)
+				rest.Merge(part)
 			}
 			return true
 		})
 		if rest.Items() > 0 {
-			others = append(others, Envelope{To: from, Msg: rest})
+			others = append(others, cluster.Envelope{To: from, Msg: rest})
 		}
 		s.pool.put(&env.Msg)
 	}
@@ -100,7 +102,7 @@ func (s *Shell) Handle(ctx context.Context, from string, m *Message) (*Message, 
 }
 
 // complete hands completions to their waiters (under sh.mu).
-func (sh *shard) complete(cs []Completion) {
+func (sh *shard) complete(cs []cluster.Completion) {
 	for _, c := range cs {
 		if ch, ok := sh.waits[c.Ticket]; ok {
 			ch <- c.Outcome
@@ -109,7 +111,7 @@ func (sh *shard) complete(cs []Completion) {
 	}
 }
 
-func (s *Shell) ticker() {
+func (s *Node) ticker() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.TickInterval)
 	defer t.Stop()
@@ -136,7 +138,7 @@ func (s *Shell) ticker() {
 	}
 }
 
-func (s *Shell) flusher() {
+func (s *Node) flusher() {
 	defer s.wg.Done()
 	for {
 		select {
@@ -161,28 +163,28 @@ func (s *Shell) flusher() {
 // Flush reports every identity's unsent spend to its owner and waits for
 // the exchanges (each bounded by CallTimeout): a node does it before it
 // leaves, so that what it admitted is charged.
-func (s *Shell) Flush() { s.flushWith(func(now int64, c *Coordinator) { c.FlushAll(now) }) }
+func (s *Node) Flush() { s.flushWith(func(now int64, c *cluster.Coordinator) { c.FlushAll(now) }) }
 
 // Leave hands every bucket this node owns to its owner in the ring without
 // this node, reports all unsent spend, and waits for the exchanges: the
 // graceful half of leaving (the caller then leaves the membership).
-func (s *Shell) Leave() {
+func (s *Node) Leave() {
 	r := s.ring.Load()
-	var rest []Member
+	var rest []cluster.Member
 	for _, m := range r.Members() {
 		if m.Name != s.cfg.Coordinator.Self {
 			rest = append(rest, m)
 		}
 	}
-	next, err := NewRing(r.Epoch()+1, rest)
+	next, err := cluster.NewRing(r.Epoch()+1, rest)
 	if err != nil || next.Len() == 0 {
 		s.Flush()
 		return
 	}
-	s.flushWith(func(now int64, c *Coordinator) { c.HandoffAll(now, next) })
+	s.flushWith(func(now int64, c *cluster.Coordinator) { c.HandoffAll(now, next) })
 }
 
-func (s *Shell) flushWith(queue func(now int64, c *Coordinator)) {
+func (s *Node) flushWith(queue func(now int64, c *cluster.Coordinator)) {
 	var wg sync.WaitGroup
 	for _, env := range s.withAll(queue) {
 		wg.Add(1)
@@ -212,7 +214,7 @@ func (s *Shell) flushWith(queue func(now int64, c *Coordinator)) {
 }
 
 // addrOf returns a member's peer address from the ring (its name if absent).
-func (s *Shell) addrOf(name string) string {
+func (s *Node) addrOf(name string) string {
 	if r := s.ring.Load(); r != nil {
 		if i := r.IndexOf(name); i >= 0 {
 			return r.Member(i).Addr
@@ -227,7 +229,7 @@ func (s *Shell) addrOf(name string) string {
 // straight from the shards' outboxes (s.mu is held throughout, so that no
 // exchange starts or ends meanwhile): under load, when every peer is
 // busy, the items are copied once on their way, not merged first.
-func (s *Shell) flush() {
+func (s *Node) flush() {
 	out := outboxes{pool: &s.pool}
 	s.mu.Lock()
 	out.lk = s.lk
@@ -245,7 +247,7 @@ func (s *Shell) flush() {
 
 // send exchanges one batch with a peer in its own goroutine and steps the
 // reply back in. Failures feed the peer's breaker.
-func (s *Shell) send(env Envelope) {
+func (s *Node) send(env cluster.Envelope) {
 	// One exchange in flight per peer (Links.Send): what is due to a busy
 	// peer joins its Backlog for the next exchange.
 	s.mu.Lock()
@@ -265,13 +267,13 @@ func (s *Shell) send(env Envelope) {
 // arrays of each message sent go back to the peer's Backlog, for it to
 // fill while the next exchange is in flight (and to the pool at the end).
 // It calls s.wg.Done when it returns.
-func (s *Shell) run(to, addr string, msg Message) {
+func (s *Node) run(to, addr string, msg cluster.Message) {
 	defer s.wg.Done()
 	for {
 		// Most batches fit in one exchange; a larger one goes as parts
 		// that are windows on its arrays (the transport copies nothing
 		// back into them), in Split's order.
-		eachPart(&msg, s.cfg.MaxBatch, func(part *Message) bool {
+		eachPart(&msg, s.cfg.MaxBatch, func(part *cluster.Message) bool {
 			// A failed part ends the batch: the rest is dropped, as a
 			// lost message.
 			return s.exchange(to, addr, part)
@@ -302,7 +304,7 @@ func (s *Shell) run(to, addr string, msg Message) {
 
 // exchange sends one batch, steps the reply in and sends what follows from
 // it; it reports whether the exchange succeeded.
-func (s *Shell) exchange(to, addr string, msg *Message) bool {
+func (s *Node) exchange(to, addr string, msg *cluster.Message) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 	defer cancel()
 	reply, err := s.cfg.Transport.Exchange(ctx, addr, msg)
@@ -312,14 +314,14 @@ func (s *Shell) exchange(to, addr string, msg *Message) bool {
 	}
 	s.mu.Lock()
 	switch s.lk.Outcome(s.now(), to, err == nil) {
-	case BreakerOpened:
+	case cluster.BreakerOpened:
 		s.setPeerDown(s.now(), to, true)
 		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", to, "err", err)
-	case BreakerClosed:
+	case cluster.BreakerClosed:
 		s.peerUp(to)
 	}
 	s.mu.Unlock()
-	var envs []Envelope
+	var envs []cluster.Envelope
 	if err == nil && reply != nil && !reply.Empty() {
 		envs = s.step(to, reply)
 	}
@@ -334,14 +336,14 @@ func (s *Shell) exchange(to, addr string, msg *Message) bool {
 
 // peerUp marks a peer whose breaker closed up again in every shard (under
 // s.mu).
-func (s *Shell) peerUp(peer string) {
+func (s *Node) peerUp(peer string) {
 	s.setPeerDown(0, peer, false)
 	s.log.Info("peer reachable again", "peer", peer)
 }
 
 // setPeerDown marks peer down or back in every shard (under s.mu). The
 // requests a shard then decides by on_failure complete at the next flush.
-func (s *Shell) setPeerDown(now int64, peer string, down bool) {
+func (s *Node) setPeerDown(now int64, peer string, down bool) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.lock()

@@ -1,7 +1,9 @@
-package cluster
+package shell
 
 import (
 	"sync/atomic"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"github.com/weir-dev/weir/bucket"
 )
@@ -17,7 +19,7 @@ const rejSlots = 256
 // times a second by nodes that are not its owner, each time by the same
 // arithmetic on the same state (Coordinator.Decide's view).
 //
-// After a view rejection the Shell stores, under the shard's mutex, the
+// After a view rejection the Node stores, under the shard's mutex, the
 // state behind it (ViewReject) with the shard's generation. Every change to
 // the coordinator's state other than Decide (Step, Tick, SetTable,
 // SetRules, Refund, SetPeerDown, FlushAll, HandoffAll) bumps the
@@ -34,7 +36,7 @@ type rejCache struct {
 // rejEntry is one cached view rejection: immutable once stored.
 type rejEntry struct {
 	gen uint64
-	v   ViewReject
+	v   cluster.ViewReject
 }
 
 // slot returns the slot of the identity whose shard hash is h (its high
@@ -54,7 +56,7 @@ func (rc *rejCache) lookup(h uint64, now int64, ruleID, identity string, cost in
 
 // store caches v as of the current generation. The caller holds the
 // shard's mutex.
-func (rc *rejCache) store(h uint64, v ViewReject) {
+func (rc *rejCache) store(h uint64, v cluster.ViewReject) {
 	rc.slot(h).Store(&rejEntry{gen: rc.gen.Load(), v: v})
 }
 

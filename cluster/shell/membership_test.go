@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/goleak"
@@ -186,7 +188,7 @@ func memberNames(ms []MemberInfo) string {
 // setMeta calls SetMeta and fails t unless it succeeded or only timed out
 // waiting for the broadcast (the update still spreads; that happens when a
 // loaded machine makes the local profile's failure detector flap).
-func setMeta(t *testing.T, n node, meta Meta) {
+func setMeta(t *testing.T, n node, meta cluster.Meta) {
 	t.Helper()
 	err := n.SetMeta(meta)
 	if errors.Is(err, ErrBroadcastTimeout) {
@@ -252,7 +254,7 @@ func TestMembershipConverges(t *testing.T) {
 	for _, n := range nodes {
 		got := n.Members()
 		for _, mi := range got {
-			want := Meta{Region: "eu", RPCAddr: mi.Name + ".rpc:7000"}
+			want := cluster.Meta{Region: "eu", RPCAddr: mi.Name + ".rpc:7000"}
 			if mi.Meta != want {
 				t.Errorf("%s sees %s with meta %+v, want %+v", n.LocalName(), mi.Name, mi.Meta, want)
 			}
@@ -371,10 +373,10 @@ func TestMembershipSetMetaPropagates(t *testing.T) {
 	}
 
 	// Invalid metadata changes nothing.
-	if err := nodes[1].SetMeta(Meta{Region: "us", RulesVersion: 8}); err == nil || !strings.Contains(err.Error(), "region") {
+	if err := nodes[1].SetMeta(cluster.Meta{Region: "us", RulesVersion: 8}); err == nil || !strings.Contains(err.Error(), "region") {
 		t.Errorf("SetMeta with another region = %v, want a region error", err)
 	}
-	if err := nodes[1].SetMeta(Meta{Region: "eu", RPCAddr: strings.Repeat("x", MetaMaxSize)}); err == nil {
+	if err := nodes[1].SetMeta(cluster.Meta{Region: "eu", RPCAddr: strings.Repeat("x", cluster.MetaMaxSize)}); err == nil {
 		t.Error("SetMeta with an oversized meta succeeded")
 	}
 	if got := nodes[1].LocalMeta(); got != meta {
@@ -400,7 +402,7 @@ func TestMembershipSlowConsumer(t *testing.T) {
 	// under its lock: each must return at once.
 	const injected = 3 * eventBuffer
 	ghost := func(v uint64) *memberlist.Node {
-		meta, err := Meta{Region: "eu", RulesVersion: v}.MarshalBinary()
+		meta, err := cluster.Meta{Region: "eu", RulesVersion: v}.MarshalBinary()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -593,7 +595,7 @@ func TestMembershipMalformedMeta(t *testing.T) {
 	}
 
 	ev := a.rec.waitEvent(t, "join of the bad peer", isEvent(EventJoin, "bad"))
-	if ev.Member.Meta != (Meta{}) {
+	if ev.Member.Meta != (cluster.Meta{}) {
 		t.Errorf("bad peer's join carries %+v, want the zero Meta", ev.Member.Meta)
 	}
 	joined := a.MalformedMeta()
@@ -604,7 +606,7 @@ func TestMembershipMalformedMeta(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev = a.rec.waitEvent(t, "leave of the bad peer", isEvent(EventLeave, "bad"))
-	if ev.Member.Meta != (Meta{}) {
+	if ev.Member.Meta != (cluster.Meta{}) {
 		t.Errorf("bad peer's leave carries %+v, want the zero Meta", ev.Member.Meta)
 	}
 	if got := a.MalformedMeta(); got <= joined {
@@ -639,7 +641,7 @@ func TestMembershipConfigErrors(t *testing.T) {
 		{"short key", func(c *MembershipConfig) { c.SecretKey = []byte("short") }, "SecretKey"},
 		{"profile", func(c *MembershipConfig) { c.Profile = 9 }, "Profile 9 is unknown"},
 		{"label", func(c *MembershipConfig) { c.Label = strings.Repeat("l", 256) }, "Label"},
-		{"meta too big", func(c *MembershipConfig) { c.RPCAddr = strings.Repeat("x", MetaMaxSize) }, "512-byte limit"},
+		{"meta too big", func(c *MembershipConfig) { c.RPCAddr = strings.Repeat("x", cluster.MetaMaxSize) }, "512-byte limit"},
 		{"join unreachable", func(c *MembershipConfig) { c.Join = []string{deadAddr} }, "could not join"},
 	}
 	for _, tc := range cases {

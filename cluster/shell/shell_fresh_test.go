@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"pgregory.net/rapid"
 
@@ -18,27 +20,27 @@ import (
 // marker and epoch included), and a part that fails stops the rest.
 func TestEachPartMatchesSplit(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		m := Message{Epoch: 7, HandedOver: rapid.Uint64Range(0, 2).Draw(t, "marker")}
+		m := cluster.Message{Epoch: 7, HandedOver: rapid.Uint64Range(0, 2).Draw(t, "marker")}
 		for i := range rapid.IntRange(0, 20).Draw(t, "handoffs") {
-			m.Handoffs = append(m.Handoffs, HandoffItem{Identity: fmt.Sprint("h", i)})
+			m.Handoffs = append(m.Handoffs, cluster.HandoffItem{Identity: fmt.Sprint("h", i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "syncs") {
-			m.Syncs = append(m.Syncs, SyncItem{Identity: fmt.Sprint("s", i)})
+			m.Syncs = append(m.Syncs, cluster.SyncItem{Identity: fmt.Sprint("s", i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "decides") {
-			m.Decides = append(m.Decides, DecideItem{Ticket: uint64(i + 1)})
+			m.Decides = append(m.Decides, cluster.DecideItem{Ticket: uint64(i + 1)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "acks") {
-			m.Acks = append(m.Acks, AckItem{Identity: fmt.Sprint("a", i)})
+			m.Acks = append(m.Acks, cluster.AckItem{Identity: fmt.Sprint("a", i)})
 		}
 		for i := range rapid.IntRange(0, 20).Draw(t, "results") {
-			m.Results = append(m.Results, ResultItem{Ticket: uint64(i + 1)})
+			m.Results = append(m.Results, cluster.ResultItem{Ticket: uint64(i + 1)})
 		}
 		n := rapid.IntRange(1, 30).Draw(t, "n")
 		want := m.Split(n)
 		stop := rapid.IntRange(0, len(want)).Draw(t, "stop") // the part that fails (len: none)
-		var got []Message
-		eachPart(&m, n, func(p *Message) bool {
+		var got []cluster.Message
+		eachPart(&m, n, func(p *cluster.Message) bool {
 			got = append(got, cloneMessage(p))
 			if p.Items() > 0 && (cap(p.Syncs) > len(p.Syncs) || cap(p.Acks) > len(p.Acks)) && p != &m {
 				t.Fatalf("part %d leaves room to append into the message's items", len(got)-1)
@@ -75,7 +77,7 @@ func freshRule() quota.Rule {
 // nothing is degraded.
 func TestShellFreshIdentitiesAllCharged(t *testing.T) {
 	rule := freshRule()
-	nodes := startGRPCClusterWith(t, 3, func(c *ShellConfig) { c.MaxBatch = 64 }, rule)
+	nodes := startGRPCClusterWith(t, 3, func(c *Config) { c.MaxBatch = 64 }, rule)
 	const callers, each = 6, 500
 	var wg sync.WaitGroup
 	for c := range callers {
@@ -96,7 +98,7 @@ func TestShellFreshIdentitiesAllCharged(t *testing.T) {
 	for _, tn := range nodes {
 		tn.shell.Flush()
 	}
-	owner := func(id string) *Shell {
+	owner := func(id string) *Node {
 		st, err := nodes[0].shell.Inspect("fresh", id)
 		if err != nil {
 			t.Fatal(err)
@@ -142,33 +144,33 @@ func TestShellFreshIdentitiesAllCharged(t *testing.T) {
 // cpu-ns/op is the process's CPU time (user and system) per identity.
 func BenchmarkShellFreshIdentities(b *testing.B) {
 	rule := freshRule()
-	p, err := NewRuleParams(&rule, 1)
+	p, err := cluster.NewRuleParams(&rule, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var shells []*Shell
-	var members []Member
+	var shells []*Node
+	var members []cluster.Member
 	for i := range 3 {
 		name := fmt.Sprintf("gw-%d", i)
-		var sh *Shell
-		tr := newGRPC(b, name, func(ctx context.Context, from string, m *Message) (*Message, error) {
+		var sh *Node
+		tr := newGRPC(b, name, func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 			return sh.Handle(ctx, from, m)
 		})
-		sh, err = NewShell(ShellConfig{Coordinator: CoordinatorConfig{Self: name, DecideTimeout: time.Second, MaxKeys: 4 << 20},
+		sh, err = New(Config{Coordinator: cluster.CoordinatorConfig{Self: name, DecideTimeout: time.Second, MaxKeys: 4 << 20},
 			Transport: tr, CallTimeout: 5 * time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { sh.Close() })
 		shells = append(shells, sh)
-		members = append(members, Member{Name: name, Addr: tr.Addr()})
+		members = append(members, cluster.Member{Name: name, Addr: tr.Addr()})
 	}
-	ring, err := NewRing(1, members)
+	ring, err := cluster.NewRing(1, members)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, sh := range shells {
-		sh.SetRules([]RuleParams{p})
+		sh.SetRules([]cluster.RuleParams{p})
 		sh.SetRing(ring)
 	}
 	// The identities, never seen before, and how many are decided on a
@@ -231,25 +233,25 @@ func BenchmarkShellFreshIdentities(b *testing.B) {
 func TestShellSplitByShard(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		shift := rapid.UintRange(1, 4).Draw(t, "shift")
-		s := &Shell{shards: make([]shard, 1<<shift), shift: shift}
-		m := Message{Epoch: 3, HandedOver: rapid.Uint64Range(0, 1).Draw(t, "marker")}
+		s := &Node{shards: make([]shard, 1<<shift), shift: shift}
+		m := cluster.Message{Epoch: 3, HandedOver: rapid.Uint64Range(0, 1).Draw(t, "marker")}
 		id := func(kind string, i int) string { return fmt.Sprint(kind, rapid.IntRange(0, 50).Draw(t, "id"), "-", i) }
 		for i := range rapid.IntRange(0, 30).Draw(t, "handoffs") {
-			m.Handoffs = append(m.Handoffs, HandoffItem{Rule: "r", Identity: id("h", i), Count: int64(i)})
+			m.Handoffs = append(m.Handoffs, cluster.HandoffItem{Rule: "r", Identity: id("h", i), Count: int64(i)})
 		}
 		for i := range rapid.IntRange(0, 30).Draw(t, "syncs") {
-			m.Syncs = append(m.Syncs, SyncItem{Rule: "r", Identity: id("s", i), Total: int64(i)})
+			m.Syncs = append(m.Syncs, cluster.SyncItem{Rule: "r", Identity: id("s", i), Total: int64(i)})
 		}
 		for i := range rapid.IntRange(0, 30).Draw(t, "decides") {
-			m.Decides = append(m.Decides, DecideItem{Ticket: uint64(i + 1), Rule: "r", Identity: id("d", i)})
+			m.Decides = append(m.Decides, cluster.DecideItem{Ticket: uint64(i + 1), Rule: "r", Identity: id("d", i)})
 		}
 		for i := range rapid.IntRange(0, 30).Draw(t, "acks") {
-			m.Acks = append(m.Acks, AckItem{Rule: "r", Identity: id("a", i), Total: int64(i)})
+			m.Acks = append(m.Acks, cluster.AckItem{Rule: "r", Identity: id("a", i), Total: int64(i)})
 		}
 		for i := range rapid.IntRange(0, 30).Draw(t, "results") {
-			m.Results = append(m.Results, ResultItem{Ticket: rapid.Uint64Range(1, 1<<20).Draw(t, "ticket"), Remaining: int64(i)})
+			m.Results = append(m.Results, cluster.ResultItem{Ticket: rapid.Uint64Range(1, 1<<20).Draw(t, "ticket"), Remaining: int64(i)})
 		}
-		want := make([]Message, len(s.shards))
+		want := make([]cluster.Message, len(s.shards))
 		for i := range want {
 			want[i].Epoch, want[i].HandedOver = m.Epoch, m.HandedOver
 		}

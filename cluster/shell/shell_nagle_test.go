@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"go.uber.org/goleak"
 
@@ -21,7 +23,7 @@ type countingTransport struct {
 	exchanges, decides atomic.Int64
 }
 
-func (c *countingTransport) Exchange(ctx context.Context, addr string, m *Message) (*Message, error) {
+func (c *countingTransport) Exchange(ctx context.Context, addr string, m *cluster.Message) (*cluster.Message, error) {
 	c.exchanges.Add(1)
 	c.decides.Add(int64(len(m.Decides)))
 	if c.delay > 0 {
@@ -37,7 +39,7 @@ func (c *countingTransport) Exchange(ctx context.Context, addr string, m *Messag
 }
 
 // nagleCluster starts two nodes over gRPC on loopback whose linger and tick
-// interval are far longer than the test, so that only the Shell's Nagle
+// interval are far longer than the test, so that only the Node's Nagle
 // sending can carry a forwarded decision (neither the flusher's linger nor
 // the ticker's flush ever fires). Exchanges from gw-0 go through a
 // countingTransport with the given delay.
@@ -45,7 +47,7 @@ func nagleCluster(t *testing.T, delay time.Duration) ([]*testNode, *countingTran
 	t.Helper()
 	var ct *countingTransport
 	rule := gcraRule("api", quota.ModeExact, 1_000_000, time.Second, 1_000_000)
-	nodes := startGRPCClusterWith(t, 2, func(c *ShellConfig) {
+	nodes := startGRPCClusterWith(t, 2, func(c *Config) {
 		c.Linger = time.Hour
 		c.TickInterval = time.Hour
 		if c.Coordinator.Self == "gw-0" {
@@ -90,7 +92,7 @@ func TestShellSendsAtOnceWhenIdle(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		o, err := nodes[0].shell.Decide(ctx, "api", id, 1)
 		cancel()
-		if err != nil || !o.Allowed || o.Degraded || o.Source != SourceRemote {
+		if err != nil || !o.Allowed || o.Degraded || o.Source != cluster.SourceRemote {
 			t.Fatalf("%s: allowed=%v degraded=%v source=%v err=%v", id, o.Allowed, o.Degraded, o.Source, err)
 		}
 	}
@@ -119,7 +121,7 @@ func TestShellBatchesWhileInFlight(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			o, err := nodes[0].shell.Decide(ctx, "api", id, 1)
-			if err != nil || !o.Allowed || o.Degraded || o.Source != SourceRemote {
+			if err != nil || !o.Allowed || o.Degraded || o.Source != cluster.SourceRemote {
 				t.Errorf("%s: allowed=%v degraded=%v source=%v err=%v", id, o.Allowed, o.Degraded, o.Source, err)
 			}
 		}()
@@ -141,7 +143,7 @@ func TestShellBatchesWhileInFlight(t *testing.T) {
 }
 
 // idleLinks reports whether sh has no exchange in flight.
-func idleLinks(sh *Shell) bool {
+func idleLinks(sh *Node) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.lk.Busy() == 0

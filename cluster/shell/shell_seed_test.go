@@ -1,19 +1,21 @@
-package cluster
+package shell
 
 import (
 	"fmt"
 	"testing"
 
+	"github.com/weir-dev/weir/cluster"
+
 	"github.com/weir-dev/weir/bucket"
 )
 
 // TestShellShardSeeded: the shard an identity is decided in follows
-// ShellConfig.Hasher, so a node's per-process seed reshuffles the shards
+// Config.Hasher, so a node's per-process seed reshuffles the shards
 // (a client cannot choose identities that all queue on one mutex), while
 // the zero Hasher stays deterministic.
 func TestShellShardSeeded(t *testing.T) {
-	shell := func(h bucket.Hasher) *Shell {
-		s, err := NewShell(ShellConfig{Coordinator: CoordinatorConfig{Self: "a"}, Transport: NewInmemNetwork().Transport("a", nil),
+	shell := func(h bucket.Hasher) *Node {
+		s, err := New(Config{Coordinator: cluster.CoordinatorConfig{Self: "a"}, Transport: NewInmemNetwork().Transport("a", nil),
 			Shards: 16, Hasher: h})
 		if err != nil {
 			t.Fatal(err)
@@ -21,7 +23,7 @@ func TestShellShardSeeded(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}
-	shards := func(s *Shell) []int {
+	shards := func(s *Node) []int {
 		out := make([]int, 256)
 		for i := range out {
 			out[i] = s.shardOf(fmt.Sprintf("user-%d", i))

@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -70,7 +72,7 @@ type Membership struct {
 
 	setMu     sync.Mutex   // serializes SetMeta
 	metaMu    sync.RWMutex // guards meta and metaBytes
-	meta      Meta
+	meta      cluster.Meta
 	metaBytes []byte
 
 	mu       sync.Mutex
@@ -260,7 +262,7 @@ type MemberInfo struct {
 	Addr string
 	// Meta is the member's decoded metadata; the zero Meta if it was
 	// malformed (counted by MalformedMeta).
-	Meta Meta
+	Meta cluster.Meta
 	// KeyFormat is the highest bucket-key format the member speaks
 	// (MembershipConfig.KeyFormat), at least 1: nodes that predate key
 	// formats gossip none and speak format 1. It travels in memberlist's
@@ -348,16 +350,16 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 }
 
 // memberlistConfig validates cfg and translates it.
-func (cfg MembershipConfig) memberlistConfig() (*memberlist.Config, Meta, error) {
+func (cfg MembershipConfig) memberlistConfig() (*memberlist.Config, cluster.Meta, error) {
 	if cfg.Name == "" {
-		return nil, Meta{}, errors.New("cluster: MembershipConfig.Name is required")
+		return nil, cluster.Meta{}, errors.New("cluster: MembershipConfig.Name is required")
 	}
 	if cfg.Region == "" {
-		return nil, Meta{}, errors.New("cluster: MembershipConfig.Region is required")
+		return nil, cluster.Meta{}, errors.New("cluster: MembershipConfig.Region is required")
 	}
 	c, err := cfg.Profile.memberlistConfig()
 	if err != nil {
-		return nil, Meta{}, err
+		return nil, cluster.Meta{}, err
 	}
 	c.Name = cfg.Name
 
@@ -366,28 +368,28 @@ func (cfg MembershipConfig) memberlistConfig() (*memberlist.Config, Meta, error)
 		bind = "127.0.0.1:0"
 	}
 	if c.BindAddr, c.BindPort, err = parseIPPort("BindAddr", bind); err != nil {
-		return nil, Meta{}, err
+		return nil, cluster.Meta{}, err
 	}
 	c.AdvertiseAddr, c.AdvertisePort = "", 0
 	if cfg.AdvertiseAddr != "" {
 		if c.AdvertiseAddr, c.AdvertisePort, err = parseIPPort("AdvertiseAddr", cfg.AdvertiseAddr); err != nil {
-			return nil, Meta{}, err
+			return nil, cluster.Meta{}, err
 		}
 		if c.AdvertisePort == 0 {
-			return nil, Meta{}, fmt.Errorf("cluster: MembershipConfig.AdvertiseAddr %q: port must not be 0", cfg.AdvertiseAddr)
+			return nil, cluster.Meta{}, fmt.Errorf("cluster: MembershipConfig.AdvertiseAddr %q: port must not be 0", cfg.AdvertiseAddr)
 		}
 	}
 
 	if cfg.SecretKey != nil {
 		if err := memberlist.ValidateKey(cfg.SecretKey); err != nil {
-			return nil, Meta{}, fmt.Errorf("cluster: MembershipConfig.SecretKey: %w", err)
+			return nil, cluster.Meta{}, fmt.Errorf("cluster: MembershipConfig.SecretKey: %w", err)
 		}
 		c.SecretKey = cfg.SecretKey
 	}
 	c.Keyring = cfg.Keyring
 
 	if len(cfg.Label) > 255 {
-		return nil, Meta{}, fmt.Errorf("cluster: MembershipConfig.Label is %d bytes, over 255", len(cfg.Label))
+		return nil, cluster.Meta{}, fmt.Errorf("cluster: MembershipConfig.Label is %d bytes, over 255", len(cfg.Label))
 	}
 	c.Label = cfg.Label
 	c.DelegateProtocolMin, c.DelegateProtocolMax, c.DelegateProtocolVersion = 0, cfg.KeyFormat, 0
@@ -398,7 +400,7 @@ func (cfg MembershipConfig) memberlistConfig() (*memberlist.Config, Meta, error)
 	} else {
 		c.Logger = log.New(io.Discard, "", 0)
 	}
-	return c, Meta{Region: cfg.Region, RPCAddr: cfg.RPCAddr, RulesVersion: cfg.RulesVersion}, nil
+	return c, cluster.Meta{Region: cfg.Region, RPCAddr: cfg.RPCAddr, RulesVersion: cfg.RulesVersion}, nil
 }
 
 // parseIPPort splits "ip:port"; memberlist binds and advertises IP addresses
@@ -450,7 +452,7 @@ func (m *Membership) LocalName() string { return m.name }
 func (m *Membership) GossipAddr() string { return m.addr }
 
 // LocalMeta returns the metadata this node currently gossips.
-func (m *Membership) LocalMeta() Meta {
+func (m *Membership) LocalMeta() cluster.Meta {
 	m.metaMu.RLock()
 	defer m.metaMu.RUnlock()
 	return m.meta
@@ -471,7 +473,7 @@ func (m *Membership) MalformedMeta() uint64 { return m.badMeta.Load() }
 // 5 s; past that it returns an error wrapping ErrBroadcastTimeout, and the
 // update is in force locally and still spreads. An invalid meta changes
 // nothing.
-func (m *Membership) SetMeta(meta Meta) error {
+func (m *Membership) SetMeta(meta cluster.Meta) error {
 	if m.closed.Load() {
 		return ErrClosed
 	}
@@ -699,7 +701,7 @@ func (m *Membership) nextDeparted(now time.Time, forget time.Duration) (string, 
 func memberInfo(n *memberlist.Node) (MemberInfo, bool) {
 	info := MemberInfo{Name: n.Name, Addr: n.Address(), KeyFormat: max(n.DMax, 1)}
 	if err := info.Meta.UnmarshalBinary(n.Meta); err != nil {
-		info.Meta = Meta{}
+		info.Meta = cluster.Meta{}
 		return info, false
 	}
 	return info, true

@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -55,9 +57,9 @@ func newGRPC(tb testing.TB, self string, h Handler, mod ...func(*GRPCConfig)) *G
 func TestGRPCRoundTrip(t *testing.T) {
 	checkTransportLeaks(t)
 	var gotFrom atomic.Value
-	var gotMsg atomic.Pointer[Message]
-	reply := &Message{Epoch: 5, Results: []ResultItem{{Ticket: 9, Allowed: true, Remaining: 1, Reset: 2, RetryAfter: 3, Debt: -4}}}
-	b := newGRPC(t, "b", func(_ context.Context, from string, m *Message) (*Message, error) {
+	var gotMsg atomic.Pointer[cluster.Message]
+	reply := &cluster.Message{Epoch: 5, Results: []cluster.ResultItem{{Ticket: 9, Allowed: true, Remaining: 1, Reset: 2, RetryAfter: 3, Debt: -4}}}
+	b := newGRPC(t, "b", func(_ context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 		gotFrom.Store(from)
 		gotMsg.Store(m)
 		return reply, nil
@@ -92,16 +94,16 @@ func TestGRPCRoundTrip(t *testing.T) {
 
 func TestGRPCHandlerErrorAndEmptyReply(t *testing.T) {
 	checkTransportLeaks(t)
-	bad := newGRPC(t, "bad", func(context.Context, string, *Message) (*Message, error) {
+	bad := newGRPC(t, "bad", func(context.Context, string, *cluster.Message) (*cluster.Message, error) {
 		return nil, errors.New("rule set not loaded")
 	})
-	empty := newGRPC(t, "empty", func(context.Context, string, *Message) (*Message, error) { return nil, nil })
+	empty := newGRPC(t, "empty", func(context.Context, string, *cluster.Message) (*cluster.Message, error) { return nil, nil })
 	a := newGRPC(t, "a", echo(new(atomic.Int64)))
-	_, err := a.Exchange(callCtx(t), bad.Addr(), &Message{Epoch: 1})
+	_, err := a.Exchange(callCtx(t), bad.Addr(), &cluster.Message{Epoch: 1})
 	if !errors.Is(err, ErrPeerHandler) || !strings.Contains(err.Error(), "rule set not loaded") {
 		t.Errorf("handler error: err = %v, want ErrPeerHandler with the handler's text", err)
 	}
-	r, err := a.Exchange(callCtx(t), empty.Addr(), &Message{Epoch: 1})
+	r, err := a.Exchange(callCtx(t), empty.Addr(), &cluster.Message{Epoch: 1})
 	if err != nil || r == nil || !r.Empty() || r.Epoch != 0 {
 		t.Errorf("nil reply: got %+v, %v; want an empty Message", r, err)
 	}
@@ -112,7 +114,7 @@ func TestGRPCHandlerErrorAndEmptyReply(t *testing.T) {
 func TestGRPCDeadline(t *testing.T) {
 	checkTransportLeaks(t)
 	released := make(chan struct{}, 1)
-	slow := newGRPC(t, "slow", func(ctx context.Context, _ string, m *Message) (*Message, error) {
+	slow := newGRPC(t, "slow", func(ctx context.Context, _ string, m *cluster.Message) (*cluster.Message, error) {
 		if m.Epoch == 0 {
 			return m, nil // the warm-up call
 		}
@@ -122,13 +124,13 @@ func TestGRPCDeadline(t *testing.T) {
 	})
 	a := newGRPC(t, "a", echo(new(atomic.Int64)))
 	// Connect first so that the measured call is only the handler's wait.
-	if _, err := a.Exchange(callCtx(t), slow.Addr(), &Message{}); err != nil {
+	if _, err := a.Exchange(callCtx(t), slow.Addr(), &cluster.Message{}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := a.Exchange(ctx, slow.Addr(), &Message{Epoch: 1})
+	_, err := a.Exchange(ctx, slow.Addr(), &cluster.Message{Epoch: 1})
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("Exchange returned after %v with a 100ms deadline", d)
 	}
@@ -142,7 +144,7 @@ func TestGRPCDeadline(t *testing.T) {
 	}
 	// The stream the late answer was due on is dropped; the next exchange
 	// gets a fresh one and its own answer.
-	if got, err := a.Exchange(callCtx(t), slow.Addr(), &Message{}); err != nil || got.Epoch != 0 {
+	if got, err := a.Exchange(callCtx(t), slow.Addr(), &cluster.Message{}); err != nil || got.Epoch != 0 {
 		t.Errorf("exchange after a deadline: %+v, %v; want the echo of epoch 0", got, err)
 	}
 }
@@ -176,7 +178,7 @@ func TestGRPCStreamFallsBackToUnary(t *testing.T) {
 
 	a := newGRPC(t, "a", echo(new(atomic.Int64)))
 	for i := range 3 {
-		got, err := a.Exchange(callCtx(t), ln.Addr().String(), &Message{Epoch: uint64(i + 1)})
+		got, err := a.Exchange(callCtx(t), ln.Addr().String(), &cluster.Message{Epoch: uint64(i + 1)})
 		if err != nil || got.Epoch != uint64(i+1) {
 			t.Fatalf("exchange %d with an old peer: %+v, %v", i, got, err)
 		}
@@ -199,7 +201,7 @@ func TestGRPCStreamReusedAndRestarted(t *testing.T) {
 	a := newGRPC(t, "a", echo(new(atomic.Int64)))
 	addr := b.Addr()
 	for i := range 5 {
-		if _, err := a.Exchange(callCtx(t), addr, &Message{Epoch: uint64(i)}); err != nil {
+		if _, err := a.Exchange(callCtx(t), addr, &cluster.Message{Epoch: uint64(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -231,7 +233,7 @@ func TestGRPCStreamReusedAndRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b2.Close() })
-	if got, err := a.Exchange(callCtx(t), addr, &Message{Epoch: 9}); err != nil || got.Epoch != 9 {
+	if got, err := a.Exchange(callCtx(t), addr, &cluster.Message{Epoch: 9}); err != nil || got.Epoch != 9 {
 		t.Errorf("first exchange after the peer restarted: %+v, %v", got, err)
 	}
 }
@@ -242,7 +244,7 @@ func TestGRPCCloseEndsIdleStreams(t *testing.T) {
 	checkTransportLeaks(t)
 	b := newGRPC(t, "b", echo(new(atomic.Int64)), func(c *GRPCConfig) { c.ShutdownGrace = time.Hour })
 	a := newGRPC(t, "a", echo(new(atomic.Int64)))
-	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); err != nil {
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{}); err != nil {
 		t.Fatal(err)
 	}
 	closed := make(chan error, 1)
@@ -255,7 +257,7 @@ func TestGRPCCloseEndsIdleStreams(t *testing.T) {
 	case <-time.After(callLimit):
 		t.Fatal("Close waited for an idle stream (its grace is an hour)")
 	}
-	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); !errors.Is(err, ErrUnreachable) {
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{}); !errors.Is(err, ErrUnreachable) {
 		t.Errorf("after the peer closed: err = %v, want ErrUnreachable", err)
 	}
 }
@@ -273,7 +275,7 @@ func TestGRPCPeerDown(t *testing.T) {
 	ln.Close()
 	for i := range 2 { // the first call dials; the second finds the connection failed
 		start := time.Now()
-		_, err := a.Exchange(callCtx(t), down, &Message{})
+		_, err := a.Exchange(callCtx(t), down, &cluster.Message{})
 		if !errors.Is(err, ErrUnreachable) {
 			t.Errorf("call %d: err = %v, want ErrUnreachable", i, err)
 		}
@@ -284,14 +286,14 @@ func TestGRPCPeerDown(t *testing.T) {
 
 	// A peer that was up and closes is the same.
 	b := newGRPC(t, "b", echo(new(atomic.Int64)))
-	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); err != nil {
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); !errors.Is(err, ErrUnreachable) {
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{}); !errors.Is(err, ErrUnreachable) {
 		t.Errorf("after the peer closed: err = %v, want ErrUnreachable", err)
 	}
 	if d := time.Since(start); d > time.Second {
@@ -303,13 +305,13 @@ func TestGRPCClosed(t *testing.T) {
 	checkTransportLeaks(t)
 	b := newGRPC(t, "b", echo(new(atomic.Int64)))
 	a := newGRPC(t, "a", echo(new(atomic.Int64)))
-	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); err != nil {
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Exchange(callCtx(t), b.Addr(), &Message{}); !errors.Is(err, ErrTransportClosed) {
+	if _, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{}); !errors.Is(err, ErrTransportClosed) {
 		t.Errorf("after Close: err = %v, want ErrTransportClosed", err)
 	}
 }
@@ -351,7 +353,7 @@ func TestGRPCMalformed(t *testing.T) {
 	raw := peerpb.NewPeerClient(cc)
 	bad := []*peerpb.Batch{
 		{From: "x", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte("i"), Cost: -5}}},
-		{From: "x", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte(strings.Repeat("i", MaxIdentityBytes+1))}}},
+		{From: "x", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte(strings.Repeat("i", cluster.MaxIdentityBytes+1))}}},
 		{Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i")}}},
 	}
 	for i, batch := range bad {
@@ -460,7 +462,7 @@ func TestGRPCMutualTLS(t *testing.T) {
 		"certificate of another": {other.client},
 	} {
 		c := client(strings.ReplaceAll(name, " ", "-"), certs)
-		_, err := c.Exchange(callCtx(t), b.Addr(), &Message{})
+		_, err := c.Exchange(callCtx(t), b.Addr(), &cluster.Message{})
 		if err == nil {
 			t.Errorf("%s: accepted", name)
 		}
@@ -469,7 +471,7 @@ func TestGRPCMutualTLS(t *testing.T) {
 	// A plaintext client is refused too.
 	plain := client("plain", nil)
 	plain.cfg.ClientTLS = nil
-	_, err = plain.Exchange(callCtx(t), b.Addr(), &Message{})
+	_, err = plain.Exchange(callCtx(t), b.Addr(), &cluster.Message{})
 	if err == nil {
 		t.Error("plaintext client: accepted")
 	}
@@ -480,15 +482,15 @@ func TestGRPCMutualTLS(t *testing.T) {
 }
 
 // smallBatch is a typical linger's batch to one peer.
-func smallBatch() *Message {
-	return &Message{
+func smallBatch() *cluster.Message {
+	return &cluster.Message{
 		Epoch: 3,
-		Syncs: []SyncItem{
+		Syncs: []cluster.SyncItem{
 			{Rule: "api", Identity: "user:1", Gen: 1, Total: 12},
 			{Rule: "api", Identity: "user:2", Gen: 1, Total: 3},
 		},
-		Decides: []DecideItem{{Ticket: 41, Rule: "login", Identity: "10.1.2.3", Cost: 1}},
-		Acks:    []AckItem{{Rule: "api", Identity: "user:9", Gen: 2, Total: 40, Debt: -1_000_000}},
+		Decides: []cluster.DecideItem{{Ticket: 41, Rule: "login", Identity: "10.1.2.3", Cost: 1}},
+		Acks:    []cluster.AckItem{{Rule: "api", Identity: "user:9", Gen: 2, Total: 40, Debt: -1_000_000}},
 	}
 }
 
@@ -516,10 +518,10 @@ func (bareServer) Exchange(context.Context, *peerpb.Batch) (*peerpb.Batch, error
 // -benchmem; p50-ns and p99-ns are per-call latencies.
 func BenchmarkExchange(b *testing.B) {
 	m := smallBatch()
-	reply := &Message{Epoch: 3,
-		Acks:    []AckItem{{Rule: "api", Identity: "user:1", Gen: 1, Total: 12, Debt: 5}},
-		Results: []ResultItem{{Ticket: 41, Allowed: true, Remaining: 9, Reset: 100}}}
-	h := func(context.Context, string, *Message) (*Message, error) { return reply, nil }
+	reply := &cluster.Message{Epoch: 3,
+		Acks:    []cluster.AckItem{{Rule: "api", Identity: "user:1", Gen: 1, Total: 12, Debt: 5}},
+		Results: []cluster.ResultItem{{Ticket: 41, Allowed: true, Remaining: 9, Reset: 100}}}
+	h := func(context.Context, string, *cluster.Message) (*cluster.Message, error) { return reply, nil }
 
 	// transport=grpc is the transport as it runs (exchanges on a Peer.Stream);
 	// transport=grpc-unary the same with unary Peer.Exchange calls, as to a
@@ -617,7 +619,7 @@ func BenchmarkExchange(b *testing.B) {
 func TestGRPCConcurrentClose(t *testing.T) {
 	checkTransportLeaks(t)
 	var calls atomic.Int64
-	b := newGRPC(t, "b", func(ctx context.Context, _ string, m *Message) (*Message, error) {
+	b := newGRPC(t, "b", func(ctx context.Context, _ string, m *cluster.Message) (*cluster.Message, error) {
 		calls.Add(1)
 		if m.Epoch == 1 {
 			<-ctx.Done() // blocks until the caller gives up or b closes
@@ -631,7 +633,7 @@ func TestGRPCConcurrentClose(t *testing.T) {
 	for i := range workers {
 		go func() {
 			for j := range 20 {
-				m := &Message{Epoch: 2, Syncs: []SyncItem{{Rule: "r", Identity: "i", Gen: uint64(i), Total: int64(j)}}}
+				m := &cluster.Message{Epoch: 2, Syncs: []cluster.SyncItem{{Rule: "r", Identity: "i", Gen: uint64(i), Total: int64(j)}}}
 				got, err := a.Exchange(callCtx(t), b.Addr(), m)
 				if err != nil || !reflect.DeepEqual(got, m) {
 					errc <- fmt.Errorf("worker %d call %d: %+v, %v", i, j, got, err)
@@ -648,7 +650,7 @@ func TestGRPCConcurrentClose(t *testing.T) {
 	}
 	blocked := make(chan error, 1)
 	go func() {
-		_, err := a.Exchange(callCtx(t), b.Addr(), &Message{Epoch: 1})
+		_, err := a.Exchange(callCtx(t), b.Addr(), &cluster.Message{Epoch: 1})
 		blocked <- err
 	}()
 	for calls.Load() < workers*20+1 {

@@ -1,9 +1,11 @@
-package cluster
+package shell
 
 import (
 	"context"
 	"sync/atomic"
 	"testing"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,7 +24,7 @@ func FuzzInspectRequest(f *testing.F) {
 	tr := newGRPC(f, "a", echo(new(atomic.Int64)))
 	own := ownerOnly(f, 1000)
 	mustDecideTB(f, own, t0, "alice", 3)
-	tr.SetInspector(func(_ context.Context, _, rule, identity string) (BucketState, error) {
+	tr.SetInspector(func(_ context.Context, _, rule, identity string) (cluster.BucketState, error) {
 		return own.Inspect(t0, rule, identity)
 	})
 	srv := peerServer{t: tr}
@@ -64,7 +66,7 @@ func FuzzInspectRequest(f *testing.F) {
 }
 
 // mustDecideTB is mustDecide for a testing.TB.
-func mustDecideTB(tb testing.TB, c *Coordinator, now int64, id string, cost int64) {
+func mustDecideTB(tb testing.TB, c *cluster.Coordinator, now int64, id string, cost int64) {
 	tb.Helper()
 	if _, err := c.Decide(now, "r", id, cost); err != nil {
 		tb.Fatal(err)

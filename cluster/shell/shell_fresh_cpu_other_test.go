@@ -1,6 +1,6 @@
 //go:build !unix
 
-package cluster
+package shell
 
 // processCPU is 0 where getrusage is missing: the CPU figures read 0.
 func processCPU() float64 { return 0 }

@@ -1,22 +1,24 @@
-package cluster
+package shell
 
 import (
 	"slices"
 	"sync"
+
+	"github.com/weir-dev/weir/cluster"
 )
 
 // outboxes collects the shards' messages, merged per destination.
 type outboxes struct {
-	envs []Envelope
+	envs []cluster.Envelope
 	// pool gives the arrays of the merged messages: the shards'
 	// messages are copied into them, and their arrays handed back to
 	// their coordinators at once (the merged messages' arrays go back to
-	// pool once sent or queued: see Shell.send, Shell.run and
-	// Shell.Handle).
+	// pool once sent or queued: see Node.send, Node.run and
+	// Node.Handle).
 	pool *msgPool
-	// lk, when set, is the Shell's (s.mu is held): a message for a peer
+	// lk, when set, is the Node's (s.mu is held): a message for a peer
 	// with an exchange in flight joins its Backlog at once.
-	lk *Links
+	lk *cluster.Links
 }
 
 // add copies m's items into the message for to (or, with links, into
@@ -25,27 +27,27 @@ type outboxes struct {
 // much each (the identities are spread evenly): a new message is given
 // room for left times m's items (and a quarter more) at once, so that it
 // does not grow by doubling as the others merge in.
-func (o *outboxes) add(to string, m *Message, left int) {
+func (o *outboxes) add(to string, m *cluster.Message, left int) {
 	if o.lk != nil && o.lk.Queue(to, m) {
 		return
 	}
 	for i := range o.envs {
 		if o.envs[i].To == to {
-			o.envs[i].Msg.merge(m)
+			o.envs[i].Msg.Merge(m)
 			return
 		}
 	}
-	env := Envelope{To: to, Msg: o.pool.get()}
+	env := cluster.Envelope{To: to, Msg: o.pool.get()}
 	if left > 1 {
 		reserve(&env.Msg, m, left+left/4)
 	}
-	env.Msg.merge(m)
+	env.Msg.Merge(m)
 	o.envs = append(o.envs, env)
 }
 
 // reserve gives each array of m room for k times as many items as n's
 // array of that kind has.
-func reserve(m, n *Message, k int) {
+func reserve(m, n *cluster.Message, k int) {
 	m.Syncs = grown(m.Syncs, k*len(n.Syncs))
 	m.Decides = grown(m.Decides, k*len(n.Decides))
 	m.Acks = grown(m.Acks, k*len(n.Acks))
@@ -65,24 +67,24 @@ func grown[T any](s []T, n int) []T {
 	return slices.Grow(s, n-len(s))
 }
 
-// msgPool keeps the item arrays of messages the Shell has sent (or
+// msgPool keeps the item arrays of messages the Node has sent (or
 // queued, copied, in a Backlog), for the next merged messages: at most
 // maxPooledMessages messages' worth, each array of at most maxPooledItems
 // items (what an idle node keeps after a burst is bounded). It is safe
 // for concurrent use.
 type msgPool struct {
 	mu   sync.Mutex
-	free []Message
+	free []cluster.Message
 }
 
 // get returns an empty message, with arrays kept from an earlier one if
 // there are some.
-func (p *msgPool) get() Message {
+func (p *msgPool) get() cluster.Message {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.free)
 	if n == 0 {
-		return Message{}
+		return cluster.Message{}
 	}
 	// The largest arrays first: a merged message is as large as the
 	// shards' queues, and the smaller arrays would grow.
@@ -94,25 +96,25 @@ func (p *msgPool) get() Message {
 	}
 	m := p.free[best]
 	p.free[best] = p.free[n-1]
-	p.free[n-1] = Message{}
+	p.free[n-1] = cluster.Message{}
 	p.free = p.free[:n-1]
 	return m
 }
 
 // put keeps m's arrays, their items cleared, unless the pool is full; m
 // must not be used after the call.
-func (p *msgPool) put(m *Message) {
+func (p *msgPool) put(m *cluster.Message) {
 	if capacity(m) == 0 {
 		return
 	}
-	e := Message{
+	e := cluster.Message{
 		Syncs:    reusable(m.Syncs),
 		Decides:  reusable(m.Decides),
 		Acks:     reusable(m.Acks),
 		Results:  reusable(m.Results),
 		Handoffs: reusable(m.Handoffs),
 	}
-	*m = Message{}
+	*m = cluster.Message{}
 	p.mu.Lock()
 	if len(p.free) < maxPooledMessages {
 		p.free = append(p.free, e)
@@ -121,7 +123,7 @@ func (p *msgPool) put(m *Message) {
 }
 
 // capacity returns the items m's arrays have room for.
-func capacity(m *Message) int {
+func capacity(m *cluster.Message) int {
 	return cap(m.Syncs) + cap(m.Decides) + cap(m.Acks) + cap(m.Results) + cap(m.Handoffs)
 }
 
@@ -136,10 +138,10 @@ func reusable[T any](s []T) []T {
 }
 
 // take hands shard i's completions to their waiters and adds its messages
-// to out, its forwarded requests' tickets made the Shell's (under shard i's
+// to out, its forwarded requests' tickets made the Node's (under shard i's
 // lock); left is the number of shards, this one included, whose messages
 // out is still to get.
-func (s *Shell) take(i int, out *outboxes, left int) {
+func (s *Node) take(i int, out *outboxes, left int) {
 	sh := &s.shards[i]
 	if !sh.coord.HasReady() {
 		return
@@ -165,11 +167,11 @@ func (s *Shell) take(i int, out *outboxes, left int) {
 // to the shard of its identity, every result to the shard its ticket names
 // (with the shard's own ticket back), and a handed-over marker to every
 // shard. It returns nil when m is for one shard only (s.shift is 0).
-func (s *Shell) split(m *Message) []Message {
+func (s *Node) split(m *cluster.Message) []cluster.Message {
 	if s.shift == 0 {
 		return nil
 	}
-	parts := make([]Message, len(s.shards))
+	parts := make([]cluster.Message, len(s.shards))
 	for i := range parts {
 		parts[i].Epoch, parts[i].HandedOver = m.Epoch, m.HandedOver
 	}
@@ -177,17 +179,17 @@ func (s *Shell) split(m *Message) []Message {
 	// array cut into the shards' parts: no part grows by appending.
 	var sc splitScratch
 	sc.init(len(s.shards), max(len(m.Handoffs), len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results)))
-	splitItems(&sc, m.Handoffs, func(h *HandoffItem) int { return s.shardOf(h.Identity) },
-		func(i int) *[]HandoffItem { return &parts[i].Handoffs })
-	splitItems(&sc, m.Syncs, func(it *SyncItem) int { return s.shardOf(it.Identity) },
-		func(i int) *[]SyncItem { return &parts[i].Syncs })
-	splitItems(&sc, m.Decides, func(d *DecideItem) int { return s.shardOf(d.Identity) },
-		func(i int) *[]DecideItem { return &parts[i].Decides })
-	splitItems(&sc, m.Acks, func(a *AckItem) int { return s.shardOf(a.Identity) },
-		func(i int) *[]AckItem { return &parts[i].Acks })
+	splitItems(&sc, m.Handoffs, func(h *cluster.HandoffItem) int { return s.shardOf(h.Identity) },
+		func(i int) *[]cluster.HandoffItem { return &parts[i].Handoffs })
+	splitItems(&sc, m.Syncs, func(it *cluster.SyncItem) int { return s.shardOf(it.Identity) },
+		func(i int) *[]cluster.SyncItem { return &parts[i].Syncs })
+	splitItems(&sc, m.Decides, func(d *cluster.DecideItem) int { return s.shardOf(d.Identity) },
+		func(i int) *[]cluster.DecideItem { return &parts[i].Decides })
+	splitItems(&sc, m.Acks, func(a *cluster.AckItem) int { return s.shardOf(a.Identity) },
+		func(i int) *[]cluster.AckItem { return &parts[i].Acks })
 	mask := uint64(len(s.shards) - 1)
-	splitItems(&sc, m.Results, func(r *ResultItem) int { return int(r.Ticket & mask) },
-		func(i int) *[]ResultItem { return &parts[i].Results })
+	splitItems(&sc, m.Results, func(r *cluster.ResultItem) int { return int(r.Ticket & mask) },
+		func(i int) *[]cluster.ResultItem { return &parts[i].Results })
 	for i := range parts {
 		for k := range parts[i].Results {
 			parts[i].Results[k].Ticket >>= s.shift
@@ -237,7 +239,7 @@ func splitItems[T any](sc *splitScratch, items []T, shardOf func(*T) int, into f
 
 // step steps a batch from peer from through the shards it concerns and
 // returns what they have for every peer, merged.
-func (s *Shell) step(from string, m *Message) []Envelope {
+func (s *Node) step(from string, m *cluster.Message) []cluster.Envelope {
 	out := outboxes{pool: &s.pool}
 	i, one := s.oneShard(m)
 	if one {
@@ -246,7 +248,7 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 		// tickets made the shard's own on a copy (m is the caller's).
 		if len(m.Results) > 0 && s.shift > 0 {
 			single := *m
-			single.Results = make([]ResultItem, len(m.Results))
+			single.Results = make([]cluster.ResultItem, len(m.Results))
 			for k, r := range m.Results {
 				r.Ticket >>= s.shift
 				single.Results[k] = r
@@ -277,7 +279,7 @@ func (s *Shell) step(from string, m *Message) []Envelope {
 // oneShard reports whether every item of m goes to one shard, and which: a
 // handed-over marker goes to every shard, so a message carrying one does
 // not (unless there is one shard).
-func (s *Shell) oneShard(m *Message) (int, bool) {
+func (s *Node) oneShard(m *cluster.Message) (int, bool) {
 	if s.shift == 0 {
 		return 0, true
 	}
@@ -321,8 +323,8 @@ func (s *Shell) oneShard(m *Message) (int, bool) {
 }
 
 // cloneMessage returns a copy of m in new arrays, each of its length.
-func cloneMessage(m *Message) Message {
-	c := Message{Epoch: m.Epoch, HandedOver: m.HandedOver}
+func cloneMessage(m *cluster.Message) cluster.Message {
+	c := cluster.Message{Epoch: m.Epoch, HandedOver: m.HandedOver}
 	if len(m.Syncs) > 0 {
 		c.Syncs = slices.Clone(m.Syncs)
 	}
@@ -345,17 +347,17 @@ func cloneMessage(m *Message) Message {
 // itself when it fits), as Message.Split cuts it, until f returns false.
 // The parts are not copies: each is a window on m's arrays, with no room
 // to append into m's items, valid while m is.
-func eachPart(m *Message, n int, f func(part *Message) bool) {
+func eachPart(m *cluster.Message, n int, f func(part *cluster.Message) bool) {
 	if n <= 0 || m.Items() <= n {
 		f(m)
 		return
 	}
-	p := parts{f: f, cur: Message{Epoch: m.Epoch}, room: n, n: n, ok: true}
-	addParts(&p, m.Handoffs, func(m *Message) *[]HandoffItem { return &m.Handoffs })
-	addParts(&p, m.Syncs, func(m *Message) *[]SyncItem { return &m.Syncs })
-	addParts(&p, m.Decides, func(m *Message) *[]DecideItem { return &m.Decides })
-	addParts(&p, m.Acks, func(m *Message) *[]AckItem { return &m.Acks })
-	addParts(&p, m.Results, func(m *Message) *[]ResultItem { return &m.Results })
+	p := parts{f: f, cur: cluster.Message{Epoch: m.Epoch}, room: n, n: n, ok: true}
+	addParts(&p, m.Handoffs, func(m *cluster.Message) *[]cluster.HandoffItem { return &m.Handoffs })
+	addParts(&p, m.Syncs, func(m *cluster.Message) *[]cluster.SyncItem { return &m.Syncs })
+	addParts(&p, m.Decides, func(m *cluster.Message) *[]cluster.DecideItem { return &m.Decides })
+	addParts(&p, m.Acks, func(m *cluster.Message) *[]cluster.AckItem { return &m.Acks })
+	addParts(&p, m.Results, func(m *cluster.Message) *[]cluster.ResultItem { return &m.Results })
 	if p.ok {
 		// The last part (never empty: m has more than n items) carries
 		// the handed-over marker, which follows every handoff.
@@ -367,8 +369,8 @@ func eachPart(m *Message, n int, f func(part *Message) bool) {
 // parts is eachPart's cutter: cur is the part being filled, with room for
 // room more items.
 type parts struct {
-	f       func(*Message) bool
-	cur     Message
+	f       func(*cluster.Message) bool
+	cur     cluster.Message
 	room, n int
 	ok      bool // f has not returned false
 }
@@ -378,7 +380,7 @@ type parts struct {
 func (p *parts) take(k int) int {
 	if p.room == 0 {
 		p.ok = p.ok && p.f(&p.cur)
-		p.cur, p.room = Message{Epoch: p.cur.Epoch}, p.n
+		p.cur, p.room = cluster.Message{Epoch: p.cur.Epoch}, p.n
 	}
 	t := min(k, p.room)
 	p.room -= t
@@ -387,7 +389,7 @@ func (p *parts) take(k int) int {
 
 // addParts adds items, of the kind field picks out of a message, to the
 // parts.
-func addParts[T any](p *parts, items []T, field func(*Message) *[]T) {
+func addParts[T any](p *parts, items []T, field func(*cluster.Message) *[]T) {
 	for p.ok && len(items) > 0 {
 		t := p.take(len(items)) // may start the next part: field is taken after
 		*field(&p.cur), items = items[:t:t], items[t:]

@@ -1,10 +1,12 @@
-package cluster
+package shell
 
 import (
 	"crypto/tls"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"github.com/weir-dev/weir/internal/testpki"
 )
@@ -29,7 +31,7 @@ func TestGRPCRefusesExpiredCert(t *testing.T) {
 			c.ClientTLS = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
 		})
 	}
-	if _, err := client("expired", expired).Exchange(callCtx(t), srv.Addr(), &Message{}); err == nil {
+	if _, err := client("expired", expired).Exchange(callCtx(t), srv.Addr(), &cluster.Message{}); err == nil {
 		t.Error("an expired client certificate was served")
 	} else {
 		t.Logf("expired: %v", err)
@@ -38,7 +40,7 @@ func TestGRPCRefusesExpiredCert(t *testing.T) {
 		t.Fatalf("the handler ran %d times for an expired certificate", calls.Load())
 	}
 	// The control: the same CA's valid certificate is served.
-	if _, err := client("valid", good).Exchange(callCtx(t), srv.Addr(), &Message{}); err != nil {
+	if _, err := client("valid", good).Exchange(callCtx(t), srv.Addr(), &cluster.Message{}); err != nil {
 		t.Fatalf("a valid certificate: %v", err)
 	}
 }

@@ -1,10 +1,11 @@
-package cluster
+package shell
 
 import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
 
+	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/cluster/peerpb"
 	"github.com/weir-dev/weir/quota"
 )
@@ -15,25 +16,13 @@ import (
 // malformed one is rejected whole with an error that names the item and the
 // field (the server answers codes.InvalidArgument and counts it).
 
-// Limits of one batch on the wire.
-const (
-	// MaxNodeNameBytes caps Batch.from (memberlist names are far shorter).
-	MaxNodeNameBytes = 256
-	// MaxRuleIDBytes caps a rule id.
-	MaxRuleIDBytes = 128
-	// MaxIdentityBytes caps an identity.
-	MaxIdentityBytes = 1024
-	// MaxBatchItems caps the items of all kinds in one batch.
-	MaxBatchItems = 65536
-)
-
 // ErrMalformed is wrapped by every error decodeBatch returns.
 var ErrMalformed = errors.New("cluster: malformed peer batch")
 
 // encodeBatch converts m, sent by the node named from, to its wire form. It
 // does not validate: the sender's own coordinator is trusted, the receiver
 // checks.
-func encodeBatch(from string, m *Message) *peerpb.Batch {
+func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 	b := &peerpb.Batch{From: from, Epoch: m.Epoch, HandedOver: m.HandedOver}
 	if len(m.Syncs) > 0 {
 		b.Syncs = make([]*peerpb.SyncItem, len(m.Syncs))
@@ -98,20 +87,20 @@ func encodeBatch(from string, m *Message) *peerpb.Batch {
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
 // decoded message never aliases b.
-func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
+func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 	if b == nil {
 		return "", nil, fmt.Errorf("%w: nil batch", ErrMalformed)
 	}
-	if p := checkName("from", b.From, MaxNodeNameBytes); p != "" {
+	if p := checkName("from", b.From, cluster.MaxNodeNameBytes); p != "" {
 		return "", nil, fmt.Errorf("%w: %s", ErrMalformed, p)
 	}
 	n := len(b.Syncs) + len(b.Decides) + len(b.Acks) + len(b.Results) + len(b.Handoffs)
-	if n > MaxBatchItems {
-		return "", nil, fmt.Errorf("%w: %d items, more than %d", ErrMalformed, n, MaxBatchItems)
+	if n > cluster.MaxBatchItems {
+		return "", nil, fmt.Errorf("%w: %d items, more than %d", ErrMalformed, n, cluster.MaxBatchItems)
 	}
-	m = &Message{Epoch: b.Epoch, HandedOver: b.HandedOver}
+	m = &cluster.Message{Epoch: b.Epoch, HandedOver: b.HandedOver}
 	if len(b.Syncs) > 0 {
-		m.Syncs = make([]SyncItem, len(b.Syncs))
+		m.Syncs = make([]cluster.SyncItem, len(b.Syncs))
 		for i, s := range b.Syncs {
 			if s == nil {
 				return "", nil, itemErr("syncs", i, "nil item")
@@ -125,12 +114,12 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if s.Grant < 0 {
 				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative grant %d", s.Grant))
 			}
-			m.Syncs[i] = SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
+			m.Syncs[i] = cluster.SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
 				GrantEpoch: s.GrantEpoch, Grant: s.Grant}
 		}
 	}
 	if len(b.Decides) > 0 {
-		m.Decides = make([]DecideItem, len(b.Decides))
+		m.Decides = make([]cluster.DecideItem, len(b.Decides))
 		for i, d := range b.Decides {
 			if d == nil {
 				return "", nil, itemErr("decides", i, "nil item")
@@ -144,11 +133,11 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if d.Cost < 0 {
 				return "", nil, itemErr("decides", i, fmt.Sprintf("negative cost %d", d.Cost))
 			}
-			m.Decides[i] = DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: string(d.Identity), Cost: d.Cost}
+			m.Decides[i] = cluster.DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: string(d.Identity), Cost: d.Cost}
 		}
 	}
 	if len(b.Acks) > 0 {
-		m.Acks = make([]AckItem, len(b.Acks))
+		m.Acks = make([]cluster.AckItem, len(b.Acks))
 		for i, a := range b.Acks {
 			if a == nil {
 				return "", nil, itemErr("acks", i, "nil item")
@@ -162,12 +151,12 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			if a.Grant < 0 {
 				return "", nil, itemErr("acks", i, fmt.Sprintf("negative grant %d", a.Grant))
 			}
-			m.Acks[i] = AckItem{Rule: a.Rule, Identity: string(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt,
+			m.Acks[i] = cluster.AckItem{Rule: a.Rule, Identity: string(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt,
 				GrantEpoch: a.GrantEpoch, Grant: a.Grant}
 		}
 	}
 	if len(b.Results) > 0 {
-		m.Results = make([]ResultItem, len(b.Results))
+		m.Results = make([]cluster.ResultItem, len(b.Results))
 		for i, r := range b.Results {
 			if r == nil {
 				return "", nil, itemErr("results", i, "nil item")
@@ -184,12 +173,12 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 			case r.Delay < 0:
 				return "", nil, itemErr("results", i, fmt.Sprintf("negative delay %d", r.Delay))
 			}
-			m.Results[i] = ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
+			m.Results[i] = cluster.ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
 				Reset: r.ResetAfter, RetryAfter: r.RetryAfter, Debt: r.Debt, Delay: r.Delay}
 		}
 	}
 	if len(b.Handoffs) > 0 {
-		m.Handoffs = make([]HandoffItem, len(b.Handoffs))
+		m.Handoffs = make([]cluster.HandoffItem, len(b.Handoffs))
 		for i, h := range b.Handoffs {
 			if h == nil {
 				return "", nil, itemErr("handoffs", i, "nil item")
@@ -208,7 +197,7 @@ func decodeBatch(b *peerpb.Batch) (from string, m *Message, err error) {
 					return "", nil, itemErr("handoffs", i, fmt.Sprintf("negative %s %d", f.name, f.v))
 				}
 			}
-			m.Handoffs[i] = HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count,
+			m.Handoffs[i] = cluster.HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count,
 				Algorithm: quota.Algorithm(h.Algorithm), Limit: h.Limit, Window: h.Window, Burst: h.Burst, MaxDelay: h.MaxDelay}
 		}
 	}
@@ -220,13 +209,13 @@ func itemErr(kind string, i int, problem string) error {
 }
 
 func checkKey(kind string, i int, rule, identity string) error {
-	if p := checkName("rule", rule, MaxRuleIDBytes); p != "" {
+	if p := checkName("rule", rule, cluster.MaxRuleIDBytes); p != "" {
 		return itemErr(kind, i, p)
 	}
 	// Identities are any bytes, possibly empty (a global rule's); only
 	// their size is bounded.
-	if len(identity) > MaxIdentityBytes {
-		return itemErr(kind, i, fmt.Sprintf("identity of %d bytes, more than %d", len(identity), MaxIdentityBytes))
+	if len(identity) > cluster.MaxIdentityBytes {
+		return itemErr(kind, i, fmt.Sprintf("identity of %d bytes, more than %d", len(identity), cluster.MaxIdentityBytes))
 	}
 	return nil
 }

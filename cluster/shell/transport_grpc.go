@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -95,7 +97,7 @@ type GRPCTransport struct {
 }
 
 // maxIdleStreams is how many idle streams to one address are kept: the
-// Shell has one exchange in flight per peer, so one is the usual need.
+// Node has one exchange in flight per peer, so one is the usual need.
 const maxIdleStreams = 4
 
 // peerStream is a client's Peer.Stream to one address.
@@ -124,8 +126,8 @@ func NewGRPCTransport(cfg GRPCConfig) (*GRPCTransport, error) {
 	switch {
 	case cfg.Self == "":
 		return nil, errors.New("cluster: GRPCConfig.Self is empty")
-	case len(cfg.Self) > MaxNodeNameBytes:
-		return nil, fmt.Errorf("cluster: GRPCConfig.Self is longer than %d bytes", MaxNodeNameBytes)
+	case len(cfg.Self) > cluster.MaxNodeNameBytes:
+		return nil, fmt.Errorf("cluster: GRPCConfig.Self is longer than %d bytes", cluster.MaxNodeNameBytes)
 	case cfg.Listener == nil:
 		return nil, errors.New("cluster: GRPCConfig.Listener is nil")
 	case cfg.Handler == nil:
@@ -190,7 +192,7 @@ func (t *GRPCTransport) Malformed() uint64 { return t.malformed.Load() }
 // wait for a connection); an exchange past ctx's deadline fails wrapping
 // context.DeadlineExceeded, and its stream is dropped; a Handler error on
 // the peer wraps ErrPeerHandler.
-func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *Message) (*Message, error) {
+func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *cluster.Message) (*cluster.Message, error) {
 	cc, err := t.conn(addr)
 	if err != nil {
 		return nil, err
@@ -480,7 +482,7 @@ func (t *GRPCTransport) Close() error {
 }
 
 // SetInspector sets what answers peers' Inspect calls (an operator's
-// identity lookup, Shell.Inspect); until it is set they are answered
+// identity lookup, Node.Inspect); until it is set they are answered
 // Unimplemented. It is safe to call at any time.
 func (t *GRPCTransport) SetInspector(f Inspector) { t.inspect.Store(&f) }
 
@@ -488,13 +490,13 @@ func (t *GRPCTransport) SetInspector(f Inspector) { t.inspect.Store(&f) }
 // rule (Coordinator.Inspect), bounded by ctx (or the ExchangeTimeout when
 // ctx has no deadline). A peer that does not decide the rule answers with
 // an error wrapping ErrUnknownRule; the other errors are Exchange's.
-func (t *GRPCTransport) Inspect(ctx context.Context, addr, rule, identity string) (BucketState, error) {
+func (t *GRPCTransport) Inspect(ctx context.Context, addr, rule, identity string) (cluster.BucketState, error) {
 	if err := checkKey("inspect", 0, rule, identity); err != nil {
-		return BucketState{}, err
+		return cluster.BucketState{}, err
 	}
 	cc, err := t.conn(addr)
 	if err != nil {
-		return BucketState{}, err
+		return cluster.BucketState{}, err
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -504,14 +506,14 @@ func (t *GRPCTransport) Inspect(ctx context.Context, addr, rule, identity string
 	r, err := peerpb.NewPeerClient(cc).Inspect(ctx, &peerpb.InspectRequest{From: t.cfg.Self, Rule: rule, Identity: []byte(identity)})
 	if err != nil {
 		if st := status.Convert(err); st.Code() == codes.NotFound {
-			return BucketState{}, fmt.Errorf("cluster: inspect at %s: %w: %s", addr, ErrUnknownRule, st.Message())
+			return cluster.BucketState{}, fmt.Errorf("cluster: inspect at %s: %w: %s", addr, cluster.ErrUnknownRule, st.Message())
 		}
-		return BucketState{}, t.callError(ctx, addr, err)
+		return cluster.BucketState{}, t.callError(ctx, addr, err)
 	}
 	st, err := decodeInspect(r)
 	if err != nil {
 		t.malformed.Add(1)
-		return BucketState{}, fmt.Errorf("cluster: inspect at %s: %w: %w", addr, ErrMalformed, err)
+		return cluster.BucketState{}, fmt.Errorf("cluster: inspect at %s: %w: %w", addr, ErrMalformed, err)
 	}
 	return st, nil
 }
@@ -555,7 +557,7 @@ func (s peerServer) Inspect(ctx context.Context, in *peerpb.InspectRequest) (*pe
 	if f == nil || *f == nil {
 		return nil, status.Error(codes.Unimplemented, "cluster: this node answers no inspect calls")
 	}
-	if p := checkName("from", in.GetFrom(), MaxNodeNameBytes); p != "" {
+	if p := checkName("from", in.GetFrom(), cluster.MaxNodeNameBytes); p != "" {
 		s.t.malformed.Add(1)
 		return nil, status.Error(codes.InvalidArgument, "cluster: inspect: "+p)
 	}
@@ -564,7 +566,7 @@ func (s peerServer) Inspect(ctx context.Context, in *peerpb.InspectRequest) (*pe
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	st, err := (*f)(ctx, in.GetFrom(), in.GetRule(), string(in.GetIdentity()))
-	if errors.Is(err, ErrUnknownRule) {
+	if errors.Is(err, cluster.ErrUnknownRule) {
 		return nil, status.Error(codes.NotFound, err.Error())
 	}
 	if err != nil {
@@ -606,7 +608,7 @@ func (t *GRPCTransport) serve(ctx context.Context, b *peerpb.Batch) (*peerpb.Bat
 		return nil, status.Error(codes.Unknown, err.Error())
 	}
 	if reply == nil {
-		reply = &Message{}
+		reply = &cluster.Message{}
 	}
 	return encodeBatch(t.cfg.Self, reply), nil
 }

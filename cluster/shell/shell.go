@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -14,19 +14,21 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/weir-dev/weir/cluster"
+
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/internal/prefetch"
 )
 
-// Shell is the thin adapter around one node's decision core: it serialises
+// Node is the thin adapter around one node's decision core: it serialises
 // calls into the core, reads the clock, drives Tick with a ticker, sends
 // what Ready returns through a Transport as the node's Links decide (one
 // exchange in flight per peer, Nagle's sending, a circuit breaker per peer:
 // links.go), feeds replies and incoming batches back through Step, and
 // hands late decisions to the callers waiting for them. All decisions are
-// made by the core and the Links; the Shell only does I/O.
+// made by the core and the Links; the Node only does I/O.
 //
-// The core is sharded: ShellConfig.Shards Coordinators, each with its own
+// The core is sharded: Config.Shards Coordinators, each with its own
 // mutex, each deciding the identities whose hash falls in its shard, so
 // that requests for different identities do not queue on one lock
 // (DESIGN.md: no lock shared across keys). Nothing the Coordinator decides
@@ -34,19 +36,19 @@ import (
 // rules, ring and peer states; a batch from a peer is split by identity
 // (results by ticket: a forwarded request's ticket carries its shard) and
 // what the shards send one peer is merged into one batch again.
-type Shell struct {
-	cfg    ShellConfig
+type Node struct {
+	cfg    Config
 	log    *slog.Logger
 	now    func() int64
 	shards []shard
 	shift  uint // ticket = the shard's ticket << shift | the shard's index
-	ring   atomic.Pointer[Ring]
+	ring   atomic.Pointer[cluster.Ring]
 	// mu guards lk, the policy of the exchanges with peers (links.go:
 	// one in flight per peer, Nagle's sending, the breakers). It may be
 	// held while taking shard locks, never taken while one is held.
 	mu sync.Mutex
-	lk *Links
-	// pool keeps the item arrays of messages the Shell is done with.
+	lk *cluster.Links
+	// pool keeps the item arrays of messages the Node is done with.
 	pool msgPool
 
 	flushC chan struct{}
@@ -60,16 +62,16 @@ type Shell struct {
 	fastRejects atomic.Uint64
 }
 
-// shard is one Coordinator of a Shell and the callers waiting on it.
+// shard is one Coordinator of a Node and the callers waiting on it.
 type shard struct {
 	mu    sync.Mutex // guards coord and waits
-	coord *Coordinator
-	waits map[uint64]chan Outcome    // by the coordinator's own ticket
-	rd    Ready                      // reused by every take (Coordinator.ReadyInto)
-	rej   *rejCache                  // view rejections answered without mu (rejcache.go)
-	drops uint64                     // coord.Drops() when mu was last released by DecideAt
-	hint  atomic.Pointer[sketchHint] // the last gated rule decided here, for Prefetch
-	_     [32]byte                   // keeps neighbouring shards' mutexes off one cache line
+	coord *cluster.Coordinator
+	waits map[uint64]chan cluster.Outcome    // by the coordinator's own ticket
+	rd    cluster.Ready                      // reused by every take (Coordinator.ReadyInto)
+	rej   *rejCache                          // view rejections answered without mu (rejcache.go)
+	drops uint64                             // coord.Drops() when mu was last released by DecideAt
+	hint  atomic.Pointer[cluster.SketchHint] // the last gated rule decided here, for Prefetch
+	_     [32]byte                           // keeps neighbouring shards' mutexes off one cache line
 }
 
 // lock takes the shard's mutex to change its coordinator's state other than
@@ -82,17 +84,17 @@ func (sh *shard) lock() {
 // minShardSketchWidth is the narrowest a shard's share of a sketch gets.
 const minShardSketchWidth = 4096
 
-// DefaultShards is ShellConfig.Shards' default.
+// DefaultShards is Config.Shards' default.
 const DefaultShards = 8
 
-// MaxShards bounds ShellConfig.Shards.
+// MaxShards bounds Config.Shards.
 const MaxShards = 256
 
-// ShellConfig configures a Shell.
-type ShellConfig struct {
+// Config configures a Node.
+type Config struct {
 	// Coordinator configures the core (Self is required); every shard is
 	// a Coordinator with this configuration.
-	Coordinator CoordinatorConfig
+	Coordinator cluster.CoordinatorConfig
 	// Shards is the number of Coordinators the identities are spread
 	// over, each behind its own mutex: a power of two, at most MaxShards;
 	// zero means DefaultShards. 1 serialises every decision on one lock.
@@ -131,13 +133,13 @@ type ShellConfig struct {
 	Hasher bucket.Hasher
 }
 
-// NewShell starts a Shell around a new Coordinator.
-func NewShell(cfg ShellConfig) (*Shell, error) {
+// New starts a Node around a new Coordinator.
+func New(cfg Config) (*Node, error) {
 	if cfg.Coordinator.Self == "" {
-		return nil, errors.New("cluster: ShellConfig.Coordinator.Self: required")
+		return nil, errors.New("cluster: Config.Coordinator.Self: required")
 	}
 	if cfg.Transport == nil {
-		return nil, errors.New("cluster: ShellConfig.Transport: required")
+		return nil, errors.New("cluster: Config.Transport: required")
 	}
 	if cfg.Linger <= 0 {
 		cfg.Linger = 200 * time.Microsecond
@@ -145,14 +147,14 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 1024
 	}
-	if cfg.MaxBatch > MaxBatchItems {
-		return nil, fmt.Errorf("cluster: ShellConfig.MaxBatch: %d is more than the wire limit of %d items", cfg.MaxBatch, MaxBatchItems)
+	if cfg.MaxBatch > cluster.MaxBatchItems {
+		return nil, fmt.Errorf("cluster: Config.MaxBatch: %d is more than the wire limit of %d items", cfg.MaxBatch, cluster.MaxBatchItems)
 	}
 	if cfg.Shards == 0 {
 		cfg.Shards = DefaultShards
 	}
 	if cfg.Shards < 0 || cfg.Shards > MaxShards || cfg.Shards&(cfg.Shards-1) != 0 {
-		return nil, fmt.Errorf("cluster: ShellConfig.Shards: %d is not a power of two from 1 to %d", cfg.Shards, MaxShards)
+		return nil, fmt.Errorf("cluster: Config.Shards: %d is not a power of two from 1 to %d", cfg.Shards, MaxShards)
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 200 * time.Millisecond
@@ -174,27 +176,27 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	// The key cap is the node's, per rule: each shard holds its share of
 	// it (its identities are about 1/Shards of the node's).
 	if cfg.Coordinator.MaxKeys <= 0 {
-		cfg.Coordinator.MaxKeys = DefaultMaxKeys
+		cfg.Coordinator.MaxKeys = cluster.DefaultMaxKeys
 	}
 	cfg.Coordinator.MaxKeys = (cfg.Coordinator.MaxKeys + cfg.Shards - 1) / cfg.Shards
 	if cfg.Coordinator.Incarnation == 0 {
 		cfg.Coordinator.Incarnation = uint64(cfg.Clock())
 	}
-	s := &Shell{
+	s := &Node{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		now:    cfg.Clock,
 		shards: make([]shard, cfg.Shards),
 		shift:  uint(bits.TrailingZeros(uint(cfg.Shards))),
-		lk: NewLinks(LinkConfig{BreakerFailures: cfg.BreakerFailures,
+		lk: cluster.NewLinks(cluster.LinkConfig{BreakerFailures: cfg.BreakerFailures,
 			BreakerCooldown: cfg.BreakerCooldown, MaxBatch: cfg.MaxBatch}),
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].coord = NewCoordinator(cfg.Coordinator)
+		s.shards[i].coord = cluster.NewCoordinator(cfg.Coordinator)
 		s.shards[i].rej = &rejCache{}
-		s.shards[i].waits = map[uint64]chan Outcome{}
+		s.shards[i].waits = map[uint64]chan cluster.Outcome{}
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -205,13 +207,13 @@ func NewShell(cfg ShellConfig) (*Shell, error) {
 	return s, nil
 }
 
-// SetRules installs the rules the core decides, at the Shell's clock's now
+// SetRules installs the rules the core decides, at the Node's clock's now
 // (Coordinator.SetRules). A gated rule's sketch is
 // split over the shards: each shard sees about 1/Shards of the identities,
 // so a sketch of 1/Shards the width (at least 4096 counters, or the whole
 // width when it is smaller) keeps the same load per counter, and a node's
 // sketches take about the memory of one.
-func (s *Shell) SetRules(rules []RuleParams) {
+func (s *Node) SetRules(rules []cluster.RuleParams) {
 	if k := len(s.shards); k > 1 {
 		rules = slices.Clone(rules)
 		for i := range rules {
@@ -230,14 +232,14 @@ func (s *Shell) SetRules(rules []RuleParams) {
 }
 
 // SetRing installs a new ring (after a membership change).
-func (s *Shell) SetRing(r *Ring) {
+func (s *Node) SetRing(r *cluster.Ring) {
 	s.mu.Lock()
 	s.ring.Store(r)
 	// Every shard's handoffs and its handed-over marker leave together:
 	// a peer takes a marker to mean that all this node's handoffs came
 	// before it, so no shard's may be sent before every shard has queued
 	// its own (all shard locks are held until then).
-	envs := s.withAll(func(now int64, c *Coordinator) { c.SetTable(now, r) })
+	envs := s.withAll(func(now int64, c *cluster.Coordinator) { c.SetTable(now, r) })
 	// A member that is back in the ring, or at a new address, is a new
 	// run of that node: its identities stop being decided by on_failure
 	// at once instead of after the cooldown (Links.SetPeers).
@@ -253,7 +255,7 @@ func (s *Shell) SetRing(r *Ring) {
 
 // withAll locks every shard, calls f on each coordinator at one time, takes
 // what each has ready, unlocks, and returns the messages merged per peer.
-func (s *Shell) withAll(f func(now int64, c *Coordinator)) []Envelope {
+func (s *Node) withAll(f func(now int64, c *cluster.Coordinator)) []cluster.Envelope {
 	for i := range s.shards {
 		s.shards[i].lock()
 	}
@@ -271,9 +273,9 @@ func (s *Shell) withAll(f func(now int64, c *Coordinator)) []Envelope {
 }
 
 // shardOf returns the index of the shard deciding identity: high bits of
-// its hash under ShellConfig.Hasher (seeded per process on a node, unlike
+// its hash under Config.Hasher (seeded per process on a node, unlike
 // the ring's hash, which every node must agree on).
-func (s *Shell) shardOf(identity string) int {
+func (s *Node) shardOf(identity string) int {
 	if s.shift == 0 {
 		return 0
 	}
@@ -281,7 +283,7 @@ func (s *Shell) shardOf(identity string) int {
 }
 
 // shardOfHash is shardOf of an identity whose hash is h.
-func (s *Shell) shardOfHash(h uint64) int {
+func (s *Node) shardOfHash(h uint64) int {
 	if s.shift == 0 {
 		return 0
 	}
@@ -296,20 +298,20 @@ const maxPooledMessages = 8
 const maxPooledItems = 16384
 
 // Ring returns the ring in force.
-func (s *Shell) Ring() *Ring { return s.ring.Load() }
+func (s *Node) Ring() *cluster.Ring { return s.ring.Load() }
 
 // Decide decides one request. A decision the core cannot make locally waits
 // for the owner's answer; the core's decide timeout bounds the wait (then
 // on_failure decides), and so does ctx (then the request is decided by
 // on_failure at once, and marked degraded).
-func (s *Shell) Decide(ctx context.Context, ruleID, identity string, cost int64) (Outcome, error) {
+func (s *Node) Decide(ctx context.Context, ruleID, identity string, cost int64) (cluster.Outcome, error) {
 	return s.DecideAt(ctx, s.now(), ruleID, identity, cost)
 }
 
-// DecideAt is Decide at a time the caller already read from the Shell's
-// clock (ShellConfig.Clock), so that a request reads the clock once: outside
-// the Shell's lock.
-func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string, cost int64) (Outcome, error) {
+// DecideAt is Decide at a time the caller already read from the Node's
+// clock (Config.Clock), so that a request reads the clock once: outside
+// the Node's lock.
+func (s *Node) DecideAt(ctx context.Context, now int64, ruleID, identity string, cost int64) (cluster.Outcome, error) {
 	return s.DecideHashedAt(ctx, now, s.cfg.Hasher.Sum(identity), ruleID, identity, cost)
 }
 
@@ -317,61 +319,61 @@ func (s *Shell) DecideAt(ctx context.Context, now int64, ruleID, identity string
 // under ruleID will read first at random: the entry in its slot of the
 // reject cache, and, when the rule is gated (quota.Sketch) and was last
 // decided through its sketch in identity's shard, the sketch counters; h is
-// ShellConfig.Hasher.Sum(identity). It takes no lock, changes nothing and
+// Config.Hasher.Sum(identity). It takes no lock, changes nothing and
 // decides nothing: a caller that will call DecideHashedAt calls it first,
 // before its other work for the request (the clock read), so that those
 // cache misses (the sketch's megabytes of counters are read at random)
 // overlap that work instead of stalling the decision under the lock.
-func (s *Shell) Prefetch(h uint64, ruleID, identity string) {
+func (s *Node) Prefetch(h uint64, ruleID, identity string) {
 	sh := &s.shards[s.shardOfHash(h)]
 	if e := sh.rej.slot(h).Load(); e != nil {
 		prefetch.Line(uintptr(unsafe.Pointer(e)))
 	}
-	if hp := sh.hint.Load(); hp != nil && hp.rule == ruleID {
-		hp.prefetch(identity)
+	if hp := sh.hint.Load(); hp != nil && hp.Rule() == ruleID {
+		hp.Prefetch(identity)
 	}
 }
 
 // publishHint records, under sh.mu, where ruleID's sketch counters are for
 // Prefetch, when they moved since the last time.
 func (sh *shard) publishHint(ruleID string) {
-	hi, ok := sh.coord.sketchHint(ruleID)
+	hi, ok := sh.coord.SketchHint(ruleID)
 	if !ok {
 		return
 	}
 	if hp := sh.hint.Load(); hp == nil || *hp != hi {
 		// A copy made only here: storing &hi would put hi on the heap on
 		// every call, changed or not.
-		fresh := new(sketchHint)
+		fresh := new(cluster.SketchHint)
 		*fresh = hi
 		sh.hint.Store(fresh)
 	}
 }
 
 // DecideHashedAt is DecideAt for a caller that has already hashed the
-// identity with the Shell's Hasher: h must be ShellConfig.Hasher.Sum(identity)
+// identity with the Node's Hasher: h must be Config.Hasher.Sum(identity)
 // (it picks the shard and the reject cache's slot, so another value would
 // split one identity's state over shards). It saves the second hash of the
 // identity on the decision path.
-func (s *Shell) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID, identity string, cost int64) (Outcome, error) {
+func (s *Node) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID, identity string, cost int64) (cluster.Outcome, error) {
 	sh := &s.shards[s.shardOfHash(h)]
 	// A request the view rejects, as it rejected the last one, is answered
 	// without the mutex (rejcache.go).
 	if d, ok := sh.rej.lookup(h, now, ruleID, identity, cost); ok {
 		s.fastRejects.Add(1)
 		yieldNow()
-		return Outcome{Source: SourceView, Decision: d}, nil
+		return cluster.Outcome{Source: cluster.SourceView, Decision: d}, nil
 	}
 	sh.mu.Lock()
 	o, err := sh.coord.Decide(now, ruleID, identity, cost)
-	if o.Source == SourceSketch {
+	if o.Source == cluster.SourceSketch {
 		sh.publishHint(ruleID)
 	}
 	if d := sh.coord.Drops(); d != sh.drops {
 		sh.drops = d // an entry was dropped to make room: cached views may be of it
 		sh.rej.invalidate()
 	}
-	if err == nil && o.Source == SourceView && o.RetryAfter != bucket.Never {
+	if err == nil && o.Source == cluster.SourceView && o.RetryAfter != bucket.Never {
 		if v := sh.coord.LastViewReject(); v.Rule == ruleID && v.Identity == identity && v.Cost == cost {
 			sh.rej.store(h, v)
 		}
@@ -386,9 +388,9 @@ func (s *Shell) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID,
 		s.nudge(false, ready, queued)
 		return o, err
 	}
-	ch, _ := waitPool.Get().(chan Outcome)
+	ch, _ := waitPool.Get().(chan cluster.Outcome)
 	if ch == nil {
-		ch = make(chan Outcome, 1)
+		ch = make(chan cluster.Outcome, 1)
 	}
 	sh.waits[o.Ticket] = ch
 	sh.mu.Unlock()
@@ -404,7 +406,7 @@ func (s *Shell) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID,
 			waitPool.Put(ch) // nothing was or will be sent on it
 		}
 		sh.mu.Unlock()
-		return Outcome{}, ctx.Err()
+		return cluster.Outcome{}, ctx.Err()
 	}
 }
 
@@ -433,7 +435,7 @@ var waitPool sync.Pool
 
 // Refund gives back what Decide admitted for a request that did not go
 // through after all (see Coordinator.Refund).
-func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
+func (s *Node) Refund(ruleID, identity string, cost int64, src cluster.Source) {
 	sh := &s.shards[s.shardOf(identity)]
 	sh.lock()
 	sh.coord.Refund(s.now(), ruleID, identity, cost, src)
@@ -442,44 +444,22 @@ func (s *Shell) Refund(ruleID, identity string, cost int64, src Source) {
 
 // Stats returns the core's counters, summed over the shards, and the
 // exchanges sent and failed.
-func (s *Shell) Stats() (Stats, uint64, uint64) {
-	var sum Stats
+func (s *Node) Stats() (cluster.Stats, uint64, uint64) {
+	var sum cluster.Stats
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		st := sh.coord.Stats()
 		sh.mu.Unlock()
-		sum.add(&st)
+		sum.Add(&st)
 	}
 	sum.ViewRejects += s.fastRejects.Load()
 	return sum, s.sent.Load(), s.failed.Load()
 }
 
-// add adds every counter of o to st.
-func (st *Stats) add(o *Stats) {
-	st.LocalAdmits += o.LocalAdmits
-	st.ViewRejects += o.ViewRejects
-	st.Forwarded += o.Forwarded
-	st.RemoteResults += o.RemoteResults
-	st.Degraded += o.Degraded
-	st.SyncsSent += o.SyncsSent
-	st.AcksSent += o.AcksSent
-	st.ReportsCharged += o.ReportsCharged
-	st.Entries += o.Entries
-	st.Owned += o.Owned
-	st.SketchAdmits += o.SketchAdmits
-	st.SketchPromotions += o.SketchPromotions
-	st.SketchBytes += o.SketchBytes
-	st.EvictedIdle += o.EvictedIdle
-	st.EvictedViews += o.EvictedViews
-	st.EvictedForgiven += o.EvictedForgiven
-	st.OverCap += o.OverCap
-	st.ForgivenTokens += o.ForgivenTokens
-}
-
 // Close stops the shell's goroutines and waits for exchanges in flight
 // (each bounded by CallTimeout). It does not close the Transport.
-func (s *Shell) Close() error {
+func (s *Node) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
@@ -489,4 +469,4 @@ func (s *Shell) Close() error {
 }
 
 // String names the shell for logs.
-func (s *Shell) String() string { return fmt.Sprintf("shell(%s)", s.cfg.Coordinator.Self) }
+func (s *Node) String() string { return fmt.Sprintf("shell(%s)", s.cfg.Coordinator.Self) }

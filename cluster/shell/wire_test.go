@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"google.golang.org/protobuf/proto"
 
@@ -15,26 +17,26 @@ import (
 
 // fullMessage sets every field of every item kind, with edge values: zero
 // and negative debts, the largest tickets and generations, RetryAfter Never.
-func fullMessage() *Message {
-	return &Message{
+func fullMessage() *cluster.Message {
+	return &cluster.Message{
 		Epoch: math.MaxUint64 - 1,
-		Syncs: []SyncItem{
+		Syncs: []cluster.SyncItem{
 			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5},
 			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64, GrantEpoch: math.MaxUint64, Grant: math.MaxInt64},
 		},
-		Decides: []DecideItem{
+		Decides: []cluster.DecideItem{
 			{Ticket: 1, Rule: "login", Identity: "10.0.0.1", Cost: 0},
-			{Ticket: math.MaxUint64, Rule: "login", Identity: strings.Repeat("i", MaxIdentityBytes), Cost: 3},
+			{Ticket: math.MaxUint64, Rule: "login", Identity: strings.Repeat("i", cluster.MaxIdentityBytes), Cost: 3},
 		},
-		Acks: []AckItem{
+		Acks: []cluster.AckItem{
 			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000, GrantEpoch: 3, Grant: 12},
-			{Rule: strings.Repeat("r", MaxRuleIDBytes), Identity: "x", Gen: 0, Total: 0, Debt: math.MinInt64},
+			{Rule: strings.Repeat("r", cluster.MaxRuleIDBytes), Identity: "x", Gen: 0, Total: 0, Debt: math.MinInt64},
 		},
-		Results: []ResultItem{
+		Results: []cluster.ResultItem{
 			{Ticket: 7, Allowed: true, Remaining: 4, Reset: 250_000_000, RetryAfter: 0, Debt: 42, Delay: 30_000_000},
 			{Ticket: 8, Allowed: false, Remaining: 0, Reset: 1, RetryAfter: int64(bucket.Never), Debt: math.MaxInt64},
 		},
-		Handoffs: []HandoffItem{
+		Handoffs: []cluster.HandoffItem{
 			{Rule: "api", Identity: "user:2", Debt: -5},
 			{Rule: "api", Identity: "user:3", Debt: 0},
 			{Rule: "fw", Identity: "user:4", Debt: 59_000_000_000, Count: math.MaxInt64},
@@ -44,7 +46,7 @@ func fullMessage() *Message {
 }
 
 func TestWireRoundTrip(t *testing.T) {
-	for name, m := range map[string]*Message{"full": fullMessage(), "empty": {}, "epoch only": {Epoch: 9}, "handed over only": {HandedOver: 3}} {
+	for name, m := range map[string]*cluster.Message{"full": fullMessage(), "empty": {}, "epoch only": {Epoch: 9}, "handed over only": {HandedOver: 3}} {
 		t.Run(name, func(t *testing.T) {
 			raw, err := proto.Marshal(encodeBatch("node-a", m))
 			if err != nil {
@@ -70,7 +72,7 @@ func TestWireRoundTrip(t *testing.T) {
 
 func TestDecodeBatchRejects(t *testing.T) {
 	long := func(n int) string { return strings.Repeat("x", n) }
-	tooMany := make([]*peerpb.HandoffItem, MaxBatchItems+1)
+	tooMany := make([]*peerpb.HandoffItem, cluster.MaxBatchItems+1)
 	for i := range tooMany {
 		tooMany[i] = &peerpb.HandoffItem{Rule: "r", Identity: []byte("i")}
 	}
@@ -81,13 +83,13 @@ func TestDecodeBatchRejects(t *testing.T) {
 	}{
 		{"nil batch", nil, "nil batch"},
 		{"empty from", &peerpb.Batch{}, "empty from"},
-		{"long from", &peerpb.Batch{From: long(MaxNodeNameBytes + 1)}, "from of 257 bytes"},
+		{"long from", &peerpb.Batch{From: long(cluster.MaxNodeNameBytes + 1)}, "from of 257 bytes"},
 		{"bad utf8 from", &peerpb.Batch{From: "a\xff"}, "from is not valid UTF-8"},
 		{"too many items", &peerpb.Batch{From: "n", Handoffs: tooMany}, "65537 items"},
 		{"nil sync", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{nil}}, "syncs[0]: nil item"},
 		{"empty rule", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Identity: []byte("i")}}}, "syncs[0]: empty rule"},
-		{"long rule", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: long(MaxRuleIDBytes + 1), Identity: []byte("i")}}}, "acks[0]: rule of 129 bytes"},
-		{"long identity", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte(long(MaxIdentityBytes + 1))}}}, "decides[0]: identity of 1025 bytes"},
+		{"long rule", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: long(cluster.MaxRuleIDBytes + 1), Identity: []byte("i")}}}, "acks[0]: rule of 129 bytes"},
+		{"long identity", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte(long(cluster.MaxIdentityBytes + 1))}}}, "decides[0]: identity of 1025 bytes"},
 		{"negative total", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Total: 1}, {Rule: "r", Identity: []byte("i"), Total: -1}}}, "syncs[1]: negative total -1"},
 		{"negative ack total", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Total: -2}}}, "acks[0]: negative total"},
 		{"negative sync grant", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Grant: -1}}}, "syncs[0]: negative grant -1"},
@@ -124,7 +126,7 @@ func TestDecodeBatchRejects(t *testing.T) {
 // decodeBatch: neither may panic, and whatever decodes must survive
 // encodeBatch → Marshal → Unmarshal → decodeBatch unchanged.
 func FuzzDecodeBatch(f *testing.F) {
-	seed := func(from string, m *Message) {
+	seed := func(from string, m *cluster.Message) {
 		raw, err := proto.Marshal(encodeBatch(from, m))
 		if err != nil {
 			f.Fatal(err)
@@ -132,15 +134,15 @@ func FuzzDecodeBatch(f *testing.F) {
 		f.Add(raw)
 	}
 	seed("node-a", fullMessage())
-	seed("n", &Message{})
-	seed("n", &Message{Decides: []DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}})
-	seed("", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "i"}}})
-	seed("n", &Message{Syncs: []SyncItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, GrantEpoch: 7, Grant: 4}},
-		Acks: []AckItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, Debt: -5, GrantEpoch: 8, Grant: 2}}})
-	seed("n", &Message{Acks: []AckItem{{Rule: "r", Identity: "i", Grant: -1}}})
-	seed("n", &Message{Handoffs: []HandoffItem{{Rule: "fw", Identity: "i", Debt: 30_000_000_000, Count: 7}}})
-	seed("n", &Message{Handoffs: []HandoffItem{{Rule: "fw", Identity: "i", Count: -1}}})
-	seed("n", &Message{Results: []ResultItem{{Ticket: 3, Allowed: true, Remaining: 2, Reset: 40_000_000, Delay: 20_000_000}}})
+	seed("n", &cluster.Message{})
+	seed("n", &cluster.Message{Decides: []cluster.DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}})
+	seed("", &cluster.Message{Syncs: []cluster.SyncItem{{Rule: "r", Identity: "i"}}})
+	seed("n", &cluster.Message{Syncs: []cluster.SyncItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, GrantEpoch: 7, Grant: 4}},
+		Acks: []cluster.AckItem{{Rule: "r", Identity: "i", Gen: 3, Total: 9, Debt: -5, GrantEpoch: 8, Grant: 2}}})
+	seed("n", &cluster.Message{Acks: []cluster.AckItem{{Rule: "r", Identity: "i", Grant: -1}}})
+	seed("n", &cluster.Message{Handoffs: []cluster.HandoffItem{{Rule: "fw", Identity: "i", Debt: 30_000_000_000, Count: 7}}})
+	seed("n", &cluster.Message{Handoffs: []cluster.HandoffItem{{Rule: "fw", Identity: "i", Count: -1}}})
+	seed("n", &cluster.Message{Results: []cluster.ResultItem{{Ticket: 3, Allowed: true, Remaining: 2, Reset: 40_000_000, Delay: 20_000_000}}})
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})             // from: invalid UTF-8
 	f.Add([]byte{0x1a, 0x80, 0x80, 0x80, 0x80, 0x01}) // a huge length prefix
@@ -178,8 +180,8 @@ func FuzzDecodeBatch(f *testing.F) {
 // empty identity and a header value that is not UTF-8 cross the wire intact
 // (a rejection would fail the whole batch to that peer).
 func TestIdentityAnyBytes(t *testing.T) {
-	for _, id := range []string{"", "\xff\xfe key", strings.Repeat("k", MaxIdentityBytes)} {
-		in := &Message{Syncs: []SyncItem{{Rule: "r", Identity: id, Gen: 1, Total: 1}}}
+	for _, id := range []string{"", "\xff\xfe key", strings.Repeat("k", cluster.MaxIdentityBytes)} {
+		in := &cluster.Message{Syncs: []cluster.SyncItem{{Rule: "r", Identity: id, Gen: 1, Total: 1}}}
 		raw, err := proto.Marshal(encodeBatch("n", in))
 		if err != nil {
 			t.Fatalf("identity %q: marshal: %v", id, err)

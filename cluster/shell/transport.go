@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 )
 
 // This file is the peer transport's interface and its in-memory
@@ -19,14 +21,14 @@ import (
 // batch for that peer (may be empty; nil is taken as empty). It is called
 // concurrently, and must return soon after ctx is done: a transport's Close
 // waits for running handlers.
-type Handler func(ctx context.Context, from string, m *Message) (*Message, error)
+type Handler func(ctx context.Context, from string, m *cluster.Message) (*cluster.Message, error)
 
 // Transport sends one batch to a peer and returns the peer's reply.
 type Transport interface {
 	// Exchange sends m to the peer at addr and returns its reply. It honours
 	// ctx's deadline. Exchange may be called concurrently; it does not keep
 	// or modify m.
-	Exchange(ctx context.Context, addr string, m *Message) (*Message, error)
+	Exchange(ctx context.Context, addr string, m *cluster.Message) (*cluster.Message, error)
 	// Close stops serving and releases every connection. Exchange after
 	// Close returns ErrTransportClosed.
 	Close() error
@@ -152,7 +154,7 @@ func (t *InmemTransport) Malformed() uint64 { return t.malformed.Load() }
 // Exchange implements Transport. The handler runs on its own goroutine with
 // a context that ends when the caller's does or either node closes, so a
 // caller never waits past its deadline.
-func (t *InmemTransport) Exchange(ctx context.Context, addr string, m *Message) (*Message, error) {
+func (t *InmemTransport) Exchange(ctx context.Context, addr string, m *cluster.Message) (*cluster.Message, error) {
 	if t.ctx.Err() != nil {
 		return nil, ErrTransportClosed
 	}
@@ -182,7 +184,7 @@ func (t *InmemTransport) Exchange(ctx context.Context, addr string, m *Message) 
 		return nil, fmt.Errorf("cluster: exchange with %s: rejected: %w", addr, err)
 	}
 	type answer struct {
-		m   *Message
+		m   *cluster.Message
 		err error
 	}
 	done := make(chan answer, 1)
@@ -205,7 +207,7 @@ func (t *InmemTransport) Exchange(ctx context.Context, addr string, m *Message) 
 			return nil, fmt.Errorf("cluster: exchange with %s: %w: %w", addr, ErrPeerHandler, a.err)
 		}
 		if a.m == nil {
-			a.m = &Message{}
+			a.m = &cluster.Message{}
 		}
 		_, reply, err := decodeBatch(encodeBatch(addr, a.m))
 		if err != nil {

@@ -1,4 +1,4 @@
-package cluster
+package shell
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 
 	"go.uber.org/goleak"
 )
@@ -31,7 +33,7 @@ func checkTransportLeaks(t *testing.T) {
 
 // echo answers every batch with the batch itself and counts the calls.
 func echo(calls *atomic.Int64) Handler {
-	return func(_ context.Context, _ string, m *Message) (*Message, error) {
+	return func(_ context.Context, _ string, m *cluster.Message) (*cluster.Message, error) {
 		calls.Add(1)
 		return m, nil
 	}
@@ -48,7 +50,7 @@ func TestInmemRoundTrip(t *testing.T) {
 	n := NewInmemNetwork()
 	var gotFrom atomic.Value
 	a := n.Transport("a", echo(new(atomic.Int64)))
-	b := n.Transport("b", func(_ context.Context, from string, m *Message) (*Message, error) {
+	b := n.Transport("b", func(_ context.Context, from string, m *cluster.Message) (*cluster.Message, error) {
 		gotFrom.Store(from)
 		return m, nil
 	})
@@ -71,7 +73,7 @@ func TestInmemRoundTrip(t *testing.T) {
 
 func TestInmemCutHeal(t *testing.T) {
 	n, a, _, calls := inmemPair(t)
-	m := &Message{Epoch: 1}
+	m := &cluster.Message{Epoch: 1}
 
 	for _, cut := range []string{"b", "a"} { // cutting either end cuts the link
 		n.Cut(cut)
@@ -105,14 +107,14 @@ func TestInmemDelay(t *testing.T) {
 	n.SetDelay("b", 50*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	defer cancel()
-	if _, err := a.Exchange(ctx, "b", &Message{}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := a.Exchange(ctx, "b", &cluster.Message{}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("deadline inside the delay: err = %v, want DeadlineExceeded", err)
 	}
 	if calls.Load() != 0 {
 		t.Fatal("a call that timed out during its delay was delivered")
 	}
 	start := time.Now()
-	if _, err := a.Exchange(callCtx(t), "b", &Message{}); err != nil {
+	if _, err := a.Exchange(callCtx(t), "b", &cluster.Message{}); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d < 50*time.Millisecond {
@@ -120,7 +122,7 @@ func TestInmemDelay(t *testing.T) {
 	}
 	// The delay is per destination: calls to a are not delayed.
 	start = time.Now()
-	if _, err := b.Exchange(callCtx(t), "a", &Message{}); err != nil {
+	if _, err := b.Exchange(callCtx(t), "a", &cluster.Message{}); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d >= 50*time.Millisecond {
@@ -133,27 +135,27 @@ func TestInmemHandlerErrorAndDeadline(t *testing.T) {
 	n := NewInmemNetwork()
 	boom := errors.New("boom")
 	a := n.Transport("a", echo(new(atomic.Int64)))
-	bad := n.Transport("bad", func(context.Context, string, *Message) (*Message, error) { return nil, boom })
-	slow := n.Transport("slow", func(ctx context.Context, _ string, _ *Message) (*Message, error) {
+	bad := n.Transport("bad", func(context.Context, string, *cluster.Message) (*cluster.Message, error) { return nil, boom })
+	slow := n.Transport("slow", func(ctx context.Context, _ string, _ *cluster.Message) (*cluster.Message, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
-	empty := n.Transport("empty", func(context.Context, string, *Message) (*Message, error) { return nil, nil })
+	empty := n.Transport("empty", func(context.Context, string, *cluster.Message) (*cluster.Message, error) { return nil, nil })
 	t.Cleanup(func() { a.Close(); bad.Close(); slow.Close(); empty.Close() })
 
-	if _, err := a.Exchange(callCtx(t), "bad", &Message{}); !errors.Is(err, ErrPeerHandler) || !errors.Is(err, boom) {
+	if _, err := a.Exchange(callCtx(t), "bad", &cluster.Message{}); !errors.Is(err, ErrPeerHandler) || !errors.Is(err, boom) {
 		t.Errorf("handler error: err = %v, want ErrPeerHandler and boom", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := a.Exchange(ctx, "slow", &Message{}); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := a.Exchange(ctx, "slow", &cluster.Message{}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("blocking handler: err = %v, want DeadlineExceeded", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("blocking handler: Exchange returned after %v", d)
 	}
-	r, err := a.Exchange(callCtx(t), "empty", &Message{Epoch: 3})
+	r, err := a.Exchange(callCtx(t), "empty", &cluster.Message{Epoch: 3})
 	if err != nil || r == nil || !r.Empty() {
 		t.Errorf("nil reply: got %+v, %v; want an empty Message", r, err)
 	}
@@ -162,7 +164,7 @@ func TestInmemHandlerErrorAndDeadline(t *testing.T) {
 func TestInmemMalformedAndClose(t *testing.T) {
 	_, a, b, calls := inmemPair(t)
 
-	bad := &Message{Decides: []DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}}
+	bad := &cluster.Message{Decides: []cluster.DecideItem{{Ticket: 1, Rule: "r", Identity: "i", Cost: -1}}}
 	if _, err := a.Exchange(callCtx(t), "b", bad); !errors.Is(err, ErrMalformed) {
 		t.Errorf("negative cost: err = %v, want ErrMalformed", err)
 	}
@@ -173,10 +175,10 @@ func TestInmemMalformedAndClose(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Exchange(callCtx(t), "b", &Message{}); !errors.Is(err, ErrUnreachable) {
+	if _, err := a.Exchange(callCtx(t), "b", &cluster.Message{}); !errors.Is(err, ErrUnreachable) {
 		t.Errorf("to a closed node: err = %v, want ErrUnreachable", err)
 	}
-	if _, err := b.Exchange(callCtx(t), "a", &Message{}); !errors.Is(err, ErrTransportClosed) {
+	if _, err := b.Exchange(callCtx(t), "a", &cluster.Message{}); !errors.Is(err, ErrTransportClosed) {
 		t.Errorf("from a closed node: err = %v, want ErrTransportClosed", err)
 	}
 }
@@ -188,7 +190,7 @@ func TestInmemCloseCancelsHandlers(t *testing.T) {
 	n := NewInmemNetwork()
 	started := make(chan struct{})
 	a := n.Transport("a", echo(new(atomic.Int64)))
-	b := n.Transport("b", func(ctx context.Context, _ string, _ *Message) (*Message, error) {
+	b := n.Transport("b", func(ctx context.Context, _ string, _ *cluster.Message) (*cluster.Message, error) {
 		close(started)
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -196,7 +198,7 @@ func TestInmemCloseCancelsHandlers(t *testing.T) {
 	t.Cleanup(func() { a.Close() })
 	errc := make(chan error, 1)
 	go func() {
-		_, err := a.Exchange(callCtx(t), "b", &Message{})
+		_, err := a.Exchange(callCtx(t), "b", &cluster.Message{})
 		errc <- err
 	}()
 	<-started
