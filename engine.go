@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/policy"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -300,8 +301,8 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 	format := n.keyFormat.Load()
 
 	var pbuf [inlineResults]pending
-	ps := pbuf[:0]
-	enforced, clustered := 0, 0
+	var rbuf [inlineResults]policy.Rule
+	ps, rules := pbuf[:0], rbuf[:0]
 	for _, i := range idx {
 		c := &e.rules[i]
 		id, src := c.identity(req)
@@ -320,101 +321,52 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 			n.namespace(&ps[len(ps)-1], src)
 		}
 		n.prefetch(&ps[len(ps)-1])
-		if !c.r.Shadow {
-			enforced++
-			if ps[len(ps)-1].remote() {
-				clustered++
-			}
-		}
+		rules = append(rules, policy.Rule{Kind: ps[len(ps)-1].kind(), Shadow: c.r.Shadow})
 	}
-
-	// With several enforced rules, look before charging: a request that one
-	// rule rejects must not spend the others' tokens. (Between the look and
-	// the charge another request may spend a bucket; then the charge rejects
-	// and the rules charged before it keep the charge. That race costs
-	// tokens, never admits too many.) Cluster rules cannot be looked at
-	// without a charge; they are decided first, and a rejection there leaves
-	// the node-local rules uncharged.
-	if enforced > 1 {
-		for i := range ps {
-			p := &ps[i]
-			if p.c.r.Shadow || p.remote() {
-				continue
-			}
-			if bd, locked := n.peek(p, now); !bd.Allowed {
-				n.rejectAll(ctx, d, ps, now, i, bd, locked)
-				return
-			}
-		}
-	}
-	if clustered > 0 {
-		// Cluster rules one by one, then durable rules, stopping at the
-		// first rejection; the cluster rules that admitted before it get
-		// their tokens back, so that two rules on one request do not
-		// starve each other. A durable admission is not given back (a
-		// refund would be a second Raft commit, lost if this node crashed
-		// between the two, and inexact, since a full bucket forgets the
-		// time it filled): durable rules are asked last, once every other
-		// enforced rule has passed (the node-local ones on look), so a
-		// durable rule is charged for a request that is then rejected only
-		// when a node-local bucket is spent between its look and its
-		// charge, or when a request carries two durable rules.
-		var abuf [inlineResults]int
-		admitted := abuf[:0]
-		for pass := range 2 {
-			for i := range ps {
-				p := &ps[i]
-				if p.c.r.Shadow || !p.remote() || p.c.durable != (pass == 1) {
-					continue
-				}
-				if !d.Allowed {
-					n.reportUncharged(d, p, now)
-					continue
-				}
-				n.record(ctx, d, p, now)
-				switch {
-				case d.Allowed && p.spec.cid != "":
-					admitted = append(admitted, i)
-				case !d.Allowed:
-					for _, j := range admitted {
-						n.refundCluster(&ps[j])
-					}
-				}
-			}
-		}
-		if !d.Allowed {
-			for i := range ps {
-				if p := &ps[i]; !p.c.r.Shadow && !p.remote() {
-					n.reportUncharged(d, p, now)
-				}
-			}
-			n.shadows(ctx, d, ps, now)
-			return
-		}
-	}
-	for i := range ps {
-		if p := &ps[i]; !p.c.r.Shadow && !p.remote() {
-			n.record(ctx, d, p, now)
-		}
-	}
-	n.shadows(ctx, d, ps, now)
+	n.decideRules(ctx, d, ps, rules, now)
 }
 
-// shadows decides the shadow rules of a request once the enforced ones have:
-// charged as if enforced when the request is admitted, only looked at when
-// it is not (an enforced shadow rule would not have been charged either).
-func (n *Node) shadows(ctx context.Context, d *Decision, ps []pending, now int64) {
-	for i := range ps {
-		p := &ps[i]
-		if !p.c.r.Shadow {
-			continue
+// decideRules carries out the multi-rule policy of a request
+// (internal/policy: look before charging, cluster rules first with
+// refunds, durable rules last, shadow rules after) on its rules' stores,
+// reporting every rule into d.
+func (n *Node) decideRules(ctx context.Context, d *Decision, ps []pending, rules []policy.Rule, now int64) {
+	var rq policy.Request
+	rq.Start(rules)
+	// The look that rejected: ReportLook reports it as it was.
+	var looked bucket.Decision
+	var lookLocked bool
+	for {
+		st := rq.Next(rules)
+		if st.Action == policy.Done {
+			return
 		}
-		if d.Allowed {
-			n.record(ctx, d, p, now)
-		} else {
+		p := &ps[st.I]
+		switch st.Action {
+		case policy.Look:
+			looked, lookLocked = n.peek(p, now)
+			rq.Result(looked.Allowed)
+		case policy.Take:
+			rq.Result(n.record(ctx, d, p, now))
+		case policy.Refund:
+			n.refundCluster(p)
+		case policy.Report:
 			n.reportUncharged(d, p, now)
+		case policy.ReportLook:
+			n.report(d, p, looked, lookLocked, now, false, false)
 		}
 	}
+}
+
+// kind returns how p's rule is decided, for the policy.
+func (p *pending) kind() policy.Kind {
+	switch {
+	case p.c.durable:
+		return policy.Durable
+	case p.spec.cid != "":
+		return policy.Cluster
+	}
+	return policy.Local
 }
 
 // peek evaluates p without charging anything. A cluster rule cannot be
@@ -442,22 +394,6 @@ func (n *Node) locked(p *pending, now int64) (bucket.Decision, bool) {
 	return bd, !bd.Allowed
 }
 
-// rejectAll reports a request that enforced rule ps[first] rejects on look.
-// Nothing is charged: rules that would pass report their state as it stands.
-func (n *Node) rejectAll(ctx context.Context, d *Decision, ps []pending, now int64, first int, firstDec bucket.Decision, firstLocked bool) {
-	for i := range ps {
-		p := &ps[i]
-		switch {
-		case p.c.r.Shadow:
-		case i == first:
-			n.report(d, p, firstDec, firstLocked, now, false, false)
-		default:
-			n.reportUncharged(d, p, now)
-		}
-	}
-	n.shadows(ctx, d, ps, now)
-}
-
 // reportUncharged reports rule p of a request that another rule rejected:
 // nothing is charged; a rule that would have rejected too says so, one that
 // would have passed reports its state as it stands.
@@ -470,23 +406,22 @@ func (n *Node) reportUncharged(d *Decision, p *pending, now int64) {
 	n.report(d, p, bd, locked, now, false, false)
 }
 
-// record charges p and reports the outcome into d.
-func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) {
-	if bd, locked := n.locked(p, now); locked {
-		n.report(d, p, bd, true, now, true, false)
-		return
+// record charges p, reports the outcome into d and returns whether p's
+// rule admitted.
+func (n *Node) record(ctx context.Context, d *Decision, p *pending, now int64) bool {
+	var bd bucket.Decision
+	locked, degraded := false, false
+	switch bd, locked = n.locked(p, now); {
+	case locked:
+	case p.c.durable:
+		bd, degraded = n.decideDurable(ctx, p)
+	case p.spec.cid != "":
+		bd, degraded = n.decideCluster(ctx, p, now)
+	default:
+		bd = p.spec.lim.take(p.key, p.ident(), now, p.cost)
 	}
-	if p.c.durable {
-		bd, degraded := n.decideDurable(ctx, p)
-		n.report(d, p, bd, false, now, true, degraded)
-		return
-	}
-	if p.spec.cid != "" {
-		bd, degraded := n.decideCluster(ctx, p, now)
-		n.report(d, p, bd, false, now, true, degraded)
-		return
-	}
-	n.report(d, p, p.spec.lim.take(p.key, p.ident(), now, p.cost), false, now, true, false)
+	n.report(d, p, bd, locked, now, true, degraded)
+	return bd.Allowed
 }
 
 // report turns one rule's bucket decision into the request's result. A
