@@ -167,39 +167,55 @@ func saturate(t *testing.T, s sideSystem, workers int, d time.Duration, seed uin
 // time, so a system that falls behind shows its queue in the figures
 // instead of slowing the offer down.
 func fixedLoad(t *testing.T, s sideSystem, rate float64, d time.Duration, callers int, seed uint64) phaseOut {
+	return fixedLoadPaired(t, []sideSystem{s}, rate, d, callers, seed)[0]
+}
+
+// fixedLoadPaired is fixedLoad of several systems at once, each offered rate
+// calls per second: call n goes to system n mod k (k systems), instance
+// (n ÷ k) mod 3, so that they take turns call by call under one generator
+// and whatever else slows the machine slows them alike. Each result's
+// SysCPU is its own system's; GenCPU and MachineCPU are shared.
+func fixedLoadPaired(t *testing.T, ss []sideSystem, rate float64, d time.Duration, callers int, seed uint64) []phaseOut {
 	type job struct {
 		at time.Time
 		id string
 		n  int
 	}
+	k := len(ss)
 	jobs := make(chan job, callers*4)
 	var mu sync.Mutex
-	lats := make([]float64, 0, int(rate*d.Seconds())+16)
-	var tl answerTally
+	lats := make([][]float64, k)
+	tls := make([]answerTally, k)
 	var late atomic.Int64
 	var wg sync.WaitGroup
-	m := startMeter(t, s.pids)
+	meters := make([]*meter, k)
+	for i, s := range ss {
+		meters[i] = startMeter(t, s.pids)
+	}
 	for range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var local []float64
+			local := make([][]float64, k)
 			for j := range jobs {
+				s := ss[j.n%k]
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				resp, err := s.clients[j.n%len(s.clients)].ShouldRateLimit(ctx, sideRequest(j.id))
+				resp, err := s.clients[(j.n/k)%len(s.clients)].ShouldRateLimit(ctx, sideRequest(j.id))
 				cancel()
-				local = append(local, float64(time.Since(j.at).Nanoseconds())/1e3)
-				tl.add(resp, err)
+				local[j.n%k] = append(local[j.n%k], float64(time.Since(j.at).Nanoseconds())/1e3)
+				tls[j.n%k].add(resp, err)
 			}
 			mu.Lock()
-			lats = append(lats, local...)
+			for i := range local {
+				lats[i] = append(lats[i], local[i]...)
+			}
 			mu.Unlock()
 		}()
 	}
 	r := rand.New(rand.NewPCG(seed, 1))
 	start := time.Now()
-	interval := time.Duration(float64(time.Second) / rate)
-	total := int(rate * d.Seconds())
+	interval := time.Duration(float64(time.Second) / (rate * float64(k)))
+	total := int(rate * d.Seconds() * float64(k))
 	for i := 0; i < total; {
 		due := int(time.Since(start)/interval) + 1
 		for ; i < total && i < due; i++ {
@@ -219,12 +235,15 @@ func fixedLoad(t *testing.T, s sideSystem, rate float64, d time.Duration, caller
 	}
 	close(jobs)
 	wg.Wait()
-	var out phaseOut
-	m.stop(&out)
-	slices.Sort(lats)
-	out.Calls, out.Errors, out.Over, out.Degraded = tl.calls.Load(), tl.errors.Load(), tl.over.Load(), tl.degraded.Load()
-	out.P50, out.P99, out.P999 = quantile(lats, 0.50), quantile(lats, 0.99), quantile(lats, 0.999)
-	out.Late = late.Load()
+	out := make([]phaseOut, k)
+	for i := range out {
+		meters[i].stop(&out[i])
+		slices.Sort(lats[i])
+		tl := &tls[i]
+		out[i].Calls, out[i].Errors, out[i].Over, out[i].Degraded = tl.calls.Load(), tl.errors.Load(), tl.over.Load(), tl.degraded.Load()
+		out[i].P50, out[i].P99, out[i].P999 = quantile(lats[i], 0.50), quantile(lats[i], 0.99), quantile(lats[i], 0.999)
+		out[i].Late = late.Load()
+	}
 	return out
 }
 
