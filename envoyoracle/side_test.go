@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -217,6 +218,7 @@ func profileWeir(t *testing.T, dir, desc string, fixedWindow bool, cfg sideConfi
 		all.WriteString("go tool pprof " + strings.Join(args, " ") + ":\n")
 		all.Write(out)
 	}
+	all.WriteString("where the samples fall:\n" + profileBreakdown(t, bin, prof))
 	return all.String()
 }
 
@@ -334,6 +336,8 @@ func (r sideReport) markdown() string {
 			spread(pick(runs, func(x sideRun) float64 { return x.Lat.P99 }), "%.0f"),
 			spread(pick(runs, func(x sideRun) float64 { return float64(x.Sat.Over) / float64(x.Sat.Calls) }), "%.2f"))
 	}
+	redis := pick(r.Runs[sideEnvoy], func(x sideRun) float64 { return x.Sat.ProcCPU[len(x.Sat.ProcCPU)-1] / x.Sat.SysCPU })
+	fmt.Fprintf(&b, "\nredis-server's share of envoyproxy/ratelimit's CPU at saturation: %s\n", spread(redis, "%.2f"))
 	fmt.Fprintf(&b, "\npaired, %.0f/s each at once, call by call in turn:\n\n", r.Offered/2)
 	b.WriteString("| weir mode | weir p50 | weir p99 | envoyproxy/ratelimit p50 | envoyproxy/ratelimit p99 |\n")
 	b.WriteString("| --- | ---: | ---: | ---: | ---: |\n")
@@ -366,5 +370,60 @@ func (r sideReport) markdown() string {
 				i+1, mode, p.Weir.P50, p.Weir.P99, p.Weir.P999, p.Weir.SysCPU, p.Envoy.P50, p.Envoy.P99, p.Envoy.P999, p.Envoy.SysCPU, p.Weir.Late)
 		}
 	}
+	return b.String()
+}
+
+// profileParts sorts a CPU profile's samples (the text of `go tool pprof
+// -traces`) into where weir serve spends its CPU, each sample into the
+// first part whose pattern one of its frames matches.
+var profileParts = []struct{ name, pattern string }{
+	{"GC (mark workers, assists, sweeping)", `runtime\.(gcBgMarkWorker|gcAssistAlloc|bgsweep|bgscavenge)`},
+	{"peer exchange (sending, serving, the shell's loop)", `cluster\.\(\*Shell\)\.(run|send|flush|exchange|Handle)|cluster\.\(\*GRPCTransport\)|cluster\.peerServer|cluster\.\(\*peerStream\)|peerpb\.`},
+	{"weir's answer (rls.ShouldRateLimit: matching, deciding, headers)", `rls\.\(\*Service\)\.ShouldRateLimit`},
+	{"gossip, ticks, metrics", `memberlist|prometheus|cluster\.\(\*Shell\)\.tick`},
+	{"gRPC serving (HTTP/2 frames, protobuf, reads and writes)", `google\.golang\.org/grpc|golang\.org/x/net/http2|google\.golang\.org/protobuf`},
+}
+
+// profileBreakdown is the share of each of profileParts in the profile at
+// prof of binary bin (the rest: the scheduler, stack growth, polling).
+func profileBreakdown(t *testing.T, bin, prof string) string {
+	out, err := exec.Command("go", "tool", "pprof", "-traces", bin, prof).Output()
+	if err != nil {
+		t.Fatalf("go tool pprof -traces: %v", err)
+	}
+	res := make([]*regexp.Regexp, len(profileParts))
+	for i, p := range profileParts {
+		res[i] = regexp.MustCompile(p.pattern)
+	}
+	sums := make([]time.Duration, len(profileParts)+1)
+	var total time.Duration
+	for _, sample := range strings.Split(string(out), "-----------+")[1:] {
+		f := strings.Fields(sample)
+		if len(f) < 2 {
+			continue
+		}
+		v, err := time.ParseDuration(f[1])
+		if err != nil {
+			continue
+		}
+		total += v
+		part := len(profileParts)
+		for i, re := range res {
+			if re.MatchString(sample) {
+				part = i
+				break
+			}
+		}
+		sums[part] += v
+	}
+	var b strings.Builder
+	for i, d := range sums {
+		name := "other (scheduler, stack growth, polling)"
+		if i < len(profileParts) {
+			name = profileParts[i].name
+		}
+		fmt.Fprintf(&b, "%7v %5.1f%%  %s\n", d, 100*d.Seconds()/total.Seconds(), name)
+	}
+	fmt.Fprintf(&b, "%7v  in all\n", total)
 	return b.String()
 }

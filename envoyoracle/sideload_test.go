@@ -87,8 +87,11 @@ type phaseOut struct {
 	Over     int64   `json:"over_limit"`
 	Degraded int64   `json:"degraded"`
 	Seconds  float64 `json:"seconds"`
-	SysCPU   float64 `json:"system_cpu_s"`    // the system's processes
-	GenCPU   float64 `json:"generator_cpu_s"` // the load generator (this process)
+	SysCPU   float64 `json:"system_cpu_s"` // the system's processes
+	// ProcCPU is SysCPU process by process, in the order of the system's
+	// pids (envoyproxy/ratelimit's three, then Redis).
+	ProcCPU []float64 `json:"process_cpu_s"`
+	GenCPU  float64   `json:"generator_cpu_s"` // the load generator (this process)
 	// MachineCPU is the whole machine's busy CPU time: the system, the
 	// generator and whatever else ran.
 	MachineCPU float64 `json:"machine_cpu_s"`
@@ -111,21 +114,28 @@ func (p phaseOut) PerGenCPU() float64 { return float64(p.Calls-p.Errors) / p.Gen
 
 // meter reads the CPU used by a system's processes and by this process.
 type meter struct {
-	t          *testing.T
-	pids       []int
-	sys0, gen0 time.Duration
-	machine0   time.Duration
-	start      time.Time
+	t        *testing.T
+	pids     []int
+	proc0    []time.Duration
+	gen0     time.Duration
+	machine0 time.Duration
+	start    time.Time
 }
 
 func startMeter(t *testing.T, pids []int) *meter {
-	return &meter{t: t, pids: pids, sys0: pidsCPU(t, pids), gen0: selfCPU(), machine0: machineCPU(), start: time.Now()}
+	return &meter{t: t, pids: pids, proc0: pidsCPU(t, pids), gen0: selfCPU(), machine0: machineCPU(), start: time.Now()}
 }
 
 // stop fills the elapsed time and the CPU times used since the start.
 func (m *meter) stop(out *phaseOut) {
 	out.Seconds = time.Since(m.start).Seconds()
-	out.SysCPU = (pidsCPU(m.t, m.pids) - m.sys0).Seconds()
+	out.SysCPU = 0
+	out.ProcCPU = nil
+	for i, d := range pidsCPU(m.t, m.pids) {
+		c := (d - m.proc0[i]).Seconds()
+		out.ProcCPU = append(out.ProcCPU, c)
+		out.SysCPU += c
+	}
 	out.GenCPU = (selfCPU() - m.gen0).Seconds()
 	out.MachineCPU = (machineCPU() - m.machine0).Seconds()
 }

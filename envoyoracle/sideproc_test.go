@@ -246,18 +246,18 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * clockTick, nil
 }
 
-// pidsCPU is the CPU time the processes have used so far, summed.
-func pidsCPU(t *testing.T, pids []int) time.Duration {
+// pidsCPU is the CPU time each process has used so far.
+func pidsCPU(t *testing.T, pids []int) []time.Duration {
 	t.Helper()
-	var sum time.Duration
-	for _, p := range pids {
+	out := make([]time.Duration, len(pids))
+	for i, p := range pids {
 		d, err := procCPU(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sum += d
+		out[i] = d
 	}
-	return sum
+	return out
 }
 
 // selfCPU is the CPU time this process (the load generator) has used.
