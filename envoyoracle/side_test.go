@@ -32,6 +32,8 @@ import (
 //
 // It runs only with WEIR_SIDE=1. WEIR_SIDE_ROUNDS (4), WEIR_SIDE_SECONDS
 // (8, per measured phase) and WEIR_SIDE_OFFERED (2000 calls/s) size it;
+// WEIR_SIDE_ENVOY_SETTINGS adds envoyproxy/ratelimit settings
+// ("REDIS_PIPELINE_WINDOW=150us"), space-separated, over pinnedSettings;
 // WEIR_SIDE_OUT names a JSON file for the figures; WEIR_SIDE_PROFILE=1
 // takes a CPU profile of a weir serve node at saturation even when the
 // target is met (it is taken for a mode that misses it anyway), kept in
@@ -58,7 +60,13 @@ func TestSideBySide(t *testing.T) {
 	weirBin := weirBinary(t)
 
 	redis := startRedis(t)
-	ec, ep := startEnvoyProcs(t, envoyBin, redis.addr, desc, 3)
+	envoyExtra := strings.Fields(os.Getenv("WEIR_SIDE_ENVOY_SETTINGS"))
+	for _, kv := range envoyExtra {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			t.Fatalf("WEIR_SIDE_ENVOY_SETTINGS: %q is not KEY=value", kv)
+		}
+	}
+	ec, ep := startEnvoyProcs(t, envoyBin, redis.addr, desc, 3, envoyExtra)
 	envoy := sideSystem{name: sideEnvoy, clients: ec, pids: append(ep, redis.cmd.Process.Pid)}
 	dc, dp := startSideWeir(t, weirBin, desc, false, nil)
 	fc, fp := startSideWeir(t, weirBin, desc, true, nil)
@@ -69,7 +77,7 @@ func TestSideBySide(t *testing.T) {
 	}
 	rep := sideReport{
 		Go: runtime.Version(), CPUs: runtime.NumCPU(), Rounds: cfg.rounds, PhaseSeconds: cfg.phase.Seconds(),
-		Offered: cfg.offered, SatWorkers: cfg.satWorkers, LoadBefore: machineLoad(),
+		Offered: cfg.offered, SatWorkers: cfg.satWorkers, LoadBefore: machineLoad(), EnvoySettings: envoyExtra,
 		Runs: map[string][]sideRun{}, Pairs: map[string][]sidePair{},
 	}
 	for r := range cfg.rounds {
@@ -238,15 +246,18 @@ func envInt(t *testing.T, name string, def int) int {
 
 // sideReport is the whole measurement.
 type sideReport struct {
-	Go           string               `json:"go"`
-	CPUs         int                  `json:"cpus"`
-	Rounds       int                  `json:"rounds"`
-	PhaseSeconds float64              `json:"phase_seconds"`
-	Offered      float64              `json:"offered_per_s"`
-	SatWorkers   int                  `json:"saturation_workers"`
-	LoadBefore   string               `json:"loadavg_before"`
-	LoadAfter    string               `json:"loadavg_after"`
-	Runs         map[string][]sideRun `json:"runs"`
+	Go           string  `json:"go"`
+	CPUs         int     `json:"cpus"`
+	Rounds       int     `json:"rounds"`
+	PhaseSeconds float64 `json:"phase_seconds"`
+	Offered      float64 `json:"offered_per_s"`
+	SatWorkers   int     `json:"saturation_workers"`
+	LoadBefore   string  `json:"loadavg_before"`
+	LoadAfter    string  `json:"loadavg_after"`
+	// EnvoySettings are envoyproxy/ratelimit's settings beyond
+	// pinnedSettings (WEIR_SIDE_ENVOY_SETTINGS).
+	EnvoySettings []string             `json:"envoy_settings"`
+	Runs          map[string][]sideRun `json:"runs"`
 	// Pairs are the paired fixed loads, by weir mode.
 	Pairs    map[string][]sidePair `json:"paired"`
 	Verdicts []sideVerdict         `json:"verdicts"`
@@ -322,8 +333,9 @@ func pickPair(ps []sidePair, f func(sidePair) float64) []float64 {
 // the rounds with their ranges, then the ratios.
 func (r sideReport) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s, %d CPUs, %d rounds of %.0f s phases, load average %s before, %s after\n\n",
+	fmt.Fprintf(&b, "%s, %d CPUs, %d rounds of %.0f s phases, load average %s before, %s after\n",
 		r.Go, r.CPUs, r.Rounds, r.PhaseSeconds, r.LoadBefore, r.LoadAfter)
+	fmt.Fprintf(&b, "envoyproxy/ratelimit: pinned settings, and %q\n\n", r.EnvoySettings)
 	fmt.Fprintf(&b, "| system | saturation, decisions/s | decisions per CPU-second (system) | generator CPU-s per 1000 decisions | p50 at %.0f/s | p99 at %.0f/s | over limit |\n", r.Offered, r.Offered)
 	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, name := range []string{sideWeirDefault, sideWeirFixed, sideEnvoy} {

@@ -78,9 +78,10 @@ type sideSystem struct {
 
 // startEnvoyProcs starts n envoyproxy/ratelimit service processes on the
 // descriptor file, sharing the Redis at redisAddr, with pinnedSettings
-// (ports and hosts are each process's own loopback ones). It waits until
-// each answers a ShouldRateLimit call.
-func startEnvoyProcs(t *testing.T, bin, redisAddr, descriptors string, n int) (clients []pb.RateLimitServiceClient, pids []int) {
+// (ports and hosts are each process's own loopback ones), then extra
+// (KEY=value settings, which win). It waits until each answers a
+// ShouldRateLimit call.
+func startEnvoyProcs(t *testing.T, bin, redisAddr, descriptors string, n int, extra []string) (clients []pb.RateLimitServiceClient, pids []int) {
 	t.Helper()
 	root := t.TempDir()
 	dir := filepath.Join(root, "ratelimit", "config")
@@ -106,6 +107,7 @@ func startEnvoyProcs(t *testing.T, bin, redisAddr, descriptors string, n int) (c
 			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(grpcPort),
 			"RUNTIME_ROOT="+root, "REDIS_URL="+redisAddr,
 		)
+		env = append(env, extra...)
 		cmd := exec.Command(bin)
 		cmd.Env = env
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
