@@ -5,7 +5,7 @@
 // beside a `weir serve` process built from the root module, and both are fed
 // the same descriptor files unchanged.
 //
-// Two tests:
+// Two tests compare answers:
 //
 //   - TestConfigCorpus loads every descriptor file shipped in the
 //     envoyproxy/ratelimit module (examples/, test/config/, the integration
@@ -13,10 +13,19 @@
 //   - TestDifferential sends both the same seeded, randomized request
 //     streams over gRPC and compares every response field.
 //
-// Both check the differences found against a table of known differences,
-// exactly: a new difference fails the test, and so does a known one that
-// is gone (then the table is out of date and must shrink). The tables are
-// the current list of where weir's answers differ from envoyproxy/ratelimit's.
+// A third, TestSideBySide, measures them (it runs only with WEIR_SIDE=1):
+// a 3-node `weir serve` cluster against three processes of
+// envoyproxy/ratelimit's own service binary (built from
+// github.com/envoyproxy/ratelimit/src/service_cmd, which go.mod lists as a
+// tool so that its dependencies are pinned) sharing one redis-server, under
+// one request stream: saturation, decisions per CPU-second of each system's
+// processes, and latency at a fixed offered load.
+//
+// TestConfigCorpus and TestDifferential check the differences found
+// against a table of known differences, exactly: a new difference fails the
+// test, and so does a known one that is gone (then the table is out of date
+// and must shrink). The tables are the current list of where weir's answers
+// differ from envoyproxy/ratelimit's.
 //
 // The tests need redis-server on PATH (scripts/install-redis.sh); with
 // CI=true a missing redis-server is a failure, otherwise a skip.

@@ -121,6 +121,8 @@ type weirAddrs struct {
 	RLS    string `json:"rls"`
 	HTTP   string `json:"http"`
 	Gossip string `json:"gossip"`
+	// Pid is the process's id (not in the ready line).
+	Pid int `json:"-"`
 }
 
 // startWeir starts `weir serve` over the descriptor files on one node.
@@ -189,8 +191,15 @@ func allSeeMembers(nodes []weirAddrs, n int) bool {
 // it should; it is started again, up to 3 times.
 func startWeirProc(t *testing.T, cfg string) weirAddrs {
 	t.Helper()
+	return startWeirProcWith(t, weirBinary(t), cfg, nil)
+}
+
+// startWeirProcWith is startWeirProc of the weir binary bin, with env added
+// to the test's environment.
+func startWeirProcWith(t *testing.T, bin, cfg string, env []string) weirAddrs {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
-		a, log, err := startWeirProcOnce(t, cfg)
+		a, log, err := startWeirProcOnce(t, bin, cfg, env)
 		if err == nil {
 			return a
 		}
@@ -201,9 +210,12 @@ func startWeirProc(t *testing.T, cfg string) weirAddrs {
 	}
 }
 
-func startWeirProcOnce(t *testing.T, cfg string) (weirAddrs, string, error) {
+func startWeirProcOnce(t *testing.T, bin, cfg string, env []string) (weirAddrs, string, error) {
 	var a weirAddrs
-	cmd := exec.Command(weirBinary(t), "serve", "--config", cfg)
+	cmd := exec.Command(bin, "serve", "--config", cfg)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr := &lockedBuf{}
 	cmd.Stderr = stderr
@@ -235,6 +247,7 @@ func startWeirProcOnce(t *testing.T, cfg string) (weirAddrs, string, error) {
 		if err := json.Unmarshal(line, &a); err != nil || a.RLS == "" {
 			return a, stderr.String(), fmt.Errorf("ready line %q: %v", line, err)
 		}
+		a.Pid = cmd.Process.Pid
 		return a, "", nil
 	case <-done:
 		return a, stderr.String(), fmt.Errorf("exited before its ready line")
