@@ -41,6 +41,39 @@ func TestLayout(t *testing.T) {
 	}
 }
 
+// TestLayoutCoresAndShells: the cores the simulator runs stay apart from
+// their shells. The cluster core and the request policy reach no shell
+// (cluster/shell, memberlist, gRPC); the request policy imports only the
+// standard library; the simulator runs the cores, never the cluster's
+// shell or memberlist (it models the network and membership itself).
+func TestLayoutCoresAndShells(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("the go command is not on PATH")
+	}
+	shells := []string{"github.com/weir-dev/weir/cluster/shell", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}
+	for _, pkg := range []string{"./cluster", "./internal/policy"} {
+		for _, d := range goList(t, pkg) {
+			for _, f := range shells {
+				if d == f || strings.HasPrefix(d, f+"/") {
+					t.Errorf("%s reaches %s: a core leaves I/O to its shell", pkg, d)
+				}
+			}
+		}
+	}
+	for _, d := range goList(t, "./internal/policy") {
+		if d != "github.com/weir-dev/weir/internal/policy" && !isStd(t, d) {
+			t.Errorf("internal/policy reaches %s: the request policy imports only the standard library", d)
+		}
+	}
+	for _, d := range goList(t, "./sim/...") {
+		for _, f := range shells[:2] {
+			if d == f || strings.HasPrefix(d, f+"/") {
+				t.Errorf("sim/ reaches %s: the simulator runs the cores and models the network and membership", d)
+			}
+		}
+	}
+}
+
 func goList(t *testing.T, pkg string) []string {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-deps", pkg).Output()
