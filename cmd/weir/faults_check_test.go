@@ -100,7 +100,10 @@ func (h *harness) check(l *load) {
 	t.Logf("durable: %d decisions (%d admitted, %d rejected, %d failed, %d of them in a voter's fault window or cut off by the end of the run) on %d identities; first error %v",
 		durN, durAdm, durRej, durUnk, durExcused, len(distinctIDs(l.durable)), l.firstDurErr)
 
-	// 3. Durable decisions: no identity past its limit, and the history is
+	// 3. Shared and exact rules: the hot admissions within the envelope.
+	h.checkEnvelope(l)
+
+	// 4. Durable decisions: no identity past its limit, and the history is
 	// linearizable against the bucket model.
 	if over := overAdmitted(l.durable, durableBurst); len(over) > 0 {
 		h.violation("durable: %d identities admitted past the burst of %d: %v", len(over), durableBurst, over)
@@ -112,7 +115,7 @@ func (h *harness) check(l *load) {
 		h.violation("durable: the history of durable decisions is %s against the bucket model", res)
 	}
 
-	// 4. Rules: every acknowledged PUT is on every voter and gateway, and
+	// 5. Rules: every acknowledged PUT is on every voter and gateway, and
 	// the history has no gap.
 	h.putMu.Lock()
 	puts := slices.Clone(h.puts)
@@ -207,7 +210,7 @@ func (h *harness) check(l *load) {
 	}
 	t.Logf("rules: %d PUTs, %d acknowledged, %d failed; version %d, history %d entries without a gap", len(puts), acked, failed, final.Version, len(hist))
 
-	// 5. File descriptors, loosely against the baseline after warm-up.
+	// 6. File descriptors, loosely against the baseline after warm-up.
 	var fds []string
 	for _, p := range h.all() {
 		n, err := fdCount(p.current().cmd.Process.Pid)
@@ -241,12 +244,16 @@ type histEntry struct {
 	} `json:"after"`
 }
 
-// history reads the whole rules history from the leader, page by page.
-func (h *harness) history() []histEntry {
+// history reads the whole rules history from the first voter, page by
+// page.
+func (h *harness) history() []histEntry { return h.historyFrom(h.voters[0]) }
+
+// historyFrom reads the whole rules history from voter v, page by page.
+func (h *harness) historyFrom(v *fproc) []histEntry {
 	var all []histEntry
 	var since uint64
 	for {
-		code, b, err := h.admin(http.MethodGet, fmt.Sprintf("http://%s/v1/rules/history?since=%d&limit=1000", h.voters[0].current().addrs.HTTP, since), nil)
+		code, b, err := h.admin(http.MethodGet, fmt.Sprintf("http://%s/v1/rules/history?since=%d&limit=1000", v.current().addrs.HTTP, since), nil)
 		if err != nil || code != http.StatusOK {
 			h.violation("rules history: %d %v %.200s", code, err, b)
 			return all

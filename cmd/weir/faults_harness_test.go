@@ -25,8 +25,12 @@ import (
 // admin API calls the harness makes.
 
 // window is a span of a process's fault, ns since the run's start: from
-// the signal to the moment it was back (resumed, or restarted and ready).
-type window struct{ from, to int64 }
+// the signal to the moment it was back (resumed, or restarted and ready);
+// paused says it was a SIGSTOP, not a kill.
+type window struct {
+	from, to int64
+	paused   bool
+}
 
 // fproc is one process of the harness across its incarnations.
 type fproc struct {
@@ -80,6 +84,8 @@ type harness struct {
 	// answered; it stays in the history (its outcome unknown) but is no
 	// caller error.
 	loadEnd int64
+	// envelope is the envelope check's result per region.
+	envelope []envelopeResult
 }
 
 // putRec is one rules PUT: its sequence number (the rule's limit is
@@ -232,12 +238,18 @@ func (h *harness) liveJoin(p *fproc) []string {
 
 // setup writes the configs and starts the voters, then the gateways.
 func (h *harness) setup() {
-	t := h.t
-	label := fmt.Sprintf("weir-faults-%d", os.Getpid())
-	desc := filepath.Join(h.dir, "edge.yaml")
-	if err := os.WriteFile(desc, []byte("domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 60}\n"), 0o600); err != nil {
-		t.Fatal(err)
+	h.mountTmpfs(filepath.Join(h.dir, tmpfsVoter+"-data"))
+	h.startGateways(h.startVoters())
+	if !h.recovered(60 * time.Second) {
+		h.t.Fatal("the fleet did not converge within 60s")
 	}
+}
+
+// startVoters writes the configs of the three voters (v1, v2, v3: data in
+// <name>-data) and starts them; they bootstrap together. It returns their
+// lease RPC addresses.
+func (h *harness) startVoters() []string {
+	t := h.t
 	type vaddr struct{ name, raft, rpc, http string }
 	var vs []vaddr
 	for i := 1; i <= 3; i++ {
@@ -248,7 +260,6 @@ func (h *harness) setup() {
 		voterList = append(voterList, fmt.Sprintf("{name: %s, raft: %s, rpc: %s}", v.name, v.raft, v.rpc))
 		rpcs = append(rpcs, v.rpc)
 	}
-	h.mountTmpfs(filepath.Join(h.dir, tmpfsVoter+"-data"))
 	for _, v := range vs {
 		path := filepath.Join(h.dir, v.name+".yaml")
 		body := fmt.Sprintf(`node: {name: %s, region: eu}
@@ -265,32 +276,6 @@ log: {level: info}
 		}
 		h.voters = append(h.voters, &fproc{name: v.name, region: "eu", voter: true, cfg: func([]string) string { return path }})
 	}
-	h.regions = map[string][]*fproc{}
-	for _, region := range []string{"eu", "us"} {
-		for i := 1; i <= 3; i++ {
-			name := fmt.Sprintf("%s-%d", region, i)
-			gossip, rpc, rlsAddr, httpAddr := freePort(t), freePort(t), freePort(t), freePort(t)
-			p := &fproc{name: name, region: region}
-			p.cfg = func(join []string) string {
-				path := filepath.Join(h.dir, name+".yaml")
-				body := fmt.Sprintf(`node: {name: %s, region: %s}
-gossip: {bind: %s, join: [%s], local_timing: true, label: %s-%s}
-peer: {rpc: %s, decide_timeout: 250ms, call_timeout: 200ms}
-envoy: {listen: %s, descriptors: [%s]}
-http: {listen: %s}
-lease: {voters: [%s]}
-log: {level: warn}
-`, name, region, gossip, strings.Join(join, ", "), label, region, rpc, rlsAddr, desc, httpAddr, strings.Join(rpcs, ", "))
-				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-					t.Fatal(err)
-				}
-				return path
-			}
-			h.gws = append(h.gws, p)
-			h.regions[region] = append(h.regions[region], p)
-		}
-	}
-	// The voters bootstrap together.
 	errs := make(chan error, len(h.voters))
 	for _, v := range h.voters {
 		go func() { errs <- h.launch(v, nil) }()
@@ -300,13 +285,50 @@ log: {level: warn}
 			t.Fatal(err)
 		}
 	}
+	return rpcs
+}
+
+// startGateways writes the descriptor file and the configs of the two
+// regions' gateways (lease clients of the voters at rpcs) and starts them.
+// Region eu runs the imported limits in shared mode, us in exact mode, both
+// with on_failure: closed (faults_envelope_test.go).
+func (h *harness) startGateways(rpcs []string) {
+	t := h.t
+	label := fmt.Sprintf("weir-faults-%d", os.Getpid())
+	desc := filepath.Join(h.dir, "edge.yaml")
+	if err := os.WriteFile(desc, []byte(edgeDescriptors), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.regions = map[string][]*fproc{}
+	for _, region := range []string{"eu", "us"} {
+		mode := regionModes[region]
+		for i := 1; i <= 3; i++ {
+			name := fmt.Sprintf("%s-%d", region, i)
+			gossip, rpc, rlsAddr, httpAddr := freePort(t), freePort(t), freePort(t), freePort(t)
+			p := &fproc{name: name, region: region}
+			p.cfg = func(join []string) string {
+				path := filepath.Join(h.dir, name+".yaml")
+				body := fmt.Sprintf(`node: {name: %s, region: %s}
+gossip: {bind: %s, join: [%s], local_timing: true, label: %s-%s}
+peer: {rpc: %s, decide_timeout: 250ms, call_timeout: 200ms}
+envoy: {listen: %s, descriptors: [%s], mode: %s, on_failure: closed%s}
+http: {listen: %s}
+lease: {voters: [%s]}
+log: {level: warn}
+`, name, region, gossip, strings.Join(join, ", "), label, region, rpc, rlsAddr, desc, mode, accuracyField(mode), httpAddr, strings.Join(rpcs, ", "))
+				if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				return path
+			}
+			h.gws = append(h.gws, p)
+			h.regions[region] = append(h.regions[region], p)
+		}
+	}
 	for _, g := range h.gws {
 		if err := h.launch(g, h.liveJoin(g)); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if !h.recovered(60 * time.Second) {
-		t.Fatal("the fleet did not converge within 60s")
 	}
 }
 

@@ -36,7 +36,7 @@ func (h *harness) fillDisk() (string, int64) {
 
 func (h *harness) noteWindow(p *fproc, from int64) {
 	p.mu.Lock()
-	p.windows = append(p.windows, window{from, h.now()})
+	p.windows = append(p.windows, window{from: from, to: h.now()})
 	p.mu.Unlock()
 }
 
@@ -52,7 +52,9 @@ func (h *harness) pause(p *fproc, d time.Duration) {
 	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		h.violation("SIGCONT %s: %v", p.name, err)
 	}
-	h.noteWindow(p, from)
+	p.mu.Lock()
+	p.windows = append(p.windows, window{from: from, to: h.now(), paused: true})
+	p.mu.Unlock()
 }
 
 // kill kills p with SIGKILL and waits for it to exit; restart starts it

@@ -33,6 +33,7 @@ type rlsRec struct {
 type load struct {
 	mu                       sync.Mutex
 	rls                      []rlsRec
+	hot                      []hotRec
 	durable                  []durableRec
 	firstRLSErr, firstDurErr map[string]string
 }
@@ -48,6 +49,7 @@ func (h *harness) runLoad(ctx context.Context, l *load) *sync.WaitGroup {
 		h.t.Cleanup(func() { cc.Close() })
 		conns[i] = rlsv3.NewRateLimitServiceClient(cc)
 	}
+	h.runHot(ctx, l, conns, &wg)
 	for i := range h.gws {
 		wg.Go(func() {
 			var recs []rlsRec

@@ -182,6 +182,7 @@ func TestFaults(t *testing.T) {
 	}
 	h.faultMu.Unlock()
 	t.Logf("run: %v, %d faults (%s), %v of it in faults or recovery; %d full-disk faults ended with the voter exited", runTime.Round(time.Second), count, strings.Join(kinds, ", "), faultTime.Round(time.Second), h.diskCrashes)
+	t.Logf("envelope, worst excess over B + r·Δ against its bound: %s", h.envelopeSummary())
 	if len(h.violations) > 0 {
 		t.Logf("%d violations", len(h.violations))
 	}
