@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -292,4 +293,52 @@ func (h *harness) envelopeSummary() string {
 		s = append(s, fmt.Sprintf("%s %s: outside faults %.2f of %.0f, touching faults %.2f of %.0f", r.region, r.mode, r.cleanExcess, r.s, r.faultExcess, r.faultBound))
 	}
 	return strings.Join(s, "; ")
+}
+
+// TestEnvelopeChecker shows the envelope check can fail: hand-made
+// admissions one past B + r·Δ (+ S) are caught outside a fault window and
+// excused by a fault's term inside one, and an admission counts only in
+// intervals holding both its call and its answer.
+func TestEnvelopeChecker(t *testing.T) {
+	ms := int64(time.Millisecond)
+	worst := func(mode string, adm [][2]int64, ws []window) (clean, fault, bound float64) {
+		clean, fault = math.Inf(-1), math.Inf(-1)
+		worstIntervals(adm, newEnvelopeParams(mode, 3), ws, func(a, b int64, excess, bd float64, touched bool) {
+			if touched {
+				if excess > fault {
+					fault, bound = excess, bd
+				}
+			} else {
+				clean = max(clean, excess)
+			}
+		})
+		return clean, fault, bound
+	}
+	// B + 1 admissions within 1 ms, at t = 1 s: one past the burst.
+	burst := func(at, n int64) [][2]int64 {
+		var adm [][2]int64
+		for i := range n {
+			adm = append(adm, [2]int64{at + i*ms/100, at + i*ms/100 + ms/2})
+		}
+		return adm
+	}
+	if clean, _, _ := worst("exact", burst(1000*ms, hotLimit+1), nil); clean < 0.9 || clean > 1 {
+		t.Errorf("exact, B+1 at once: worst excess %.3f, want about 1 (above S = 0)", clean)
+	}
+	if clean, _, _ := worst("shared", burst(1000*ms, hotLimit+7), nil); clean <= newEnvelopeParams("shared", 3).s {
+		t.Errorf("shared, B+S+1 at once: worst excess %.3f, want above S", clean)
+	}
+	// The same inside a gateway's fault window: within its term.
+	ws := []window{{from: 900 * ms, to: 1100 * ms}}
+	clean, fault, bound := worst("exact", burst(1000*ms, hotLimit+1), ws)
+	if !math.IsInf(clean, -1) || fault < 0.9 || fault > bound {
+		t.Errorf("exact, B+1 in a fault window: clean %.3f, fault %.3f (bound %.0f): want no clean interval, the excess within the term", clean, fault, bound)
+	}
+	// B admissions, then one whose call came 2 s before them and whose
+	// answer came with them: decided anywhere in those 2 s, it is counted
+	// only over intervals of 2 s, where refill pays for it.
+	adm := append(burst(5000*ms, hotLimit), [2]int64{3000 * ms, 5000*ms + ms})
+	if clean, _, _ := worst("exact", adm, nil); clean > 0 {
+		t.Errorf("a slow answer: worst excess %.3f, want ≤ 0", clean)
+	}
 }
