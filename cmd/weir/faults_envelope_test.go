@@ -221,9 +221,9 @@ func (h *harness) checkEnvelope(l *load) {
 			})
 		}
 		h.envelope = append(h.envelope, res)
-		h.t.Logf("envelope %s (%s, %d gateways, B %.0f, r %d/s, S %.0f, S_f %.0f; terms: crash %.0f, restart %.0f, pause in flight %.0f): %d hot calls, %d admitted, %d errors; worst excess outside faults %.2f (bound S %.0f); %d gateway fault windows, worst excess touching one %.2f (bound %.0f)",
+		h.t.Logf("envelope %s (%s, %d gateways, B %.0f, r %d/s, S %.0f, S_f %.0f; terms: crash %.0f, restart %.0f, pause in flight %.0f): %d hot calls, %d admitted, %d errors; worst excess outside faults %.2f (bound S %.0f); %d gateway fault windows, %s",
 			region, mode, len(h.regions[region]), p.b, hotLimit, p.s, p.sf, p.crash, p.join, p.inPause,
-			res.calls, res.admitted, res.errors, res.cleanExcess, p.s, res.windows, res.faultExcess, res.faultBound)
+			res.calls, res.admitted, res.errors, res.cleanExcess, p.s, res.windows, res.faultFigure())
 	}
 }
 
@@ -286,11 +286,20 @@ func worstIntervals(adm [][2]int64, p envelopeParams, ws []window, f func(a, b i
 	}
 }
 
+// faultFigure says the excess closest to its bound over the intervals
+// touching a fault window.
+func (r envelopeResult) faultFigure() string {
+	if r.faultIntervals == 0 {
+		return "no interval touching a fault"
+	}
+	return fmt.Sprintf("touching faults %.2f of %.0f", r.faultExcess, r.faultBound)
+}
+
 // envelopeSummary is one line per region for the run's summary.
 func (h *harness) envelopeSummary() string {
 	var s []string
 	for _, r := range h.envelope {
-		s = append(s, fmt.Sprintf("%s %s: outside faults %.2f of %.0f, touching faults %.2f of %.0f", r.region, r.mode, r.cleanExcess, r.s, r.faultExcess, r.faultBound))
+		s = append(s, fmt.Sprintf("%s %s: outside faults %.2f of %.0f, %s", r.region, r.mode, r.cleanExcess, r.s, r.faultFigure()))
 	}
 	return strings.Join(s, "; ")
 }
