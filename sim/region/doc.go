@@ -13,21 +13,18 @@
 //
 // # What is modelled, and the simplifications
 //
-//   - Nodes: the adapter around each coordinator does what shell.Node
-//     does. It sends Nagle's way: what a decision queues leaves at once
-//     when no exchange of the node is in flight, else when one returns,
-//     with a flush one linger later as a backstop. At most one exchange
-//     is in flight per peer; what is due to a busy peer waits in a
-//     cluster.Backlog (the Shell's own type) and leaves as the next
-//     exchange when the one in flight returns or times out. A reply
-//     carries what the receiver has for the sender; the call timeout, the
-//     circuit breaker with cooldown and half-open trial, and Tick on a
-//     ticker are the Shell's. The Shell's goroutines and mutex are gone:
-//     the loop is the only goroutine, so an exchange's work at the
-//     receiver happens at the instant of its arrival. The Shell's
-//     MaxBatch (a batch that reaches it is sent at once, and a larger one
-//     is cut in several exchanges) is not modelled: the simulator has no
-//     batch limit.
+//   - Nodes: each node runs the real cluster.Coordinator and the real
+//     cluster.Links, the policy of the exchanges with its peers (Nagle's
+//     sending with the linger backstop, one exchange in flight per peer
+//     with its cluster.Backlog, the circuit breaker with cooldown and
+//     half-open trial, the breaker reset of a peer back in the ring). The
+//     adapter around them (node.go) carries out what they decide, as
+//     shell.Node does on a gateway; shell.Node's goroutines and locks are
+//     gone: the loop is the only goroutine, so an exchange's work at the
+//     receiver happens at the instant of its arrival. A reply carries what
+//     the receiver has for the sender. shell.Node's cutting of a batch
+//     larger than its MaxBatch into several exchanges is not modelled: the
+//     simulator has no wire limit.
 //   - Tick: every node ticks every Config.Tick (10 ms like the Shell by
 //     default). Big runs may tick less often: a tick only sends
 //     interval-due syncs, expires forwarded requests and drops idle
@@ -55,6 +52,7 @@
 //     admissions.
 //   - Admissions count at the virtual time of the decision: local and
 //     on_failure decisions when made, remote ones when the owner made them.
-//   - One rule per run; the coordinator's multi-rule paths are not
-//     exercised.
+//   - One rule per run: the request policy of several rules
+//     (internal/policy) is not exercised here; its property test and the
+//     Node's model test hold it.
 package region
