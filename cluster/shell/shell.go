@@ -43,11 +43,16 @@ type Node struct {
 	shards []shard
 	shift  uint // ticket = the shard's ticket << shift | the shard's index
 	ring   atomic.Pointer[cluster.Ring]
-	// mu guards lk, the policy of the exchanges with peers (links.go:
-	// one in flight per peer, Nagle's sending, the breakers). It may be
-	// held while taking shard locks, never taken while one is held.
+	// mu serialises the flushes, ring changes and breaker changes, which
+	// span the shards. It may be held while taking shard locks, never
+	// taken while one is held.
 	mu sync.Mutex
-	lk *cluster.Links
+	// lkMu guards lk, the policy of the exchanges with peers
+	// (cluster.Links: one in flight per peer, Nagle's sending, the
+	// breakers). It is the innermost lock, held only for a call into lk:
+	// a decision's nudge takes it, and must not wait for a flush.
+	lkMu sync.Mutex
+	lk   *cluster.Links
 	// pool keeps the item arrays of messages the Node is done with.
 	pool msgPool
 
@@ -243,10 +248,13 @@ func (s *Node) SetRing(r *cluster.Ring) {
 	// A member that is back in the ring, or at a new address, is a new
 	// run of that node: its identities stop being decided by on_failure
 	// at once instead of after the cooldown (Links.SetPeers).
-	for _, peer := range s.lk.SetPeers(r.Members(), nil) {
+	s.lkMu.Lock()
+	up := s.lk.SetPeers(r.Members(), nil)
+	s.lkMu.Unlock()
+	for _, peer := range up {
 		s.peerUp(peer)
 	}
-	s.kickLocked()
+	s.kick()
 	s.mu.Unlock()
 	for _, env := range envs {
 		s.send(env)

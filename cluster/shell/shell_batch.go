@@ -18,7 +18,8 @@ type outboxes struct {
 	pool *msgPool
 	// lk, when set, is the Node's (s.mu is held): a message for a peer
 	// with an exchange in flight joins its Backlog at once.
-	lk *cluster.Links
+	lk   *cluster.Links
+	lkMu *sync.Mutex // guards lk
 }
 
 // add copies m's items into the message for to (or, with links, into
@@ -28,8 +29,13 @@ type outboxes struct {
 // room for left times m's items (and a quarter more) at once, so that it
 // does not grow by doubling as the others merge in.
 func (o *outboxes) add(to string, m *cluster.Message, left int) {
-	if o.lk != nil && o.lk.Queue(to, m) {
-		return
+	if o.lk != nil {
+		o.lkMu.Lock()
+		queued := o.lk.Queue(to, m)
+		o.lkMu.Unlock()
+		if queued {
+			return
+		}
 	}
 	for i := range o.envs {
 		if o.envs[i].To == to {

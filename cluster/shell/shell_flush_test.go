@@ -109,13 +109,13 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	// collects what b queues next, and no reply of b's (nor anything b's
 	// handler sends on) but its reply to a's Flush can carry it.
 	onlyC := func(sh *Node) bool {
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
+		sh.lkMu.Lock()
+		defer sh.lkMu.Unlock()
 		return sh.lk.InFlight("gw-c") && sh.lk.Busy() == 1
 	}
 	idle := func(sh *Node) bool {
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
+		sh.lkMu.Lock()
+		defer sh.lkMu.Unlock()
 		return sh.lk.Busy() == 0
 	}
 	c := shells["gw-c"]

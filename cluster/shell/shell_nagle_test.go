@@ -144,7 +144,7 @@ func TestShellBatchesWhileInFlight(t *testing.T) {
 
 // idleLinks reports whether sh has no exchange in flight.
 func idleLinks(sh *Node) bool {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	sh.lkMu.Lock()
+	defer sh.lkMu.Unlock()
 	return sh.lk.Busy() == 0
 }

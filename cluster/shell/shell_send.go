@@ -19,9 +19,9 @@ func (s *Node) nudge(pending, ready bool, queued int) {
 	if (!pending && !ready) || s.closed.Load() {
 		return // nothing is sent once Close has begun
 	}
-	s.mu.Lock()
+	s.lkMu.Lock()
 	n := s.lk.Decided(pending, ready, queued)
-	s.mu.Unlock()
+	s.lkMu.Unlock()
 	switch n {
 	case cluster.NudgeFlush:
 		s.flush()
@@ -36,18 +36,21 @@ func (s *Node) collect() {
 	if s.closed.Load() {
 		return
 	}
-	s.mu.Lock()
+	s.lkMu.Lock()
 	p := s.lk.Collect()
-	s.mu.Unlock()
+	s.lkMu.Unlock()
 	if p {
 		s.flush()
 	}
 }
 
-// kickLocked asks for the backstop flush after the linger, unless one is
-// due already (under s.mu).
-func (s *Node) kickLocked() {
-	if s.lk.Kick() {
+// kick asks for the backstop flush after the linger, unless one is due
+// already.
+func (s *Node) kick() {
+	s.lkMu.Lock()
+	k := s.lk.Kick()
+	s.lkMu.Unlock()
+	if k {
 		s.signalFlusher()
 	}
 }
@@ -129,7 +132,10 @@ func (s *Node) ticker() {
 			s.mu.Lock()
 			// Cooled-down breakers are half-open: decisions go to the
 			// peer again, and the next batch to it is the trial.
-			for _, peer := range s.lk.Tick(s.now(), nil) {
+			s.lkMu.Lock()
+			up := s.lk.Tick(s.now(), nil)
+			s.lkMu.Unlock()
+			for _, peer := range up {
 				s.setPeerDown(s.now(), peer, false)
 			}
 			s.mu.Unlock()
@@ -152,9 +158,9 @@ func (s *Node) flusher() {
 				return
 			case <-t.C:
 			}
-			s.mu.Lock()
+			s.lkMu.Lock()
 			s.lk.Lingered()
-			s.mu.Unlock()
+			s.lkMu.Unlock()
 			s.flush()
 		}
 	}
@@ -226,13 +232,16 @@ func (s *Node) addrOf(name string) string {
 // flush sends everything the core has queued, one exchange per peer.
 //
 // What is due to a peer with an exchange in flight joins its Backlog
-// straight from the shards' outboxes (s.mu is held throughout, so that no
-// exchange starts or ends meanwhile): under load, when every peer is
-// busy, the items are copied once on their way, not merged first.
+// straight from the shards' outboxes: under load, when every peer is busy,
+// the items are copied once on their way, not merged first. (An exchange
+// may start or end meanwhile: each shard's items for a peer go, whole, to
+// its Backlog if it is busy then, else into the batch sent at the end.
+// s.mu serialises flushes; lkMu is held only for each Links call, so that
+// a decision's nudge never waits for a flush.)
 func (s *Node) flush() {
 	out := outboxes{pool: &s.pool}
 	s.mu.Lock()
-	out.lk = s.lk
+	out.lk, out.lkMu = s.lk, &s.lkMu
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -250,9 +259,9 @@ func (s *Node) flush() {
 func (s *Node) send(env cluster.Envelope) {
 	// One exchange in flight per peer (Links.Send): what is due to a busy
 	// peer joins its Backlog for the next exchange.
-	s.mu.Lock()
+	s.lkMu.Lock()
 	start := s.lk.Send(env.To, &env.Msg)
-	s.mu.Unlock()
+	s.lkMu.Unlock()
 	if !start {
 		s.pool.put(&env.Msg) // the Backlog copied the items
 		return
@@ -281,10 +290,10 @@ func (s *Node) run(to, addr string, msg cluster.Message) {
 		// What the shards queued while this exchange was in flight goes
 		// now: this peer's part joins the queue below.
 		s.collect()
-		s.mu.Lock()
+		s.lkMu.Lock()
 		if s.closed.Load() {
 			s.lk.Drop(to)
-			s.mu.Unlock()
+			s.lkMu.Unlock()
 			s.pool.put(&msg)
 			return
 		}
@@ -292,13 +301,13 @@ func (s *Node) run(to, addr string, msg cluster.Message) {
 		// arrays the next exchange reuses.
 		next, more := s.lk.Next(to, &msg)
 		if !more {
-			s.mu.Unlock()
+			s.lkMu.Unlock()
 			s.pool.put(&msg)
 			s.collect()
 			return
 		}
 		msg = next
-		s.mu.Unlock()
+		s.lkMu.Unlock()
 	}
 }
 
@@ -312,8 +321,11 @@ func (s *Node) exchange(to, addr string, msg *cluster.Message) bool {
 	if err != nil {
 		s.failed.Add(1)
 	}
+	s.lkMu.Lock()
+	b := s.lk.Outcome(s.now(), to, err == nil)
+	s.lkMu.Unlock()
 	s.mu.Lock()
-	switch s.lk.Outcome(s.now(), to, err == nil) {
+	switch b {
 	case cluster.BreakerOpened:
 		s.setPeerDown(s.now(), to, true)
 		s.log.Warn("peer unreachable: its identities fall back to on_failure", "peer", to, "err", err)
@@ -351,6 +363,6 @@ func (s *Node) setPeerDown(now int64, peer string, down bool) {
 		sh.mu.Unlock()
 	}
 	if down {
-		s.kickLocked() // the on_failure completions go at the backstop flush
+		s.kick() // the on_failure completions go at the backstop flush
 	}
 }
