@@ -331,6 +331,10 @@ func (n *Node) allow(ctx context.Context, req *Request, d *Decision) {
 // refunds, durable rules last, shadow rules after) on its rules' stores,
 // reporting every rule into d.
 func (n *Node) decideRules(ctx context.Context, d *Decision, ps []pending, rules []policy.Rule, now int64) {
+	if policy.Single(rules) {
+		n.record(ctx, d, &ps[0], now)
+		return
+	}
 	var rq policy.Request
 	rq.Start(rules)
 	// The look that rejected: ReportLook reports it as it was.

@@ -127,20 +127,52 @@ type Request struct {
 	back             phase
 	allowed          bool
 	await            Action // Look or Take: Result comes next
+	// has[ph] says whether the request has a rule phase ph acts on
+	// (phCluster, phDurable, phLocal, phShadow): the others are skipped.
+	has [phDone]bool
 }
+
+// Single reports whether the policy of a request with rules is one step,
+// Take of its only rule, an enforced one: the common request, which a
+// caller may then charge without running a Request (whose steps would be
+// that Take and Done).
+func Single(rules []Rule) bool { return len(rules) == 1 && !rules[0].Shadow }
 
 // Start begins the policy of a request with rules.
 func (r *Request) Start(rules []Rule) {
+	*r = Request{n: len(rules), allowed: true}
 	enforced := 0
 	for _, ru := range rules {
+		switch {
+		case ru.Shadow:
+			r.has[phShadow] = true
+		case ru.Kind == Cluster:
+			r.has[phCluster] = true
+		case ru.Kind == Durable:
+			r.has[phDurable] = true
+		default:
+			r.has[phLocal] = true
+		}
 		if !ru.Shadow {
 			enforced++
 		}
 	}
-	*r = Request{n: len(rules), allowed: true, ph: phCluster}
 	if enforced > 1 {
 		r.ph = phLook
+		return
 	}
+	r.ph = r.after(phLook)
+}
+
+// after returns the first phase after ph, in the policy's order, that the
+// request has rules for.
+func (r *Request) after(ph phase) phase {
+	for _, next := range [...]phase{phCluster, phDurable, phLocal, phShadow} {
+		if next > ph && r.has[next] {
+			return next
+		}
+	}
+	return phDone
 }
 
 // Allowed reports whether the request is admitted (so far, and finally once
@@ -258,17 +290,11 @@ func (r *Request) step(rules []Rule) (Step, bool) {
 func (r *Request) endPhase() {
 	r.i = 0
 	switch r.ph {
-	case phLook:
-		r.ph = phCluster
-	case phRejectAll, phLocal:
-		r.ph = phShadow
-	case phCluster:
-		r.ph = phDurable
-	case phDurable:
-		r.ph = phLocal
+	case phRejectAll:
+		r.ph = r.after(phLocal)
 	case phRefund:
 		r.ph, r.i = r.back, r.backAt
 	default:
-		r.ph = phDone
+		r.ph = r.after(r.ph)
 	}
 }

@@ -136,6 +136,9 @@ func TestRequestMatchesReference(t *testing.T) {
 		if !slices.Equal(got, want) || gotOK != wantOK {
 			t.Fatalf("rules %v, looks %v, takes %v:\n got %v %v\nwant %v %v", rules, looks, takes, got, gotOK, want, wantOK)
 		}
+		if Single(rules) && (!slices.Equal(got, []Step{{Take, 0}}) || gotOK != takes[0]) {
+			t.Fatalf("Single(%v), but the steps are %v", rules, got)
+		}
 	})
 }
 
@@ -168,6 +171,43 @@ func TestRequestExamples(t *testing.T) {
 			got, ok := run(c.rules, c.look, c.take)
 			if s := fmt.Sprint(got); s != c.want || ok != c.ok {
 				t.Fatalf("steps %s, admitted %v; want %s, %v", s, ok, c.want, c.ok)
+			}
+		})
+	}
+}
+
+// BenchmarkRequest measures the machine on the common requests (one local
+// rule; a local and a cluster rule) against the plain reference with
+// callbacks, in one run: the machine's cost per request is what every
+// decision of a Node pays for the policy.
+func BenchmarkRequest(b *testing.B) {
+	yes := func(int) bool { return true }
+	for _, c := range []struct {
+		name  string
+		rules []Rule
+	}{
+		{"one-local", []Rule{{Kind: Local}}},
+		{"local+cluster", []Rule{{Kind: Local}, {Kind: Cluster}}},
+	} {
+		b.Run(c.name+"/machine", func(b *testing.B) {
+			n := 0
+			for b.Loop() {
+				var r Request
+				r.Start(c.rules)
+				for s := r.Next(c.rules); s.Action != Done; s = r.Next(c.rules) {
+					if s.Action == Look || s.Action == Take {
+						r.Result(true)
+					}
+					n++
+				}
+			}
+			if n == 0 {
+				b.Fatal("no step")
+			}
+		})
+		b.Run(c.name+"/reference", func(b *testing.B) {
+			for b.Loop() {
+				reference(c.rules, yes, yes)
 			}
 		})
 	}
