@@ -199,6 +199,10 @@ func (n *Node) fetchRules(timeout time.Duration) {
 		return
 	}
 	n.noteRulesVersion(v)
+	if v != 0 && v < n.rulesVersion() {
+		n.rulesWentBack(ctx)
+		return
+	}
 	if v == 0 || v <= n.rulesVersion() {
 		return
 	}
@@ -214,6 +218,35 @@ func (n *Node) fetchRules(timeout time.Duration) {
 	n.mu.Unlock()
 	n.install(set)
 	n.log.Info("rules from the lease group", "version", set.Version(), "rules", set.Len())
+}
+
+// rulesWentBack handles a read of the group's rules older than the set in
+// force. A replica behind its leader answers such a read, which changes
+// nothing; but when the leader's set is older too, the group lost
+// acknowledged changes (a voter restarted from a stale copy of its data
+// directory, docs/reliability.md), and its next changes reuse the lost
+// versions: a node that kept its newer set would ignore them. The node
+// then installs the group's set, and says so loudly.
+func (n *Node) rulesWentBack(ctx context.Context) {
+	v, rules, err := n.lease.svc.ReadRules(ctx, true)
+	if err != nil {
+		n.log.Warn("lease group: could not read the rules from its leader; keeping the set in force", "err", err)
+		return
+	}
+	cur := n.rulesVersion()
+	if v == 0 || v >= cur {
+		return // the replica read was behind its leader
+	}
+	set, err := n.holder.Replace(rules, v)
+	if err != nil {
+		n.metrics.reloadErrors.Inc()
+		n.log.Error("lease group: its rule set does not validate here; keeping the set in force", "version", v, "err", err)
+		return
+	}
+	n.metrics.rulesWentBack.Inc()
+	n.log.Error("lease group: its rules went back to an older version; installing the group's set (acknowledged rule changes were lost in the group)",
+		"from", cur, "to", v)
+	n.install(set)
 }
 
 // noteRulesVersion records a rule version heard of; a newer one than in

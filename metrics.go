@@ -82,7 +82,10 @@ func (n *Node) Counts() []RuleCounts {
 type metrics struct {
 	n            *Node
 	reloadErrors prometheus.Counter
-	latency      prometheus.Histogram // safe for concurrent use on its own
+	// rulesWentBack counts the times the lease group's rule set went back
+	// to an older version than the node's (lease_node.go).
+	rulesWentBack prometheus.Counter
+	latency       prometheus.Histogram // safe for concurrent use on its own
 
 	decisions, failOpen, keysLive, keysEvicted, versionDesc, defaults, behind *prometheus.Desc
 
@@ -98,6 +101,10 @@ func newMetrics(n *Node) *metrics {
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weir_rules_reload_errors_total",
 			Help: "Rule loads or reloads that failed; the last good rule set stayed in force.",
+		}),
+		rulesWentBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weir_rules_went_back_total",
+			Help: "Times the lease group's rule set was older than the node's (the group lost acknowledged rule changes); the node installed the group's set.",
 		}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "weir_decision_duration_seconds",
@@ -155,6 +162,7 @@ func (m *metrics) observeLatency(d time.Duration) { m.latency.Observe(d.Seconds(
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.reloadErrors.Describe(ch)
+	m.rulesWentBack.Describe(ch)
 	m.latency.Describe(ch)
 	ch <- m.decisions
 	ch <- m.failOpen
@@ -178,6 +186,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.reloadErrors.Collect(ch)
+	m.rulesWentBack.Collect(ch)
 	m.latency.Collect(ch)
 	for _, c := range m.n.Counts() {
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Allowed), c.Rule, "allowed")

@@ -264,3 +264,18 @@ func (h *Holder) ApplyVersion(rules []Rule, version uint64) (*Set, error) {
 	h.cur.Store(s)
 	return s, nil
 }
+
+// Replace installs rules as version even when the set in force has a newer
+// one: for a source of rules that went back (a lease group that lost
+// acknowledged changes), whose versions the holder must follow again.
+// Nothing is installed when the rules do not validate.
+func (h *Holder) Replace(rules []Rule, version uint64) (*Set, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, err := NewSet(rules, version)
+	if err != nil {
+		return h.cur.Load(), err
+	}
+	h.cur.Store(s)
+	return s, nil
+}
