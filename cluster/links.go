@@ -33,16 +33,20 @@ import (
 //     or at a new address, is a new run of that node: its breaker resets
 //     (SetPeers).
 //
+// Peers are named by the index Peer gives them, so that an adapter that
+// knows its peers by number (the simulator) looks nothing up.
+//
 // The zero Links is not usable; make one with NewLinks.
 type Links struct {
-	cfg     LinkConfig
-	links   map[string]*link
-	breaks  map[string]*breaker
-	members map[string]string // the ring in force: name → address
-	open    int               // breakers open
-	// inflight counts the links with an exchange in flight; pending is
-	// set when the core queued work while one was, for the next exchange
-	// to return to collect; lingering while the backstop flush is due.
+	cfg   LinkConfig
+	ids   map[string]int // peer name → index into peers
+	peers []peer
+	open  int // breakers open
+	// members is the ring in force (name → address); nil before SetPeers.
+	members map[string]string
+	// inflight counts the peers with an exchange in flight; pending is set
+	// when the core queued work while one was, for the next exchange to
+	// return to collect; lingering while the backstop flush is due.
 	inflight           int
 	pending, lingering bool
 }
@@ -60,24 +64,23 @@ type LinkConfig struct {
 	MaxBatch int
 }
 
-// link is one peer's side of the exchanges. Most pairs of nodes in a big
-// region never queue: the Backlog is made when something first waits.
-type link struct {
+// peer is one peer's side of the exchanges and its breaker. Most pairs of
+// nodes in a big region never queue: the Backlog is made when something
+// first waits, and let go when the peer leaves the ring.
+type peer struct {
+	name string
 	busy bool     // an exchange is in flight
-	gone bool     // the peer left the ring while busy: forget the link once idle
+	gone bool     // the peer left the ring while busy: let the backlog go once idle
 	q    *Backlog // what waits for the next exchange while one is in flight (nil: nothing yet)
-}
-
-// waiting reports whether anything waits in k's backlog.
-func (k *link) waiting() bool { return k != nil && k.q != nil && !k.q.Empty() }
-
-// breaker is one peer's circuit breaker: failures in a row, and whether
-// (and since when, on the node's clock) it is open.
-type breaker struct {
+	// The breaker: failures in a row, and whether (and since when, on the
+	// node's clock) it is open.
 	failures int
 	open     bool
 	openAt   int64
 }
+
+// waiting reports whether anything waits in k's backlog.
+func (k *peer) waiting() bool { return k.q != nil && !k.q.Empty() }
 
 // Nudge is what the adapter does after a decision (Links.Decided).
 type Nudge uint8
@@ -119,8 +122,23 @@ func NewLinks(cfg LinkConfig) *Links {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 1024
 	}
-	return &Links{cfg: cfg, links: map[string]*link{}, breaks: map[string]*breaker{}}
+	return &Links{cfg: cfg, ids: map[string]int{}}
 }
+
+// Peer returns the index of the peer named name, giving it the next one at
+// first sight. An index stays the peer's for the life of the Links.
+func (l *Links) Peer(name string) int {
+	if i, ok := l.ids[name]; ok {
+		return i
+	}
+	i := len(l.peers)
+	l.ids[name] = i
+	l.peers = append(l.peers, peer{name: name})
+	return i
+}
+
+// Name returns the name of peer p.
+func (l *Links) Name(p int) string { return l.peers[p].name }
 
 // Decided tells the links what a decision left in its core: whether it
 // waits for a peer's answer (pending), whether the core has anything ready
@@ -138,11 +156,6 @@ func (l *Links) Decided(pending, ready bool, queued int) Nudge {
 		return NudgeFlush
 	}
 	l.pending = true
-	return l.linger()
-}
-
-// linger schedules the backstop flush unless one is due already.
-func (l *Links) linger() Nudge {
 	if !l.Kick() {
 		return NudgeNone
 	}
@@ -173,58 +186,43 @@ func (l *Links) Collect() bool {
 	return p
 }
 
-// Queue adds m's items to the backlog of the peer to when an exchange with
-// it is in flight, and reports whether it did; else nothing changes. The
-// Backlog copies the items: m's arrays stay the caller's.
-func (l *Links) Queue(to string, m *Message) bool {
-	k := l.links[to]
-	if k == nil || !k.busy {
+// Queue adds m's items to the backlog of peer p when an exchange with it is
+// in flight, and reports whether it did; else nothing changes. The Backlog
+// copies the items: m's arrays stay the caller's.
+func (l *Links) Queue(p int, m *Message) bool {
+	k := &l.peers[p]
+	if !k.busy {
 		return false
 	}
-	k.queue(m)
-	return true
-}
-
-// queue adds m's items to k's backlog.
-func (k *link) queue(m *Message) {
 	if k.q == nil {
 		k.q = &Backlog{}
 	}
 	k.q.Add(m)
+	return true
 }
 
-// Send is Queue, or, when no exchange with to is in flight, marks one in
-// flight and returns true: the adapter then starts the exchange of m, and
-// calls Outcome and Next when it returns.
-func (l *Links) Send(to string, m *Message) bool {
-	k := l.links[to]
-	if k == nil {
-		k = &link{}
-		l.links[to] = k
-	}
-	if k.busy {
-		k.queue(m)
+// Send is Queue, or, when no exchange with peer p is in flight, marks one
+// in flight and returns true: the adapter then starts the exchange of m,
+// and calls Outcome and Next when it returns.
+func (l *Links) Send(p int, m *Message) bool {
+	if l.Queue(p, m) {
 		return false
 	}
-	k.busy = true
+	l.peers[p].busy = true
 	l.inflight++
 	return true
 }
 
-// Waiting reports whether anything waits in the backlog of the peer to.
-func (l *Links) Waiting(to string) bool {
-	return l.links[to].waiting()
-}
-
-// Next is called when an exchange with to has returned and its reply was
-// stepped (and Collect asked): it returns the peer's backlog as the next
-// exchange, whose arrays are those of done's when done is not nil (the
-// exchange just over: the transport kept nothing of it), and true; or,
-// when nothing waits, marks the peer idle and returns false (done stays
-// the caller's). A peer gone from the ring is forgotten once idle.
-func (l *Links) Next(to string, done *Message) (Message, bool) {
-	k := l.links[to]
-	if k == nil || !k.busy {
+// Next is called when an exchange with peer p has returned and its reply
+// was stepped (and Collect asked): it returns the peer's backlog as the
+// next exchange, whose arrays are those of done's when done is not nil
+// (the exchange just over: the transport kept nothing of it), and true;
+// or, when nothing waits, marks the peer idle and returns false (done
+// stays the caller's). The backlog of a peer gone from the ring is let go
+// once it is idle.
+func (l *Links) Next(p int, done *Message) (Message, bool) {
+	k := &l.peers[p]
+	if !k.busy {
 		return Message{}, false
 	}
 	if k.waiting() {
@@ -233,52 +231,42 @@ func (l *Links) Next(to string, done *Message) (Message, bool) {
 		}
 		return k.q.Take(), true
 	}
+	k.busy = false
 	l.inflight--
 	if k.gone {
-		delete(l.links, to)
-		return Message{}, false
+		k.q, k.gone = nil, false
 	}
-	k.busy = false
 	return Message{}, false
 }
 
-// Drop marks the exchange with to over and forgets the peer's link, its
-// backlog included (a node that is closing sends nothing more).
-func (l *Links) Drop(to string) {
-	if k, ok := l.links[to]; ok {
-		if k.busy {
-			l.inflight--
-		}
-		delete(l.links, to)
+// Drop marks the exchange with peer p over and lets its backlog go (a
+// node that is closing sends nothing more).
+func (l *Links) Drop(p int) {
+	k := &l.peers[p]
+	if k.busy {
+		k.busy = false
+		l.inflight--
 	}
+	k.q = nil
 }
 
-// Outcome records how an exchange with peer ended at now (the node's
+// Outcome records how an exchange with peer p ended at now (the node's
 // clock): ok when it succeeded. It returns the change of the peer's
 // breaker.
-func (l *Links) Outcome(now int64, peer string, ok bool) Breaker {
-	if ok && len(l.breaks) == 0 {
-		return BreakerSame // the common case
-	}
-	b := l.breaks[peer]
+func (l *Links) Outcome(now int64, p int, ok bool) Breaker {
+	k := &l.peers[p]
 	if ok {
-		if b == nil {
-			return BreakerSame
-		}
-		delete(l.breaks, peer)
-		if b.open {
+		open := k.open
+		k.failures, k.open, k.openAt = 0, false, 0
+		if open {
 			l.open--
 			return BreakerClosed
 		}
 		return BreakerSame
 	}
-	if b == nil {
-		b = &breaker{}
-		l.breaks[peer] = b
-	}
-	b.failures++
-	if b.failures >= l.cfg.BreakerFailures && !b.open {
-		b.open, b.openAt = true, now
+	k.failures++
+	if k.failures >= l.cfg.BreakerFailures && !k.open {
+		k.open, k.openAt = true, now
 		l.open++
 		return BreakerOpened
 	}
@@ -288,78 +276,72 @@ func (l *Links) Outcome(now int64, peer string, ok bool) Breaker {
 // Tick makes every breaker that cooled down by now half-open: the adapter
 // marks those peers up again in every core, and the next exchange with
 // each is the trial (one more failure reopens it at once). It appends the
-// peers to into, in name order, and returns it.
+// peers' names to into, in name order, and returns it.
 func (l *Links) Tick(now int64, into []string) []string {
 	if l.open == 0 {
 		return into
 	}
 	start := len(into)
-	for peer, b := range l.breaks {
-		if b.open && now-b.openAt >= int64(l.cfg.BreakerCooldown) {
-			b.open, b.failures = false, l.cfg.BreakerFailures-1
+	for i := range l.peers {
+		k := &l.peers[i]
+		if k.open && now-k.openAt >= int64(l.cfg.BreakerCooldown) {
+			k.open, k.failures = false, l.cfg.BreakerFailures-1
 			l.open--
-			into = append(into, peer)
+			into = append(into, k.name)
 		}
 	}
 	slices.Sort(into[start:])
 	return into
 }
 
-// Open reports whether the breaker of peer is open.
-func (l *Links) Open(peer string) bool {
-	b := l.breaks[peer]
-	return b != nil && b.open
-}
+// Open reports whether the breaker of peer p is open.
+func (l *Links) Open(p int) bool { return l.peers[p].open }
 
 // SetPeers installs the members of the ring now in force. A member that
 // is back in the ring, or at a new address, is a new run of that node (a
 // restart): the failures its breaker counted were the old run's, so the
-// breaker resets, and SetPeers appends the peer to into, in name order,
-// when it was open (the adapter marks it up at once instead of after the
-// cooldown). The links of peers gone from the ring are forgotten once
-// idle. The first call sets the members and resets nothing.
+// breaker resets, and SetPeers appends the peer's name to into, in name
+// order, when it was open (the adapter marks it up at once instead of
+// after the cooldown). The backlogs of peers gone from the ring are let go
+// once idle. The first call sets the members and resets nothing.
 func (l *Links) SetPeers(members []Member, into []string) []string {
 	old := l.members
 	l.members = make(map[string]string, len(members))
 	for _, m := range members {
 		l.members[m.Name] = m.Addr
 	}
-	for peer, k := range l.links {
-		_, in := l.members[peer]
-		switch {
-		case !in && !k.busy:
-			delete(l.links, peer)
-		default: // busy: forgotten once idle if gone
-			k.gone = !in
-		}
-	}
-	if old == nil {
-		return into
-	}
 	start := len(into)
-	for peer, b := range l.breaks {
-		addr, in := l.members[peer]
+	for i := range l.peers {
+		k := &l.peers[i]
+		addr, in := l.members[k.name]
+		k.gone = !in && k.busy
 		if !in {
+			if !k.busy {
+				k.q = nil
+			}
 			continue
 		}
-		if was, ok := old[peer]; ok && was == addr {
+		if old == nil || k.failures == 0 && !k.open {
 			continue
 		}
-		delete(l.breaks, peer)
-		if b.open {
+		if was, ok := old[k.name]; ok && was == addr {
+			continue
+		}
+		if k.open {
 			l.open--
-			into = append(into, peer)
+			into = append(into, k.name)
 		}
+		k.failures, k.open, k.openAt = 0, false, 0
 	}
 	slices.Sort(into[start:])
 	return into
 }
 
-// InFlight reports whether an exchange with to is in flight.
-func (l *Links) InFlight(to string) bool {
-	k := l.links[to]
-	return k != nil && k.busy
-}
+// InFlight reports whether an exchange with peer p is in flight.
+func (l *Links) InFlight(p int) bool { return l.peers[p].busy }
+
+// Waiting reports whether anything waits in the backlog of peer p.
+func (l *Links) Waiting(p int) bool { return l.peers[p].waiting() }
 
 // Busy returns the number of peers with an exchange in flight.
 func (l *Links) Busy() int { return l.inflight }
@@ -380,8 +362,8 @@ type LinkStats struct {
 // Stats returns a snapshot of the links.
 func (l *Links) Stats() LinkStats {
 	st := LinkStats{Busy: l.inflight, Pending: l.pending, Lingering: l.lingering, Open: l.open}
-	for _, k := range l.links {
-		if k.waiting() {
+	for i := range l.peers {
+		if l.peers[i].waiting() {
 			st.Backlogged++
 		}
 	}

@@ -20,22 +20,26 @@ func syncMsg(id string, spent int64) Message {
 // the peer is idle once nothing waits.
 func TestLinksOneExchangePerPeer(t *testing.T) {
 	l := NewLinks(LinkConfig{})
+	p, q := l.Peer("p"), l.Peer("q")
+	if l.Peer("p") != p || l.Name(q) != "q" {
+		t.Fatal("Peer does not keep a peer's index")
+	}
 	m := syncMsg("a", 1)
-	if !l.Send("p", &m) {
+	if !l.Send(p, &m) {
 		t.Fatal("first send to an idle peer did not start an exchange")
 	}
 	for i, m := range []Message{syncMsg("a", 2), syncMsg("b", 1), syncMsg("a", 3)} {
-		if l.Send("p", &m) {
+		if l.Send(p, &m) {
 			t.Fatalf("send %d to a busy peer started a second exchange", i)
 		}
 	}
-	if q := syncMsg("x", 1); !l.Send("q", &q) {
+	if qm := syncMsg("x", 1); !l.Send(q, &qm) {
 		t.Fatal("a busy peer held up another peer's exchange")
 	}
 	if st := l.Stats(); st.Busy != 2 || st.Backlogged != 1 {
 		t.Fatalf("stats %+v, want 2 busy and 1 backlogged", st)
 	}
-	next, more := l.Next("p", &m)
+	next, more := l.Next(p, &m)
 	if !more {
 		t.Fatal("the backlog did not leave as the next exchange")
 	}
@@ -43,13 +47,13 @@ func TestLinksOneExchangePerPeer(t *testing.T) {
 	if len(next.Syncs) != 2 || next.Syncs[0].Identity != "a" || next.Syncs[0].Total != 3 || next.Syncs[1].Identity != "b" {
 		t.Fatalf("next exchange %s, want a's newest sync (3) then b's", got)
 	}
-	if _, more := l.Next("p", &next); more {
+	if _, more := l.Next(p, &next); more {
 		t.Fatal("an empty backlog gave another exchange")
 	}
 	if st := l.Stats(); st.Busy != 1 || st.Backlogged != 0 {
 		t.Fatalf("stats %+v, want 1 busy (q) and no backlog", st)
 	}
-	if m := syncMsg("c", 1); !l.Send("p", &m) {
+	if m := syncMsg("c", 1); !l.Send(p, &m) {
 		t.Fatal("an idle peer did not start an exchange")
 	}
 }
@@ -67,7 +71,7 @@ func TestLinksNagle(t *testing.T) {
 		t.Fatalf("idle: %v, want a flush", n)
 	}
 	m := syncMsg("a", 1)
-	l.Send("p", &m)
+	l.Send(l.Peer("p"), &m)
 	if n := l.Decided(false, true, 1); n != NudgeLinger {
 		t.Fatalf("busy: %v, want the backstop", n)
 	}
@@ -95,43 +99,44 @@ func TestLinksNagle(t *testing.T) {
 func TestLinksBreaker(t *testing.T) {
 	cool := time.Second
 	l := NewLinks(LinkConfig{BreakerFailures: 3, BreakerCooldown: cool})
+	p := l.Peer("p")
 	at := int64(10 * time.Second)
 	for i := 1; i <= 2; i++ {
-		if b := l.Outcome(at, "p", false); b != BreakerSame {
+		if b := l.Outcome(at, p, false); b != BreakerSame {
 			t.Fatalf("failure %d: %v", i, b)
 		}
 	}
-	if b := l.Outcome(at, "p", false); b != BreakerOpened || !l.Open("p") {
-		t.Fatalf("third failure: %v, open %v", b, l.Open("p"))
+	if b := l.Outcome(at, p, false); b != BreakerOpened || !l.Open(p) {
+		t.Fatalf("third failure: %v, open %v", b, l.Open(p))
 	}
-	if b := l.Outcome(at+1, "p", false); b != BreakerSame {
+	if b := l.Outcome(at+1, p, false); b != BreakerSame {
 		t.Fatalf("failure while open: %v", b)
 	}
 	if got := l.Tick(at+int64(cool)-1, nil); len(got) != 0 {
 		t.Fatalf("half-open before the cooldown: %v", got)
 	}
-	if got := l.Tick(at+int64(cool), nil); !slices.Equal(got, []string{"p"}) || l.Open("p") {
-		t.Fatalf("after the cooldown: %v, open %v", got, l.Open("p"))
+	if got := l.Tick(at+int64(cool), nil); !slices.Equal(got, []string{"p"}) || l.Open(p) {
+		t.Fatalf("after the cooldown: %v, open %v", got, l.Open(p))
 	}
-	if b := l.Outcome(at+int64(cool)+1, "p", false); b != BreakerOpened {
+	if b := l.Outcome(at+int64(cool)+1, p, false); b != BreakerOpened {
 		t.Fatalf("a failed trial: %v, want reopened at once", b)
 	}
 	l.Tick(at+3*int64(cool), nil)
-	if b := l.Outcome(at+3*int64(cool), "p", true); b != BreakerSame {
+	if b := l.Outcome(at+3*int64(cool), p, true); b != BreakerSame {
 		t.Fatalf("a successful trial of a half-open breaker: %v (it was marked up at Tick)", b)
 	}
 	for i := 1; i <= 2; i++ {
-		if b := l.Outcome(at, "p", false); b != BreakerSame {
+		if b := l.Outcome(at, p, false); b != BreakerSame {
 			t.Fatalf("after a success, failure %d: %v (the count was not cleared)", i, b)
 		}
 	}
-	if b := l.Outcome(at, "p", true); b != BreakerSame {
+	if b := l.Outcome(at, p, true); b != BreakerSame {
 		t.Fatalf("success of a closed breaker: %v", b)
 	}
-	l.Outcome(at, "p", false)
-	l.Outcome(at, "p", false)
-	l.Outcome(at, "p", false)
-	if b := l.Outcome(at, "p", true); b != BreakerClosed || l.Stats().Open != 0 {
+	l.Outcome(at, p, false)
+	l.Outcome(at, p, false)
+	l.Outcome(at, p, false)
+	if b := l.Outcome(at, p, true); b != BreakerClosed || l.Stats().Open != 0 {
 		t.Fatalf("success of an open breaker: %v, %d open", b, l.Stats().Open)
 	}
 }
@@ -144,28 +149,33 @@ func TestLinksSetPeers(t *testing.T) {
 	l := NewLinks(LinkConfig{BreakerFailures: 1})
 	abc := []Member{{Name: "a", Addr: "a:1"}, {Name: "b", Addr: "b:1"}, {Name: "c", Addr: "c:1"}}
 	l.SetPeers(abc, nil)
-	for _, p := range []string{"c", "b", "a"} {
-		l.Outcome(1, p, false)
+	for _, name := range []string{"c", "b", "a"} {
+		l.Outcome(1, l.Peer(name), false)
 	}
 	if got := l.SetPeers(abc, nil); len(got) != 0 {
 		t.Fatalf("the same ring reset %v", got)
 	}
 	got := l.SetPeers([]Member{{Name: "a", Addr: "a:2"}, {Name: "c", Addr: "c:1"}}, nil)
-	if !slices.Equal(got, []string{"a"}) || !l.Open("b") || !l.Open("c") {
-		t.Fatalf("a at a new address: reset %v; b open %v, c open %v", got, l.Open("b"), l.Open("c"))
+	if !slices.Equal(got, []string{"a"}) || !l.Open(l.Peer("b")) || !l.Open(l.Peer("c")) {
+		t.Fatalf("a at a new address: reset %v; b open %v, c open %v", got, l.Open(l.Peer("b")), l.Open(l.Peer("c")))
 	}
-	if got := l.SetPeers(abc, nil); !slices.Equal(got, []string{"b"}) || l.Open("b") || !l.Open("c") {
-		t.Fatalf("b back (a's breaker reset already): reset %v; b open %v, c open %v", got, l.Open("b"), l.Open("c"))
+	if got := l.SetPeers(abc, nil); !slices.Equal(got, []string{"b"}) || l.Open(l.Peer("b")) || !l.Open(l.Peer("c")) {
+		t.Fatalf("b back (a's breaker reset already): reset %v; b open %v, c open %v", got, l.Open(l.Peer("b")), l.Open(l.Peer("c")))
 	}
+	c := l.Peer("c")
 	m := syncMsg("x", 1)
-	l.Send("c", &m)
+	l.Send(c, &m)
+	l.Send(c, &m) // waits in the backlog
 	l.SetPeers(abc[:2], nil)
-	if _, ok := l.links["c"]; !ok {
-		t.Fatal("a busy link was dropped when its peer left the ring")
+	if !l.InFlight(c) || !l.Waiting(c) {
+		t.Fatal("the exchange and backlog of a busy peer went when it left the ring")
 	}
-	l.Next("c", nil)
-	if _, ok := l.links["c"]; ok {
-		t.Fatal("the link of a peer gone from the ring was kept once idle")
+	if _, more := l.Next(c, nil); !more {
+		t.Fatal("the backlog of a busy peer that left the ring was not sent")
+	}
+	l.Next(c, nil)
+	if l.InFlight(c) || l.peers[c].q != nil {
+		t.Fatal("the backlog of a peer gone from the ring was kept once idle")
 	}
 }
 
@@ -178,8 +188,8 @@ func TestLinksSetPeers(t *testing.T) {
 func TestLinksInvariants(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		l := NewLinks(LinkConfig{BreakerFailures: 2, BreakerCooldown: time.Millisecond, MaxBatch: 4})
-		peers := []string{"p0", "p1", "p2"}
-		waiting := map[string]int{} // items sent to a busy peer and not yet taken by Next
+		peers := []int{l.Peer("p0"), l.Peer("p1"), l.Peer("p2")}
+		waiting := map[int]int{} // items sent to a busy peer and not yet taken by Next
 		now := int64(0)
 		for range rapid.IntRange(1, 200).Draw(t, "steps") {
 			p := rapid.SampledFrom(peers).Draw(t, "peer")
@@ -193,10 +203,10 @@ func TestLinksInvariants(t *testing.T) {
 			case 2:
 				next, more := l.Next(p, nil)
 				if more != (waiting[p] > 0) {
-					t.Fatalf("Next(%s): more %v with %d items sent while busy", p, more, waiting[p])
+					t.Fatalf("Next(%d): more %v with %d items sent while busy", p, more, waiting[p])
 				}
 				if more && len(next.Syncs) == 0 {
-					t.Fatalf("Next(%s) returned an empty exchange", p)
+					t.Fatalf("Next(%d) returned an empty exchange", p)
 				}
 				waiting[p] = 0
 			case 3:
@@ -218,22 +228,20 @@ func TestLinksInvariants(t *testing.T) {
 				l.Collect()
 				l.Lingered()
 			case 7:
-				l.SetPeers([]Member{{Name: p, Addr: p}}, nil)
+				l.SetPeers([]Member{{Name: l.Name(p), Addr: l.Name(p)}}, nil)
 			}
 			busy, backlogged, open := 0, 0, 0
-			for name, k := range l.links {
+			for _, k := range l.peers {
 				if k.busy {
 					busy++
 				}
 				if k.waiting() {
 					backlogged++
 					if !k.busy {
-						t.Fatalf("%s: a backlog on an idle link", name)
+						t.Fatalf("%s: a backlog on an idle link", k.name)
 					}
 				}
-			}
-			for _, b := range l.breaks {
-				if b.open {
+				if k.open {
 					open++
 				}
 			}

@@ -31,7 +31,7 @@ type outboxes struct {
 func (o *outboxes) add(to string, m *cluster.Message, left int) {
 	if o.lk != nil {
 		o.lkMu.Lock()
-		queued := o.lk.Queue(to, m)
+		queued := o.lk.Queue(o.lk.Peer(to), m)
 		o.lkMu.Unlock()
 		if queued {
 			return

@@ -111,7 +111,7 @@ func testFlushSendsWhatRepliesReady(t *testing.T) {
 	onlyC := func(sh *Node) bool {
 		sh.lkMu.Lock()
 		defer sh.lkMu.Unlock()
-		return sh.lk.InFlight("gw-c") && sh.lk.Busy() == 1
+		return sh.lk.InFlight(sh.lk.Peer("gw-c")) && sh.lk.Busy() == 1
 	}
 	idle := func(sh *Node) bool {
 		sh.lkMu.Lock()

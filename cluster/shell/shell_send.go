@@ -260,7 +260,8 @@ func (s *Node) send(env cluster.Envelope) {
 	// One exchange in flight per peer (Links.Send): what is due to a busy
 	// peer joins its Backlog for the next exchange.
 	s.lkMu.Lock()
-	start := s.lk.Send(env.To, &env.Msg)
+	p := s.lk.Peer(env.To)
+	start := s.lk.Send(p, &env.Msg)
 	s.lkMu.Unlock()
 	if !start {
 		s.pool.put(&env.Msg) // the Backlog copied the items
@@ -268,15 +269,16 @@ func (s *Node) send(env cluster.Envelope) {
 	}
 	addr := s.addrOf(env.To)
 	s.wg.Add(1)
-	go s.run(env.To, addr, env.Msg)
+	go s.run(env.To, p, addr, env.Msg)
 }
 
-// run exchanges msg with the peer to, then whatever queued for it
-// meanwhile, until nothing does; the peer is marked busy throughout. The
+// run exchanges msg with the peer to (p in the Links), then whatever
+// queued for it meanwhile, until nothing does; the peer is marked busy
+// throughout. The
 // arrays of each message sent go back to the peer's Backlog, for it to
 // fill while the next exchange is in flight (and to the pool at the end).
 // It calls s.wg.Done when it returns.
-func (s *Node) run(to, addr string, msg cluster.Message) {
+func (s *Node) run(to string, p int, addr string, msg cluster.Message) {
 	defer s.wg.Done()
 	for {
 		// Most batches fit in one exchange; a larger one goes as parts
@@ -285,21 +287,21 @@ func (s *Node) run(to, addr string, msg cluster.Message) {
 		eachPart(&msg, s.cfg.MaxBatch, func(part *cluster.Message) bool {
 			// A failed part ends the batch: the rest is dropped, as a
 			// lost message.
-			return s.exchange(to, addr, part)
+			return s.exchange(to, p, addr, part)
 		})
 		// What the shards queued while this exchange was in flight goes
 		// now: this peer's part joins the queue below.
 		s.collect()
 		s.lkMu.Lock()
 		if s.closed.Load() {
-			s.lk.Drop(to)
+			s.lk.Drop(p)
 			s.lkMu.Unlock()
 			s.pool.put(&msg)
 			return
 		}
 		// The exchange is over: the transport kept nothing of msg, whose
 		// arrays the next exchange reuses.
-		next, more := s.lk.Next(to, &msg)
+		next, more := s.lk.Next(p, &msg)
 		if !more {
 			s.lkMu.Unlock()
 			s.pool.put(&msg)
@@ -313,7 +315,7 @@ func (s *Node) run(to, addr string, msg cluster.Message) {
 
 // exchange sends one batch, steps the reply in and sends what follows from
 // it; it reports whether the exchange succeeded.
-func (s *Node) exchange(to, addr string, msg *cluster.Message) bool {
+func (s *Node) exchange(to string, p int, addr string, msg *cluster.Message) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 	defer cancel()
 	reply, err := s.cfg.Transport.Exchange(ctx, addr, msg)
@@ -322,7 +324,7 @@ func (s *Node) exchange(to, addr string, msg *cluster.Message) bool {
 		s.failed.Add(1)
 	}
 	s.lkMu.Lock()
-	b := s.lk.Outcome(s.now(), to, err == nil)
+	b := s.lk.Outcome(s.now(), p, err == nil)
 	s.lkMu.Unlock()
 	s.mu.Lock()
 	switch b {

@@ -187,6 +187,13 @@ func (n *node) start(view []bool) {
 	n.rd = cluster.Ready{}
 	n.lk = cluster.NewLinks(cluster.LinkConfig{BreakerFailures: n.rg.cfg.BreakerFailures,
 		BreakerCooldown: n.rg.cfg.BreakerCooldown})
+	// The Links number the peers in the order they are first named: as
+	// the region does, so that a node index is the peer's.
+	for j, name := range n.rg.names {
+		if n.lk.Peer(name) != j {
+			panic("sim: the links number the peers otherwise")
+		}
+	}
 	n.backlogs = make([]*backlogTimes, len(n.rg.nodes))
 	n.member = view
 	n.epoch = 0
@@ -361,7 +368,7 @@ func (n *node) send(env *cluster.Envelope) {
 		return
 	}
 	now := rg.sim.Now()
-	if n.lk.Send(env.To, &env.Msg) {
+	if n.lk.Send(to, &env.Msg) {
 		n.exchange(to, &env.Msg, nil, now, false)
 		return
 	}
@@ -405,7 +412,7 @@ func (n *node) exchange(to int, msg *cluster.Message, runs []resultRun, readyAt 
 // backlog as the next exchange, or mark the peer idle and collect again.
 func (n *node) finish(peer int) {
 	n.collect()
-	msg, more := n.lk.Next(n.rg.names[peer], nil)
+	msg, more := n.lk.Next(peer, nil)
 	if !more {
 		n.collect()
 		return
@@ -663,9 +670,8 @@ func (t *exchangeTimer) Fire(*engine.Sim) {
 
 // peerFailed reports a failed exchange with peer to its breaker.
 func (n *node) peerFailed(peer int) {
-	name := n.rg.names[peer]
-	if n.lk.Outcome(n.now(), name, false) == cluster.BreakerOpened {
-		n.coord.SetPeerDown(n.now(), name, true)
+	if n.lk.Outcome(n.now(), peer, false) == cluster.BreakerOpened {
+		n.coord.SetPeerDown(n.now(), n.rg.names[peer], true)
 		n.rg.breakerOpens++
 		n.kick() // Shell.setPeerDown: the on_failure completions go at the backstop flush
 	}
@@ -673,9 +679,8 @@ func (n *node) peerFailed(peer int) {
 
 // peerOK reports a successful exchange with peer to its breaker.
 func (n *node) peerOK(peer int) {
-	name := n.rg.names[peer]
-	if n.lk.Outcome(n.now(), name, true) == cluster.BreakerClosed {
-		n.coord.SetPeerDown(0, name, false)
+	if n.lk.Outcome(n.now(), peer, true) == cluster.BreakerClosed {
+		n.coord.SetPeerDown(0, n.rg.names[peer], false)
 	}
 }
 
