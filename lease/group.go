@@ -225,13 +225,17 @@ func (c *GroupConfig) validate() error {
 // Group is one voter (or joining node) of the lease group. Its methods are
 // safe for concurrent use.
 type Group struct {
-	cfg   GroupConfig
-	log   *slog.Logger
-	fsm   *FSM
-	raft  *raft.Raft
-	trans *raft.NetworkTransport
-	store *raftboltdb.BoltStore
-	rpc   *rpcServer
+	cfg  GroupConfig
+	log  *slog.Logger
+	fsm  *FSM
+	raft *raft.Raft
+	// raftSet is closed once raft is set: Raft may report leadership
+	// before NewRaft returns, and the leader loop must not read raft
+	// until then.
+	raftSet chan struct{}
+	trans   *raft.NetworkTransport
+	store   *raftboltdb.BoltStore
+	rpc     *rpcServer
 
 	notify    chan bool
 	done      chan struct{} // closed by Close
@@ -269,7 +273,8 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	g := &Group{cfg: cfg, log: log.With("component", "lease-group", "self", cfg.Name), fsm: NewFSM(m),
-		notify: make(chan bool, 8), done: make(chan struct{}), conns: map[string]*grpc.ClientConn{}}
+		notify: make(chan bool, 8), done: make(chan struct{}), raftSet: make(chan struct{}),
+		conns: map[string]*grpc.ClientConn{}}
 	// On failure, undo what was started, in reverse.
 	var undo []func()
 	defer func() {
@@ -348,6 +353,7 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("lease: starting raft: %w", err)
 	}
+	close(g.raftSet)
 	undo = append(undo, func() { _ = g.raft.Shutdown().Error() })
 
 	g.rpc, err = startRPCServer(g)
@@ -723,6 +729,11 @@ func (g *Group) setLeading(leader bool) {
 // proposes Tick every TickInterval.
 func (g *Group) leaderLoop(l *leadership) {
 	defer g.wg.Done()
+	select {
+	case <-g.raftSet:
+	case <-l.stop:
+		return
+	}
 	wait := 5 * time.Millisecond
 	for {
 		_, retry, err := g.apply(context.Background(), Entry{Command: &Command{Takeover: true}})
