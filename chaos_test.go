@@ -23,7 +23,7 @@ import (
 	"github.com/weir-dev/weir/quota"
 )
 
-// The chaos test (issue 9, item 3; docs/reliability.md): a 5-node,
+// The chaos test (docs/reliability.md): a 5-node,
 // 2-region cluster whose three lease-group voters are gateways too, under
 // steady load, through a schedule of faults injected by internal/faultnet
 // (every node on its own loopback address; gossip, peer RPC, Raft and the

@@ -150,7 +150,7 @@ func TestClusterOfNodes(t *testing.T) {
 }
 
 // TestEnforceRegions: a rule with shadow: true is enforced in the regions
-// its enforce_regions names and shadowed elsewhere (issue 5: shadow first,
+// its enforce_regions names and shadowed elsewhere (shadow first,
 // then enforce region by region).
 func TestEnforceRegions(t *testing.T) {
 	rules := parseRules(t, `

@@ -271,7 +271,7 @@ func failOpen(nodes []*weir.Node, rule string) uint64 {
 // that are the lease group's voters and one that is its client, with
 // concurrent requests: exactly one admitted per account. Killing the
 // leader, and then restarting every voter, never hands out a second one
-// (issue 5, item 3; DESIGN.md, "durable" under "Decision paths").
+// (docs/durable.md).
 func TestDurableTrial(t *testing.T) {
 	g := startDurableGroup(t, 3)
 	cl := g.client()

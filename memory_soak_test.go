@@ -13,7 +13,7 @@ import (
 )
 
 // soakIdentities is how many distinct identities a memory soak drives: 1 M
-// in `go test`, 10 M with WEIR_SOAK=1 (issue 9: memory flat under 10 M
+// in `go test`, 10 M with WEIR_SOAK=1 (memory flat under 10 M
 // rotating identities).
 func soakIdentities(t *testing.T) int {
 	if raceDetector {

@@ -97,7 +97,7 @@ func TestSmoke(t *testing.T) {
 	}
 
 	md := rep.Markdown()
-	for _, s := range []string{"## Local decisions", "## Distributed decisions", "## Targets (issue 7)", "| weir GCRAStore |", "| redis Lua token bucket |"} {
+	for _, s := range []string{"## Local decisions", "## Distributed decisions", "## Targets", "| weir GCRAStore |", "| redis Lua token bucket |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
 		}

@@ -335,7 +335,7 @@ func (r *report) Markdown() string {
 		p("Note: %s\n\n", n)
 	}
 	if len(r.Targets) > 0 {
-		p("## Targets (issue 7)\n\n| target | measured | goal | result |\n|---|---|---|---|\n")
+		p("## Targets\n\n| target | measured | goal | result |\n|---|---|---|---|\n")
 		for _, t := range r.Targets {
 			p("| %s | %s | %s | %s |\n", t.Name, t.Measured, t.Goal, t.Result)
 		}

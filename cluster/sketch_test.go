@@ -195,8 +195,8 @@ func runHeavyTail(t *testing.T, rule quota.Rule, ids, heavy int, run time.Durati
 }
 
 // TestSketchHeavyTail: with gating, entries and syncs follow the heavy
-// hitters, not the 50 000 light identities (issue 3, item 6), and the heavy
-// hitters stay inside the envelope plus the sketch term over every
+// hitters, not the 50 000 light identities, and the heavy hitters stay
+// inside the envelope plus the sketch term over every
 // interval, and above the lower bound.
 func TestSketchHeavyTail(t *testing.T) {
 	const ids, heavy = 50_000, 5
@@ -335,7 +335,7 @@ func TestSketchTermMeasured(t *testing.T) {
 
 // TestSketchDeterministic: the same gated run twice gives the same outcomes
 // and messages, and the sketch starts over at multiples of the period
-// counted from time 0, whatever the ticks (issue 3, item 6, test 3).
+// counted from time 0, whatever the ticks.
 func TestSketchDeterministic(t *testing.T) {
 	run := func() []string {
 		rule := gatedRule("r", 600, time.Second, 60, &quota.Sketch{Threshold: 3, Width: 512, Depth: 3})
@@ -403,8 +403,7 @@ func TestSketchDeterministic(t *testing.T) {
 }
 
 // TestSketchNoSlackIsUngated: with a slack under one token every admission
-// needs the owner, so a gated rule behaves exactly as without gating
-// (issue 3, item 6, test 4).
+// needs the owner, so a gated rule behaves exactly as without gating.
 func TestSketchNoSlackIsUngated(t *testing.T) {
 	run := func(sk *quota.Sketch) ([]string, Stats) {
 		rule := gatedRule("r", 20, time.Second, 5, sk) // a·L = 1: slack ⌊1/3⌋ = 0

@@ -56,7 +56,7 @@ func (c *cluster) callers(t *testing.T) []DurableService {
 // burst 1) decided through a 3-voter group from every voter and a client
 // at once: exactly one admitted per account. Killing the leader, and then
 // stopping and restarting every voter, never hands out a second one: the
-// bucket lives in the replicated log (issue 5, item 3).
+// bucket lives in the replicated log.
 func TestDurableGroupTrial(t *testing.T) {
 	c := newCluster(t, 3, nil)
 	c.leader()
