@@ -30,7 +30,7 @@ import (
 // lease RPC all go through it): a gateway crash and restart, one node
 // isolated, region a cut from region b, the Raft leader killed, and every
 // voter restarted in turn. It records every decision and checks the
-// accuracy contract of DESIGN.md in and out of the fault windows.
+// accuracy contract of docs/overshoot.md in and out of the fault windows.
 //
 //	WEIR_CHAOS=short go test -run TestChaos -v .   (about 90 s; what CI runs)
 //	WEIR_CHAOS=long  go test -run TestChaos -v -timeout 30m .
@@ -772,7 +772,7 @@ type chaosAnalysis struct {
 // starting at each admission:
 //   - outside the widened fault windows, every identity (per region for
 //     region-scoped rules, across both for global and durable ones) admits
-//     at most B + r·Δ + S + c (the envelope of DESIGN.md, plus one cost for
+//     at most B + r·Δ + S + c (the envelope of docs/overshoot.md, plus one cost for
 //     a closed interval measured on the callers' clocks);
 //   - inside them, each node admits for an identity at most its on_failure
 //     local share (limit ÷ the fewest live nodes its ring saw, burst

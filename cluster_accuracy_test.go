@@ -1,8 +1,8 @@
 package weir
 
 // Accuracy and fault tests of the cluster over real memberlist and real
-// gRPC on 127.0.0.1. They check DESIGN.md's "Decision
-// paths and the accuracy contract" and docs/overshoot.md on real nodes:
+// gRPC on 127.0.0.1. They check the accuracy contract of
+// docs/overshoot.md on real nodes:
 // the envelope over every interval of a run, exact against the reference
 // bucket, the hot-identity traffic bound, an owner crash and a join.
 //
@@ -39,7 +39,7 @@ const accWorkers = 4
 // TestClusterAccuracy drives one identity at 3× its rate through three
 // nodes over real gRPC for four windows, in shared and exact mode, spread
 // round-robin, all on one non-owner node, and 80/15/5 (the 80 on a
-// non-owner), and checks DESIGN.md's accuracy contract over every interval
+// non-owner), and checks the accuracy contract of docs/overshoot.md over every interval
 // of each run: shared admits at most B + r·Δ + S and at least
 // r·Δ − S − c − ⌈r·ℓ⌉; exact admits at most B + r·Δ, at least r·Δ − c −
 // ⌈r·ℓ⌉, and follows the reference bucket fed in send order to within
@@ -310,8 +310,8 @@ func statsDelta(a, b cluster.Stats) cluster.Stats {
 }
 
 // TestClusterOwnerCrash kills an identity's owner abruptly while two other
-// nodes carry the identity's traffic at 3× its rate (DESIGN.md, "On
-// failure"): callers see no error; every decision made by on_failure is
+// nodes carry the identity's traffic at 3× its rate (docs/cluster.md, "When
+// a peer fails"): callers see no error; every decision made by on_failure is
 // marked degraded and counted, and the fail-open count equals their
 // number; while the owner is down each node's degraded admissions stay
 // within its limit ÷ live nodes share, and the region within the envelope

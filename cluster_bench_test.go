@@ -52,7 +52,7 @@ import (
 //     cpu-ratio-to-single is the same for decisions per CPU-second, which
 //     moves less when neighbours take a core away.
 //     syncs/s is what the owner received (sync items it acknowledged),
-//     bound-syncs/s is DESIGN.md's bound for the admissions measured (one
+//     bound-syncs/s is docs/overshoot.md's bound for the admissions measured (one
 //     sync per non-owner per half-slack of admissions plus one per sync
 //     interval), exchanges/s the batches that carried them, forwarded/s the
 //     requests a non-owner's view could not tell were rejected and sent to

@@ -17,7 +17,7 @@ import (
 // A fixed_window rule in mode exact on a real 3-node cluster (memberlist
 // and gRPC on loopback): the identity's owner counts the window, so a
 // client that saturates every node is admitted exactly the limit per
-// window summed over the nodes (DESIGN.md, "exact"), not nodes × the limit.
+// window summed over the nodes (docs/cluster.md, "exact"), not nodes × the limit.
 
 // fwRules: 20 per 1 s aligned windows: a window far above a forwarded
 // round trip even under -race on a loaded machine, so that each admission's

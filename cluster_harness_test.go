@@ -423,7 +423,7 @@ func admitted(sends []accSend) []accAdmit {
 // worstExcess returns the largest count − r·Δ over every run i…j of
 // admissions (sorted by send time), where Δ runs from the first's send
 // time to the latest return among them: every one of them was decided in
-// that interval, so DESIGN.md's envelope bounds the excess by B + S (by B
+// that interval, so docs/overshoot.md's envelope bounds the excess by B + S (by B
 // for exact). rate is tokens per nanosecond; each admission costs one.
 func worstExcess(adm []accAdmit, rate float64) float64 {
 	worst, _, _ := worstExcessAt(adm, rate)
@@ -447,7 +447,7 @@ func worstExcessAt(adm []accAdmit, rate float64) (worst float64, from, to int64)
 // worstShortfall returns the largest r·(Δ − stalls) − count over every
 // interval from one admission's send time to another's (and from the run's
 // first send to its first admission, and from its last admission to its
-// last send), counting the admissions strictly inside. DESIGN.md bounds
+// last send), counting the admissions strictly inside. docs/overshoot.md bounds
 // r·Δ − count by S + c + ⌈r·ℓ⌉ for a client that saturates the limiter;
 // this one saturates it only while it sends. stalls is the time in the
 // interval during which it did not: every gap between two consecutive

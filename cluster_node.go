@@ -22,7 +22,7 @@ import (
 
 // ClusterConfig makes a Node a member of its region's cluster: nodes join a
 // memberlist ring, every identity has an owner node, and `shared` and
-// `exact` rules are decided together (see DESIGN.md and docs/rules.md).
+// `exact` rules are decided together (see docs/cluster.md and docs/rules.md).
 // Without it every rule is enforced per node, as `local`.
 type ClusterConfig struct {
 	// Name is this node's name, unique in the cluster. Required.

@@ -38,8 +38,8 @@ rules:
 // ringChangeBursts is how many fresh identities each mode bursts at.
 const ringChangeBursts = 100
 
-// TestClusterRingChangeBursts holds DESIGN.md's "No rejection window at a
-// ring change": a ring of three nodes forms, and a fourth joins and leaves
+// TestClusterRingChangeBursts holds docs/cluster.md's promise of no rejection
+// window at a ring change ("Joins, leaves and crashes"): a ring of three nodes forms, and a fourth joins and leaves
 // over and over, while fresh identities burst at the nodes right after
 // each change, when a new owner has not yet got the previous owner's
 // state. Each identity's 5 requests, sent at once, are all admitted (no

@@ -12,7 +12,7 @@ import (
 )
 
 // TestIdentitySourcesDoNotShare checks that identity sources are namespaces
-// (DESIGN.md, "Identity sources are namespaces"): a header whose value equals
+// (docs/security.md): a header whose value equals
 // a client's IP never spends that IP's bucket, and the reverse, whichever
 // source comes first in the chain.
 func TestIdentitySourcesDoNotShare(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestLayout enforces DESIGN.md's one structural rule at the import level:
+// TestLayout enforces docs/design.md's one rule at the import level:
 // bucket/ imports only the standard library, and neither bucket/ nor quota/
 // nor envoyconf/ (rules as data, from Envoy's format) reaches the cluster,
 // the lease group, memberlist, raft or gRPC.
@@ -26,7 +26,7 @@ func TestLayout(t *testing.T) {
 		for _, d := range deps {
 			for _, f := range forbidden {
 				if d == f || strings.HasPrefix(d, f+"/") {
-					t.Errorf("%s imports %s (directly or not); DESIGN.md forbids it", pkg, d)
+					t.Errorf("%s imports %s (directly or not); docs/design.md forbids it", pkg, d)
 				}
 			}
 		}

@@ -25,8 +25,8 @@ import (
 // identities on a random node, for the shared and the exact rule of
 // accRules (50 per 250 ms, burst 20, slack 4 per node), with random pauses
 // between bursts. Real networks make the runs non-deterministic, so the
-// Node is held to the envelope over every interval (docs/overshoot.md,
-// DESIGN.md "Decision paths and the accuracy contract") instead of decision
+// Node is held to the envelope over every interval (docs/overshoot.md)
+// instead of decision
 // by decision: per identity and rule, over every run of admissions, at most
 // B + r·Δ + S (shared, S the two non-owners' slack) or B + r·Δ (exact),
 // and no degraded decision. Each check uses fresh identities; a failure
@@ -112,7 +112,7 @@ func TestModelCluster(t *testing.T) {
 // ring: a node starts alone, two more join, and while the ring forms and
 // settles fresh identities each send a burst of 5 requests (one at a time,
 // to random nodes) under a shared 5/s burst 5 rule (slack 0 on 3 nodes).
-// Every burst is admitted whole (DESIGN.md: a new owner waiting for the
+// Every burst is admitted whole (docs/cluster.md: a new owner waiting for the
 // previous owner's state asks it or stays within slack; it never rejects
 // an identity with tokens left).
 func TestModelFormingRingAdmitsBurst(t *testing.T) {

@@ -74,7 +74,7 @@ rules:
     burst: 20
 `
 
-// TestBurstExample is DESIGN.md's burst example through the node: a client at
+// TestBurstExample is the burst example of the requirements through the node: a client at
 // 100/min with burst 20 may send 20 at once, the 21st is rejected with a
 // retry-after of 600 ms, then exactly one passes every 600 ms.
 func TestBurstExample(t *testing.T) {

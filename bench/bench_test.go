@@ -74,7 +74,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: %d errors", f.Name, errs)
 		}
 		// The reference bucket bounds what any exact limiter admits; weir
-		// shared may exceed it by S at most (DESIGN.md, the envelope).
+		// shared may exceed it by S at most (docs/overshoot.md, the envelope).
 		if f.HotEnvelope >= 0 && float64(f.HotAdmitted) > f.HotReference+f.HotEnvelope+1 {
 			t.Errorf("%s: hot identity admitted %d, above B + r·Δ + S = %.0f", f.Name, f.HotAdmitted, f.HotReference+f.HotEnvelope)
 		}

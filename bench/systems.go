@@ -125,7 +125,7 @@ func (w weirRuleSystem) Allow(ctx context.Context, node int, key string) (bool, 
 }
 
 // sharedSlack is S for the shared rule: the two non-owner nodes' slack,
-// sᵢ = ⌊a·L ÷ N⌋ with the default accuracy a = 5 % (DESIGN.md).
+// sᵢ = ⌊a·L ÷ N⌋ with the default accuracy a = 5 % (docs/overshoot.md).
 func sharedSlack() float64 {
 	a := 0.05
 	return float64(nodes-1) * math.Floor(a*ruleLimit/nodes)

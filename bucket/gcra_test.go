@@ -55,7 +55,7 @@ func contains(s, sub string) bool {
 	return false
 }
 
-// DESIGN.md requirement: "a client at 100/min with burst 20 may send 20 at
+// The requirement: "a client at 100/min with burst 20 may send 20 at
 // once, then one every 600 ms".
 func TestGCRA100PerMinuteBurst20(t *testing.T) {
 	g := mustGCRA(t, 100, time.Minute, 20)
@@ -193,7 +193,7 @@ func TestGCRAUpperBoundProperty(t *testing.T) {
 
 // TestGCRALowerBoundProperty: a client that retries exactly when RetryAfter
 // says gets at least Δ/T − c over any interval, and B + Δ/T − c from a full
-// bucket (DESIGN.md, the envelope's lower bound with S = 0).
+// bucket (docs/overshoot.md, the envelope's lower bound with S = 0).
 func TestGCRALowerBoundProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		limit := rapid.Int64Range(1, 50).Draw(rt, "limit")

@@ -15,7 +15,7 @@ import (
 // Ready, and the adapter (gRPC, memberlist, timers) does the I/O. The
 // simulator in sim/ drives this very code under a virtual clock.
 //
-// The mechanism is DESIGN.md's "shared" mode, rule by rule:
+// The mechanism is the "shared" mode of docs/cluster.md, rule by rule:
 //
 //   - A node admits locally, with no network call, while its unconfirmed
 //     spend (admitted, not yet acknowledged by the owner) plus the cost fits

@@ -12,7 +12,7 @@ import (
 
 // harness is a deterministic in-process network of coordinators: a virtual
 // clock in fixed steps, messages delivered after a fixed one-way latency, a
-// node that can be cut off. It checks DESIGN.md's envelope on the
+// node that can be cut off. It checks docs/overshoot.md's envelope on the
 // admissions it records.
 type harness struct {
 	t       *testing.T
@@ -157,7 +157,7 @@ func (h *harness) flush() {
 }
 
 // upperExcess returns max over all intervals [tᵢ, tⱼ] of admitted − r·Δ,
-// which DESIGN.md bounds by B + S. rate is tokens per ns.
+// which docs/overshoot.md bounds by B + S. rate is tokens per ns.
 func upperExcess(admits []admit, rate float64) float64 {
 	best := math.Inf(-1)
 	minStart := math.Inf(1) // min over i of prefix(i−1) − r·tᵢ
@@ -176,7 +176,7 @@ func upperExcess(admits []admit, rate float64) float64 {
 
 // lowerShortfall returns max over intervals (tᵢ, tⱼ) strictly between
 // admissions (the worst case for a saturating client) of r·Δ − admitted,
-// which DESIGN.md bounds by S + c + ⌈r·ℓ⌉.
+// which docs/overshoot.md bounds by S + c + ⌈r·ℓ⌉.
 func lowerShortfall(admits []admit, rate float64, from, to int64) float64 {
 	pts := []admit{{at: from}}
 	for _, a := range admits {
@@ -222,7 +222,7 @@ func gcraRule(id string, mode quota.Mode, limit int64, window time.Duration, bur
 }
 
 // TestEnvelope drives one saturating identity from three nodes with several
-// spreads, in exact and shared mode, and checks DESIGN.md's envelope over
+// spreads, in exact and shared mode, and checks docs/overshoot.md's envelope over
 // every interval: at most B + r·Δ + S, at least r·Δ − S − c − ⌈r·ℓ⌉.
 func TestEnvelope(t *testing.T) {
 	spreads := map[string][]int{

@@ -9,7 +9,7 @@ import (
 	"github.com/weir-dev/weir/quota"
 )
 
-// These tests check exact mode for fixed_window rules (DESIGN.md, "exact":
+// These tests check exact mode for fixed_window rules (docs/cluster.md, "exact":
 // the identity's owner decides every admission, equal to the reference fed
 // in the owner's order): the owner decides on bucket.FixedWindow's state,
 // and ring changes, rule changes and refunds keep the window's count.

@@ -119,7 +119,7 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 }
 
 // Slack returns the slack sᵢ every node of a region of n live nodes holds
-// without asking: under SlackFixed ⌊a·L ÷ n⌋ tokens (DESIGN.md: S = Σ sᵢ ≤
+// without asking: under SlackFixed ⌊a·L ÷ n⌋ tokens (docs/overshoot.md: S = Σ sᵢ ≤
 // a·L); under SlackDemand the base ⌊P ÷ (2·(n−1))⌋ with P = ⌊a·L⌋ (P when n
 // is 1), to which the owner's grants add (slack.go). It is 0 for exact
 // rules. A slack under one token is 0: every admission beyond it then waits

@@ -10,7 +10,7 @@ import (
 
 // This file is demand-following slack (SlackDemand): the pure grant protocol
 // that lets the nodes that spend hold more of a shared rule's slack than the
-// nodes that do not, without ever breaking DESIGN.md's Σ sᵢ ≤ a·L.
+// nodes that do not, without ever breaking the Σ sᵢ ≤ a·L of docs/overshoot.md.
 //
 // Per (rule, identity) the region's pool is P = ⌊a·L⌋ tokens. Every
 // non-owner node holds a base b = ⌊P ÷ (2·(N−1))⌋ implicitly (no message),

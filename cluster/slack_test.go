@@ -24,7 +24,7 @@ func demandHarness(t *testing.T, n int, oneway time.Duration, rules ...quota.Rul
 // checkPool asserts slack.go's invariant for one identity at this instant:
 // the owner's reservations stay within G, and the slack the non-owners may
 // use (base + grant), and so their unconfirmed spend, within P = ⌊a·L⌋
-// (DESIGN.md: Σ sᵢ ≤ a·L always).
+// (docs/overshoot.md: Σ sᵢ ≤ a·L always).
 func checkPool(t *testing.T, h *harness, p *RuleParams, identity string) (grants map[string]int64) {
 	t.Helper()
 	owner := h.ring.OwnerName(identity)

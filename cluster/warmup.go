@@ -6,8 +6,8 @@ import (
 	"github.com/weir-dev/weir/bucket"
 )
 
-// This file is the warm-up that follows a ring change (DESIGN.md: "No
-// rejection window at a ring change").
+// This file is the warm-up that follows a ring change (docs/cluster.md: no
+// rejection window at a ring change).
 //
 // When the members change, an identity may move to this node while its
 // bucket is still with its previous owner, on its way as a handoff. For a

@@ -25,7 +25,7 @@
 //  4. The leader proposes Tick periodically (expiries, reallocation), and
 //     Takeover when it becomes leader.
 //
-// The invariant every step keeps, faults included, is DESIGN.md's
+// The invariant every step keeps, faults included, stated in docs/global.md:
 // Σᵣ max(unexpired shareᵣ, fallbackᵣ) ≤ L; Machine.Check verifies it, and
 // TestInvariantUnderFaults checks that the shares the regions really enforce
 // never sum above L through lost and reordered messages, expiries and leader

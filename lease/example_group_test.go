@@ -25,7 +25,7 @@ func ExampleStartGroup() {
 		// One voter; its empty address means the one RaftAddr bound.
 		Voters:  []lease.Voter{{Name: "n1"}},
 		Machine: lease.Config{Regions: []string{"ap", "eu", "us"}},
-		// Short timeouts for loopback (see DESIGN.md's practical notes).
+		// Short timeouts for loopback (elections in tens of milliseconds).
 		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
 		LeaderLeaseTimeout: 25 * time.Millisecond,
 	})

@@ -76,7 +76,7 @@ func newCluster(t testing.TB, n int, tune func(*GroupConfig)) *cluster {
 
 func (c *cluster) baseConfig(name, dir string) GroupConfig {
 	return GroupConfig{Name: name, Dir: dir, RPCAddr: "127.0.0.1:0", Machine: testMachineConfig,
-		// DESIGN.md's 50ms elects in tens of milliseconds, but under -race
+		// A 50ms timeout elects in tens of milliseconds, but under -race
 		// with other test binaries on the same 2 cores it also deposed
 		// healthy leaders: 150ms keeps the tests fast and the leaders put.
 		HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,

@@ -16,7 +16,7 @@ import (
 // command (the leader's clock when it proposed it), so every replica reaches
 // the same state.
 //
-// The contract is DESIGN.md's `scope: global` paragraph. For one global
+// The contract is docs/global.md. For one global
 // (rule, identity) with limit L tokens per window, each region r holds a
 // share of L. The leader keeps, per region, the largest share the region may
 // be enforcing (hold) and when its lease expires, and commits only grants

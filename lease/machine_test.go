@@ -225,7 +225,7 @@ func TestBadCommands(t *testing.T) {
 	}
 }
 
-// TestInvariantUnderFaults is the safety property of DESIGN.md's global
+// TestInvariantUnderFaults is the safety property of docs/global.md's
 // scope, checked after every step of random runs: at every moment the
 // shares the regions actually enforce (their Holders, on their own clocks)
 // sum to at most L, and so does the leader's accounting (Check), through

@@ -511,7 +511,7 @@ func TestDocsExample(t *testing.T) {
 	}
 }
 
-// TestImports enforces DESIGN.md: quota reaches only the standard library,
+// TestImports enforces docs/design.md's layout: quota reaches only the standard library,
 // yaml and fsnotify (tests also rapid and goleak), nothing of weir's but
 // internal/yamlwalk, the strict YAML walk it shares with envoyconf (itself
 // only the standard library and yaml).

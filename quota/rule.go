@@ -38,7 +38,7 @@ const (
 // sliding_log rule may have: the log holds one timestamp per admission.
 const MaxSlidingLogLimit = 10000
 
-// Mode says where a rule's decisions are made (DESIGN.md, "Accuracy").
+// Mode says where a rule's decisions are made (docs/cluster.md, "Modes").
 // The zero value "" means ModeShared for GCRA rules and ModeLocal for the
 // other algorithms.
 type Mode string
@@ -174,7 +174,7 @@ type Penalty struct {
 }
 
 // Sketch gates a shared gcra rule's identities through a count-min sketch
-// per node (DESIGN.md, docs/overshoot.md "Sketch gating"): an identity a
+// per node (docs/overshoot.md, "Sketch gating"): an identity a
 // node has no entry for is admitted there with no entry, no sync and no
 // owner bucket while the sketch's estimate of its spend on that node in the
 // current period stays at most min(Threshold, the node's slack); past that

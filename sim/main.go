@@ -1,7 +1,7 @@
 // Command sim is weir's deterministic overshoot simulator: it runs the real
 // cluster coordinator of every node of a region under a virtual clock and a
 // simulated network, feeds the same requests to one exact GCRA bucket per
-// identity (the reference), and checks DESIGN.md's accuracy envelope over
+// identity (the reference), and checks the accuracy envelope of docs/overshoot.md over
 // every interval. The same flags and seed print the same bytes.
 //
 //	go run ./sim -nodes 5 -traffic uneven -faults 'crash:n1@10s,restart:n1@20s' -duration 1m -seed 7

@@ -21,8 +21,8 @@ import (
 )
 
 // Membership reduces hashicorp/memberlist to a stream of membership events and
-// a sorted member list; the ring is rebuilt from them (DESIGN.md, "The one
-// structural rule"). It is the only code in weir that talks to memberlist.
+// a sorted member list; the ring is rebuilt from them (docs/design.md, "The
+// rule"). It is the only code in weir that talks to memberlist.
 //
 // # Events
 //

@@ -18,7 +18,7 @@ import (
 )
 
 // These tests run real memberlist on 127.0.0.1 with ephemeral ports and the
-// local profile (DESIGN.md, "Practical notes on memberlist and raft"). Each
+// local profile. Each
 // test labels its gossip with its own name, so clusters never mix. Waits are
 // on conditions with deadlines; the deadlines are generous because CI runs
 // with -race on two loaded cores, and the measured times are logged, not

@@ -31,7 +31,7 @@ import (
 // The core is sharded: Config.Shards Coordinators, each with its own
 // mutex, each deciding the identities whose hash falls in its shard, so
 // that requests for different identities do not queue on one lock
-// (DESIGN.md: no lock shared across keys). Nothing the Coordinator decides
+// (no lock is shared across keys). Nothing the Coordinator decides
 // spans identities, so shards are independent: every one gets the same
 // rules, ring and peer states; a batch from a peer is split by identity
 // (results by ticket: a forwarded request's ticket carries its shard) and

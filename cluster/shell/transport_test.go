@@ -14,7 +14,7 @@ import (
 )
 
 // callLimit bounds every call that should succeed (CI is a loaded 2-core
-// machine running -race, DESIGN.md "Practical notes").
+// machine running -race).
 const callLimit = 5 * time.Second
 
 // checkTransportLeaks verifies, after every other cleanup of t has run, that

@@ -14,7 +14,7 @@ import (
 
 // This file computes what the clients' records are checked against: the
 // reference (one exact GCRA bucket per identity, fed every request in send
-// order, DESIGN.md's "The reference") and the envelope (over any interval Δ
+// order, docs/overshoot.md's reference) and the envelope (over any interval Δ
 // at most B + r·Δ + S admitted; docs/global.md's for a global rule).
 
 // limits is one version of a rule, as far as the envelope needs it.

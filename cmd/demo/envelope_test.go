@@ -68,7 +68,7 @@ func TestReference(t *testing.T) {
 	}
 }
 
-// TestSlack checks the envelope's slack terms against DESIGN.md's and
+// TestSlack checks the envelope's slack terms against docs/overshoot.md's and
 // docs/global.md's formulas.
 func TestSlack(t *testing.T) {
 	l := limits{limit: 600, window: time.Minute, burst: 20, accuracy: 0.05}

@@ -9,7 +9,7 @@
 // region to the other, and kills the lease leader. At the end it prints,
 // per client and per rule, what was sent, admitted and rejected, the
 // reference (one exact bucket per identity) and whether the envelope of
-// DESIGN.md and docs/global.md held, and exits non-zero if one did not or
+// docs/overshoot.md and docs/global.md held, and exits non-zero if one did not or
 // a step failed.
 //
 //	go run ./cmd/demo                                  # 2 regions × 3 nodes, about a minute

@@ -224,7 +224,7 @@ func shouldRateLimit(ctx context.Context, c rlsv3.RateLimitServiceClient, key st
 // RPC error), restarts it with the same config (it rejoins), then sends
 // SIGTERM to another right after it admitted spend within its slack on an
 // identity another node owns, and checks on the owner that the spend
-// arrived (Node.Close reports unconfirmed spend: DESIGN.md, "Ring change").
+// arrived (Node.Close reports unconfirmed spend: docs/cluster.md, "Joins, leaves and crashes").
 func TestProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three daemons")

@@ -41,7 +41,7 @@ var DemandKinds = []string{DemandConstant, DemandPoisson, DemandBursty, DemandMo
 // Holder reports the fallback (no lease yet, or an expired one).
 const (
 	// FallbackShare enforces min(safe share, last share), 0 before the
-	// first lease (DESIGN.md's default).
+	// first lease (the default of lease.Regional).
 	FallbackShare = "share"
 	// FallbackOpen admits everything while in fallback; such admissions
 	// are counted as degraded and kept out of the envelope.

@@ -2,7 +2,7 @@
 // sim/engine: the lease group's pure state machine (lease.Machine, the very
 // code the Raft FSM calls) leases each region a share of a global limit,
 // each region enforces its lease.Holder's share with a GCRA bucket, and
-// every run checks DESIGN.md's invariant at every event, Machine.Check
+// every run checks docs/global.md's invariant at every event, Machine.Check
 // after every Apply, and the global envelope of docs/overshoot.md
 // ("Global limits across regions") over every interval. `go run ./sim
 // -global` is its command line; `go run ./sim -global -doorman` runs

@@ -167,7 +167,7 @@ func (r *run) applied(what string) {
 	}
 }
 
-// checkInvariant is DESIGN.md's invariant as the regions enforce it: for
+// checkInvariant is docs/global.md's invariant as the regions enforce it: for
 // every identity, Σ over regions of Holder.At on each region's own clock
 // ≤ L, at every event.
 func (r *run) checkInvariant() {

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// The checks of DESIGN.md's envelope, run as streams over each identity's
+// The checks of docs/overshoot.md's envelope, run as streams over each identity's
 // admissions in time order (so that a ten-minute run with a hundred
 // thousand decisions a second needs no record of them):
 //

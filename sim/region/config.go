@@ -21,7 +21,7 @@ const (
 	TrafficConstant = "constant"
 	// TrafficSaturate: every node offers Load × the rate for each identity
 	// on its own: the client that saturates every node carrying its traffic
-	// (DESIGN.md's lower bound).
+	// (docs/overshoot.md's lower bound).
 	TrafficSaturate = "saturate"
 	// TrafficBursty: once per window each identity sends Load × the limit
 	// in one burst spread over the first tenth of the window.

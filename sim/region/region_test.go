@@ -89,8 +89,8 @@ func TestExactModeIsTheReference(t *testing.T) {
 }
 
 // TestOwnerCrash crashes the owner of the only identity while a non-owner
-// saturates it, for each on_failure, and checks the fallback (DESIGN.md:
-// "On failure") and the crash's fault term (docs/overshoot.md, "Owner
+// saturates it, for each on_failure, and checks the fallback (docs/cluster.md:
+// "When a peer fails") and the crash's fault term (docs/overshoot.md, "Owner
 // crash"): while the owner is unreachable and still in the ring, every
 // decision for its identities is marked degraded; open admits them all,
 // closed none, local at most limit ÷ N with burst ⌊B ÷ N⌋; the accounted

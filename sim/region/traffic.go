@@ -199,7 +199,7 @@ func (c *Config) pulseQuiet() int64 {
 }
 
 // saturating reports whether the configured traffic keeps every identity's
-// demand at or above its rule's rate all the time, so that DESIGN.md's
+// demand at or above its rule's rate all the time, so that docs/overshoot.md's
 // lower bound applies: the saturating client, and the deterministic kinds
 // offering at least twice the rate.
 func (c *Config) saturating() bool {
