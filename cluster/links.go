@@ -39,9 +39,20 @@ import (
 // The zero Links is not usable; make one with NewLinks.
 type Links struct {
 	cfg   LinkConfig
-	ids   map[string]int // peer name → index into peers
+	ids   map[string]int // peer name → index into peers and busy
 	peers []peer
-	open  int // breakers open
+	// busy[p]: an exchange with peer p is in flight. Apart from peers
+	// because every send reads it: a few cache lines for all peers.
+	busy []bool
+	open int // breakers open
+	// unclean counts the breakers with a failure counted or open: while
+	// it is 0, a successful exchange changes nothing and reads no peer.
+	unclean int
+	// backlogged counts the peers whose backlog holds items: while it is
+	// 0, a returning exchange need not look at its peer's.
+	backlogged int
+	// gone counts the peers marked gone (left the ring while busy).
+	gone int
 	// members is the ring in force (name → address); nil before SetPeers.
 	members map[string]string
 	// inflight counts the peers with an exchange in flight; pending is set
@@ -69,7 +80,6 @@ type LinkConfig struct {
 // first waits, and let go when the peer leaves the ring.
 type peer struct {
 	name string
-	busy bool     // an exchange is in flight
 	gone bool     // the peer left the ring while busy: let the backlog go once idle
 	q    *Backlog // what waits for the next exchange while one is in flight (nil: nothing yet)
 	// The breaker: failures in a row, and whether (and since when, on the
@@ -134,6 +144,7 @@ func (l *Links) Peer(name string) int {
 	i := len(l.peers)
 	l.ids[name] = i
 	l.peers = append(l.peers, peer{name: name})
+	l.busy = append(l.busy, false)
 	return i
 }
 
@@ -190,12 +201,15 @@ func (l *Links) Collect() bool {
 // in flight, and reports whether it did; else nothing changes. The Backlog
 // copies the items: m's arrays stay the caller's.
 func (l *Links) Queue(p int, m *Message) bool {
-	k := &l.peers[p]
-	if !k.busy {
+	if !l.busy[p] {
 		return false
 	}
+	k := &l.peers[p]
 	if k.q == nil {
 		k.q = &Backlog{}
+	}
+	if k.q.Empty() {
+		l.backlogged++
 	}
 	k.q.Add(m)
 	return true
@@ -208,7 +222,7 @@ func (l *Links) Send(p int, m *Message) bool {
 	if l.Queue(p, m) {
 		return false
 	}
-	l.peers[p].busy = true
+	l.busy[p] = true
 	l.inflight++
 	return true
 }
@@ -221,20 +235,25 @@ func (l *Links) Send(p int, m *Message) bool {
 // stays the caller's). The backlog of a peer gone from the ring is let go
 // once it is idle.
 func (l *Links) Next(p int, done *Message) (Message, bool) {
-	k := &l.peers[p]
-	if !k.busy {
+	if !l.busy[p] {
 		return Message{}, false
 	}
-	if k.waiting() {
-		if done != nil {
-			k.q.Reuse(done)
+	if l.backlogged > 0 {
+		if k := &l.peers[p]; k.waiting() {
+			if done != nil {
+				k.q.Reuse(done)
+			}
+			l.backlogged--
+			return k.q.Take(), true
 		}
-		return k.q.Take(), true
 	}
-	k.busy = false
+	l.busy[p] = false
 	l.inflight--
-	if k.gone {
-		k.q, k.gone = nil, false
+	if l.gone > 0 {
+		if k := &l.peers[p]; k.gone {
+			k.q, k.gone = nil, false
+			l.gone--
+		}
 	}
 	return Message{}, false
 }
@@ -242,10 +261,17 @@ func (l *Links) Next(p int, done *Message) (Message, bool) {
 // Drop marks the exchange with peer p over and lets its backlog go (a
 // node that is closing sends nothing more).
 func (l *Links) Drop(p int) {
-	k := &l.peers[p]
-	if k.busy {
-		k.busy = false
+	if l.busy[p] {
+		l.busy[p] = false
 		l.inflight--
+	}
+	k := &l.peers[p]
+	if k.waiting() {
+		l.backlogged--
+	}
+	if k.gone {
+		k.gone = false
+		l.gone--
 	}
 	k.q = nil
 }
@@ -254,23 +280,38 @@ func (l *Links) Drop(p int) {
 // clock): ok when it succeeded. It returns the change of the peer's
 // breaker.
 func (l *Links) Outcome(now int64, p int, ok bool) Breaker {
+	if ok && l.unclean == 0 {
+		return BreakerSame // the common case
+	}
 	k := &l.peers[p]
 	if ok {
 		open := k.open
-		k.failures, k.open, k.openAt = 0, false, 0
+		l.setBreaker(k, 0, false, 0)
 		if open {
 			l.open--
 			return BreakerClosed
 		}
 		return BreakerSame
 	}
-	k.failures++
-	if k.failures >= l.cfg.BreakerFailures && !k.open {
-		k.open, k.openAt = true, now
+	if k.failures+1 >= l.cfg.BreakerFailures && !k.open {
+		l.setBreaker(k, k.failures+1, true, now)
 		l.open++
 		return BreakerOpened
 	}
+	l.setBreaker(k, k.failures+1, k.open, k.openAt)
 	return BreakerSame
+}
+
+// setBreaker sets k's breaker, keeping the count of unclean ones.
+func (l *Links) setBreaker(k *peer, failures int, open bool, openAt int64) {
+	was := k.failures > 0 || k.open
+	k.failures, k.open, k.openAt = failures, open, openAt
+	switch is := failures > 0 || open; {
+	case was && !is:
+		l.unclean--
+	case !was && is:
+		l.unclean++
+	}
 }
 
 // Tick makes every breaker that cooled down by now half-open: the adapter
@@ -285,7 +326,7 @@ func (l *Links) Tick(now int64, into []string) []string {
 	for i := range l.peers {
 		k := &l.peers[i]
 		if k.open && now-k.openAt >= int64(l.cfg.BreakerCooldown) {
-			k.open, k.failures = false, l.cfg.BreakerFailures-1
+			l.setBreaker(k, l.cfg.BreakerFailures-1, false, k.openAt)
 			l.open--
 			into = append(into, k.name)
 		}
@@ -314,10 +355,17 @@ func (l *Links) SetPeers(members []Member, into []string) []string {
 	for i := range l.peers {
 		k := &l.peers[i]
 		addr, in := l.members[k.name]
-		k.gone = !in && k.busy
+		if gone := !in && l.busy[i]; gone != k.gone {
+			k.gone = gone
+			if gone {
+				l.gone++
+			} else {
+				l.gone--
+			}
+		}
 		if !in {
-			if !k.busy {
-				k.q = nil
+			if !l.busy[i] {
+				k.q = nil // idle: its backlog is empty
 			}
 			continue
 		}
@@ -331,14 +379,14 @@ func (l *Links) SetPeers(members []Member, into []string) []string {
 			l.open--
 			into = append(into, k.name)
 		}
-		k.failures, k.open, k.openAt = 0, false, 0
+		l.setBreaker(k, 0, false, 0)
 	}
 	slices.Sort(into[start:])
 	return into
 }
 
 // InFlight reports whether an exchange with peer p is in flight.
-func (l *Links) InFlight(p int) bool { return l.peers[p].busy }
+func (l *Links) InFlight(p int) bool { return l.busy[p] }
 
 // Waiting reports whether anything waits in the backlog of peer p.
 func (l *Links) Waiting(p int) bool { return l.peers[p].waiting() }
@@ -361,11 +409,5 @@ type LinkStats struct {
 
 // Stats returns a snapshot of the links.
 func (l *Links) Stats() LinkStats {
-	st := LinkStats{Busy: l.inflight, Pending: l.pending, Lingering: l.lingering, Open: l.open}
-	for i := range l.peers {
-		if l.peers[i].waiting() {
-			st.Backlogged++
-		}
-	}
-	return st
+	return LinkStats{Busy: l.inflight, Backlogged: l.backlogged, Pending: l.pending, Lingering: l.lingering, Open: l.open}
 }

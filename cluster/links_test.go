@@ -194,7 +194,7 @@ func TestLinksInvariants(t *testing.T) {
 		for range rapid.IntRange(1, 200).Draw(t, "steps") {
 			p := rapid.SampledFrom(peers).Draw(t, "peer")
 			now += rapid.Int64Range(0, int64(time.Millisecond)).Draw(t, "dt")
-			switch rapid.IntRange(0, 7).Draw(t, "op") {
+			switch rapid.IntRange(0, 8).Draw(t, "op") {
 			case 0, 1:
 				m := syncMsg(rapid.SampledFrom([]string{"a", "b", "c", "d"}).Draw(t, "id"), now)
 				if !l.Send(p, &m) {
@@ -229,21 +229,42 @@ func TestLinksInvariants(t *testing.T) {
 				l.Lingered()
 			case 7:
 				l.SetPeers([]Member{{Name: l.Name(p), Addr: l.Name(p)}}, nil)
+			case 8:
+				l.Drop(p)
+				waiting[p] = 0
 			}
 			busy, backlogged, open := 0, 0, 0
-			for _, k := range l.peers {
-				if k.busy {
+			for i, k := range l.peers {
+				if l.busy[i] {
 					busy++
 				}
 				if k.waiting() {
 					backlogged++
-					if !k.busy {
+					if !l.busy[i] {
 						t.Fatalf("%s: a backlog on an idle link", k.name)
 					}
 				}
 				if k.open {
 					open++
 				}
+			}
+			unclean, gone := 0, 0
+			for i, k := range l.peers {
+				if k.failures > 0 || k.open {
+					unclean++
+				}
+				if k.gone {
+					gone++
+					if !l.busy[i] {
+						t.Fatalf("%s: marked gone while idle", k.name)
+					}
+				}
+			}
+			if gone != l.gone {
+				t.Fatalf("%d peers marked gone, counted %d", gone, l.gone)
+			}
+			if unclean != l.unclean {
+				t.Fatalf("%d breakers with failures or open, counted %d", unclean, l.unclean)
 			}
 			st := l.Stats()
 			if st.Busy != busy || st.Backlogged != backlogged || st.Open != open {
