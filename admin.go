@@ -1,7 +1,6 @@
 package weir
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -22,13 +21,13 @@ type Hitter struct {
 	Count  float64 `json:"count"`
 }
 
-// TopThrottled returns the identities most rejected recently, per rule,
+// topThrottled returns the identities most rejected recently, per rule,
 // highest first.
-func (n *Node) TopThrottled() []Hitter { return toHitters(n.throttled.Top(n.now())) }
+func (n *Node) topThrottled() []Hitter { return toHitters(n.throttled.Top(n.now())) }
 
-// TopShadowRejected returns the identities that shadow rules would have
+// topShadowRejected returns the identities that shadow rules would have
 // rejected most recently, highest first.
-func (n *Node) TopShadowRejected() []Hitter { return toHitters(n.shadowed.Top(n.now())) }
+func (n *Node) topShadowRejected() []Hitter { return toHitters(n.shadowed.Top(n.now())) }
 
 func toHitters(es []hitters.Entry) []Hitter {
 	out := make([]Hitter, 0, len(es))
@@ -40,45 +39,6 @@ func toHitters(es []hitters.Entry) []Hitter {
 	return out
 }
 
-// adminReport is the JSON served by AdminHandler.
-type adminReport struct {
-	Status         Status       `json:"status"`
-	Counts         []RuleCounts `json:"counts"`
-	TopThrottled   []Hitter     `json:"top_throttled"`
-	TopShadow      []Hitter     `json:"top_shadow_rejected"`
-	KeyStoreCounts []StoreStats `json:"stores"`
-}
-
-// AdminHandler serves, as JSON on GET, the node's rule status, the decision
-// counts per rule, the top throttled identities, the top identities shadow
-// rules would have rejected, and the key stores' sizes. It names
-// identities: on a node with Config.Lease.AdminTokens it authenticates
-// every request as RulesAdminHandler does (401 otherwise, logged and
-// counted with the rules API's refusals); elsewhere mount it behind a
-// lease.Guard, or where only operators reach it (docs/security.md).
-func (n *Node) AdminHandler() http.Handler {
-	return n.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			writeProblem(w, http.StatusMethodNotAllowed, problem{Title: "Method Not Allowed", Status: http.StatusMethodNotAllowed,
-				Detail: "the admin report is read-only: use GET"})
-			return
-		}
-		rep := adminReport{
-			Status:         n.Status(),
-			Counts:         n.Counts(),
-			TopThrottled:   n.TopThrottled(),
-			TopShadow:      n.TopShadowRejected(),
-			KeyStoreCounts: n.stores.stats(),
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-	}))
-}
-
 // guard puts h behind the rules API's door (Config.Lease.AdminTokens or a
 // verified client certificate) when the node has one, else returns h.
 func (n *Node) guard(h http.Handler) http.Handler {
@@ -88,10 +48,10 @@ func (n *Node) guard(h http.Handler) http.Handler {
 	return h
 }
 
-// AdminUnauthorized is the number of requests the node's admin door
+// adminUnauthorized is the number of requests the node's admin door
 // refused (RulesAdminHandler, AdminHandler and IdentityHandler together):
 // zero on a node without Config.Lease.AdminTokens.
-func (n *Node) AdminUnauthorized() uint64 {
+func (n *Node) adminUnauthorized() uint64 {
 	if n.lease != nil && n.lease.admin != nil {
 		return n.lease.admin.Unauthorized()
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 )
 
 // syncBuffer is a log sink safe for the handlers' goroutines.
@@ -55,10 +56,10 @@ func TestAdminDoors(t *testing.T) {
 	}
 	defer n.Close()
 	mux := http.NewServeMux()
-	mux.Handle("/v1/rules", n.RulesAdminHandler())
-	mux.Handle("/v1/rules/", n.RulesAdminHandler())
-	mux.Handle("/admin/report", n.AdminHandler())
-	mux.Handle("/v1/identities/", n.IdentityHandler())
+	mux.Handle("/v1/rules", ops.RulesAdminHandler(n))
+	mux.Handle("/v1/rules/", ops.RulesAdminHandler(n))
+	mux.Handle("/admin/report", ops.AdminHandler(n))
+	mux.Handle("/v1/identities/", ops.IdentityHandler(n))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -102,7 +103,7 @@ func TestAdminDoors(t *testing.T) {
 				a.method, a.path, a.token, resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
 		}
 	}
-	if got := n.AdminUnauthorized(); got != uint64(len(attempts)) {
+	if got := ops.AdminUnauthorized(n); got != uint64(len(attempts)) {
 		t.Errorf("AdminUnauthorized = %d, want %d", got, len(attempts))
 	}
 	mfs, err := reg.Gather()
@@ -147,7 +148,7 @@ func TestAdminDoors(t *testing.T) {
 	if lines == 0 {
 		t.Fatalf("no refusal logged:\n%s", got)
 	}
-	for _, c := range n.Counts() {
+	for _, c := range ops.Counts(n) {
 		if c.FailOpen != 0 {
 			t.Errorf("rule %s: %d fail-open decisions", c.Rule, c.FailOpen)
 		}
@@ -166,7 +167,7 @@ func TestGuardStandalone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := g.Wrap(n.AdminHandler())
+	h := g.Wrap(ops.AdminHandler(n))
 	for _, tc := range []struct {
 		auth string
 		want int

@@ -88,7 +88,7 @@ func (c *canaryCore) ok(now int64) bool {
 	return c.lastReject != 0 && now-c.lastReject <= c.window
 }
 
-// CanaryStatus is the canary's state (Node.Canary).
+// CanaryStatus is the canary's state (ops.Canary).
 type CanaryStatus struct {
 	// Enabled is false when Config.Canary is nil; the rest is then zero.
 	Enabled  bool   `json:"enabled"`
@@ -210,9 +210,9 @@ func (c *canary) status(now int64) CanaryStatus {
 	return st
 }
 
-// Canary reports the enforcement canary's state (Config.Canary); Enabled is
+// canaryStatus reports the enforcement canary's state (Config.Canary); Enabled is
 // false without one.
-func (n *Node) Canary() CanaryStatus {
+func (n *Node) canaryStatus() CanaryStatus {
 	if n.ops.canary == nil {
 		return CanaryStatus{}
 	}

@@ -156,7 +156,7 @@ func (c *chaosCluster) start(name string) {
 	c.mu.Lock()
 	for _, other := range c.specs {
 		if n := c.live[other.name]; n != nil && other.name != name {
-			cc.Join = append(cc.Join, n.GossipAddr())
+			cc.Join = append(cc.Join, n.gossipAddr())
 		}
 	}
 	c.mu.Unlock()
@@ -228,7 +228,7 @@ func (c *chaosCluster) stop(name string, crash bool) {
 
 // addFailOpen adds n's fail-open counts to the stopped incarnations'.
 func (c *chaosCluster) addFailOpen(n *Node) {
-	for _, rc := range n.Counts() {
+	for _, rc := range n.counts() {
 		if i := slices.Index(chaosRuleIDs[:], rc.Rule); i >= 0 {
 			c.mu.Lock()
 			c.pastFail[i] += rc.FailOpen
@@ -250,7 +250,7 @@ func (c *chaosCluster) leader() (string, *Node) {
 	var ln *Node
 	chaosWait(c.t, 60*time.Second, "a lease-group leader", func() bool {
 		for _, s := range c.specs {
-			if n := c.node(s.name); n != nil && s.voter && n.LeaseGroup() != nil && n.LeaseGroup().IsLeader() {
+			if n := c.node(s.name); n != nil && s.voter && n.leaseGroup() != nil && n.leaseGroup().IsLeader() {
 				name, ln = s.name, n
 				return true
 			}
@@ -287,7 +287,7 @@ func (c *chaosCluster) converged() bool {
 				want++
 			}
 		}
-		if len(n.Members()) != want {
+		if len(n.members()) != want {
 			return false
 		}
 	}
@@ -364,7 +364,7 @@ func TestChaos(t *testing.T) {
 		// the proposal.
 		for attempt := 0; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			version, err = ln.LeaseGroup().PutRule(ctx, "chaos", r)
+			version, err = ln.leaseGroup().PutRule(ctx, "chaos", r)
 			cancel()
 			if err == nil {
 				break
@@ -379,7 +379,7 @@ func TestChaos(t *testing.T) {
 	chaosWait(t, 30*time.Second, "every node to run the rules and lease", func() bool {
 		for _, s := range c.specs {
 			n := c.node(s.name)
-			if n.Status().RulesVersion != version || !n.GlobalStatus().Leasing {
+			if n.Status().RulesVersion != version || !n.globalStatus().Leasing {
 				return false
 			}
 		}
@@ -486,7 +486,7 @@ func TestChaos(t *testing.T) {
 			case <-tk.C:
 				for i, s := range c.specs {
 					if n := c.node(s.name); n != nil {
-						samples[i] = append(samples[i], [2]int64{c.since(), int64(len(n.Members()))})
+						samples[i] = append(samples[i], [2]int64{c.since(), int64(len(n.members()))})
 					}
 				}
 			}
@@ -518,7 +518,7 @@ func TestChaos(t *testing.T) {
 	leases := func() (leased, fallback int) {
 		leaseState = ""
 		for _, s := range c.specs {
-			gs := c.node(s.name).GlobalStatus()
+			gs := c.node(s.name).globalStatus()
 			leaseState += fmt.Sprintf(" %s:%+v(reports %d, failed %d)", s.name, gs.Rules, gs.Reports, gs.ReportFailures)
 			for _, rs := range gs.Rules {
 				if rs.Rule == "world" {
@@ -601,7 +601,7 @@ func TestChaos(t *testing.T) {
 		if v := n.Status().RulesVersion; v != version {
 			t.Errorf("%s runs rules version %d, want %d", s.name, v, version)
 		}
-		if g := n.LeaseGroup(); g != nil {
+		if g := n.leaseGroup(); g != nil {
 			v, rs := g.Rules()
 			var ids []string
 			for _, r := range rs {
@@ -620,7 +620,7 @@ func TestChaos(t *testing.T) {
 	failOpen = c.pastFail
 	c.mu.Unlock()
 	for _, s := range c.specs {
-		for _, rc := range c.node(s.name).Counts() {
+		for _, rc := range c.node(s.name).counts() {
 			if i := slices.Index(chaosRuleIDs[:], rc.Rule); i >= 0 {
 				failOpen[i] += rc.FailOpen
 			}
@@ -643,7 +643,7 @@ func TestChaos(t *testing.T) {
 	T := int64(time.Hour / 5)
 	durableChecked := 0
 	for id, st := range a.trial {
-		tat, ok := ln.LeaseGroup().FSM().DurableTAT("trial", fmt.Sprintf("k%d", id))
+		tat, ok := ln.leaseGroup().FSM().DurableTAT("trial", fmt.Sprintf("k%d", id))
 		var implied int64
 		if ok {
 			implied = (tat - c.t0.UnixNano()) / T

@@ -493,7 +493,7 @@ func TestClusterJoin(t *testing.T) {
 		checkNoFault(t, j.hotSends[m])
 	}
 	for _, i := range c.live() {
-		for _, rc := range c.nodes[i].Counts() {
+		for _, rc := range c.nodes[i].counts() {
 			if rc.FailOpen != 0 {
 				t.Errorf("gw-%d: rule %s: %d fail-open decisions in a run with no fault", i, rc.Rule, rc.FailOpen)
 			}

@@ -222,7 +222,7 @@ func startBenchFixture(b *testing.B) *benchFixture {
 		cc := &ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "bench", Label: label,
 			DecideTimeout: 2 * time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{f.nodes[0].GossipAddr()}
+			cc.Join = []string{f.nodes[0].gossipAddr()}
 		}
 		log := slog.New(slog.NewTextHandler(&f.logs, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", cc.Name)
 		n, err := New(Config{Rules: rules, Cluster: cc, Logger: log})
@@ -301,7 +301,7 @@ func (f *benchFixture) ringEpochs() []uint64 {
 // converged reports whether every cluster node's ring has three members.
 func (f *benchFixture) converged() bool {
 	for _, n := range f.nodes {
-		if len(n.Members()) != 3 {
+		if len(n.members()) != 3 {
 			return false
 		}
 	}
@@ -351,7 +351,7 @@ func (f *benchFixture) checkHealthy(b *testing.B) {
 		}
 	}()
 	for i, n := range f.nodes {
-		for _, c := range n.Counts() {
+		for _, c := range n.counts() {
 			if c.FailOpen != 0 {
 				b.Errorf("gw-%d rule %s: %d fail-open decisions in a run with no fault", i, c.Rule, c.FailOpen)
 			}

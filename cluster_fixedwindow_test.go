@@ -76,13 +76,13 @@ func startFWCluster(t *testing.T, label, rules string, n int) *accCluster {
 		cc := &ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", Label: label,
 			DecideTimeout: accTimeout, CallTimeout: accTimeout}
 		if i > 0 {
-			cc.Join = []string{c.nodes[0].GossipAddr()}
+			cc.Join = []string{c.nodes[0].gossipAddr()}
 		}
 		node, err := New(Config{Rules: rs, Cluster: cc, Clock: c.clock})
 		if err != nil {
 			t.Fatalf("start gw-%d: %v", i, err)
 		}
-		c.nodes[i], c.addrs[i] = node, node.GossipAddr()
+		c.nodes[i], c.addrs[i] = node, node.gossipAddr()
 	}
 	c.waitMembers(c.live()...)
 	c.settle()
@@ -284,7 +284,7 @@ func TestClusterFixedWindowExact(t *testing.T) {
 			}
 		}
 		var err error
-		rep, err = other.LookupIdentity(context.Background(), id, IdentityQuery{})
+		rep, err = other.lookupIdentity(context.Background(), id, IdentityQuery{})
 		if err != nil || len(rep.Rules) != 1 {
 			t.Fatalf("LookupIdentity on a non-owner: %+v, %v", rep, err)
 		}

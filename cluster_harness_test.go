@@ -115,7 +115,7 @@ func (c *accCluster) start(i int, addr string) *Node {
 		GossipAddr: addr, DecideTimeout: accTimeout, CallTimeout: accTimeout}
 	for j, node := range c.nodes {
 		if node != nil && j != i {
-			cc.Join = []string{node.GossipAddr()}
+			cc.Join = []string{node.gossipAddr()}
 			break
 		}
 	}
@@ -131,7 +131,7 @@ func (c *accCluster) start(i int, addr string) *Node {
 		c.t.Fatalf("start gw-%d: %v", i, err)
 	}
 	c.nodes[i] = node
-	c.addrs[i] = node.GossipAddr()
+	c.addrs[i] = node.gossipAddr()
 	return node
 }
 
@@ -157,7 +157,7 @@ func (c *accCluster) waitMembers(idx ...int) {
 	slices.Sort(want)
 	accWait(c.t, 10*time.Second, func() bool {
 		for _, i := range idx {
-			if !slices.Equal(c.nodes[i].Members(), want) {
+			if !slices.Equal(c.nodes[i].members(), want) {
 				return false
 			}
 		}
@@ -235,7 +235,7 @@ func (c *accCluster) watchRings(idx ...int) (stop func() (changed bool)) {
 		defer tick.Stop()
 		for {
 			for _, n := range nodes {
-				if !slices.Equal(n.Members(), want) {
+				if !slices.Equal(n.members(), want) {
 					changed.Store(true)
 				}
 			}
@@ -295,7 +295,7 @@ func (c *accCluster) identityOwnedBy(prefix string, owner int) string {
 func (c *accCluster) failOpen(rule string) uint64 {
 	var sum uint64
 	for _, i := range c.live() {
-		for _, rc := range c.nodes[i].Counts() {
+		for _, rc := range c.nodes[i].counts() {
 			if rc.Rule == rule {
 				sum += rc.FailOpen
 			}

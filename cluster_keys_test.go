@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 // TestGossipKeyRotation: nodes embedding weir rotate their gossip key with no
@@ -36,7 +37,7 @@ func TestGossipKeyRotation(t *testing.T) {
 		}
 		var join []string
 		if i > 0 {
-			join = []string{nodes[0].GossipAddr()}
+			join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := start(fmt.Sprintf("gw-%d", i), kr, join...)
 		if err != nil {
@@ -44,7 +45,7 @@ func TestGossipKeyRotation(t *testing.T) {
 		}
 		nodes, rings = append(nodes, n), append(rings, kr)
 	}
-	waitFor(t, func() bool { return len(nodes[0].Members()) == 2 && len(nodes[1].Members()) == 2 })
+	waitFor(t, func() bool { return len(ops.Members(nodes[0])) == 2 && len(ops.Members(nodes[1])) == 2 })
 
 	// The three steps, each on every node.
 	for _, kr := range rings {
@@ -72,7 +73,7 @@ func TestGossipKeyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		for _, p := range nodes[0].Peers() {
+		for _, p := range ops.Peers(nodes[0]) {
 			if p.Name == "gw-1" {
 				return p.RulesVersion == 2
 			}
@@ -82,19 +83,19 @@ func TestGossipKeyRotation(t *testing.T) {
 
 	// A node with the old key only is refused...
 	stale, _ := memberlist.NewKeyring(nil, oldKey)
-	if n, err := start("gw-stale", stale, nodes[0].GossipAddr()); err == nil {
+	if n, err := start("gw-stale", stale, ops.GossipAddr(nodes[0])); err == nil {
 		nodes = append(nodes, n)
 		time.Sleep(300 * time.Millisecond)
-		if len(nodes[0].Members()) != 2 || len(n.Members()) != 1 {
-			t.Errorf("a node with the retired key joined: %v / %v", nodes[0].Members(), n.Members())
+		if len(ops.Members(nodes[0])) != 2 || len(ops.Members(n)) != 1 {
+			t.Errorf("a node with the retired key joined: %v / %v", ops.Members(nodes[0]), ops.Members(n))
 		}
 	}
 	// ...and one with the new key joins.
 	fresh, _ := memberlist.NewKeyring(nil, newKey)
-	n, err := start("gw-2", fresh, nodes[0].GossipAddr())
+	n, err := start("gw-2", fresh, ops.GossipAddr(nodes[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodes = append(nodes, n)
-	waitFor(t, func() bool { return len(nodes[0].Members()) == 3 && len(n.Members()) == 3 })
+	waitFor(t, func() bool { return len(ops.Members(nodes[0])) == 3 && len(ops.Members(n)) == 3 })
 }

@@ -281,9 +281,9 @@ type Peer struct {
 	RulesVersion uint64 `json:"rules_version"`
 }
 
-// Peers returns every live member of the cluster (all regions), sorted by
+// peers returns every live member of the cluster (all regions), sorted by
 // name, with the rule-set version each one runs; nil without a cluster.
-func (n *Node) Peers() []Peer {
+func (n *Node) peers() []Peer {
 	if n.cluster == nil {
 		return nil
 	}
@@ -353,9 +353,9 @@ func (n *Node) region() string {
 	return n.cfg.Cluster.Region
 }
 
-// Members returns the names of the live members of this node's region as
+// members returns the names of the live members of this node's region as
 // the ring sees them (just this node without a cluster).
-func (n *Node) Members() []string {
+func (n *Node) members() []string {
 	if n.cluster == nil {
 		return nil
 	}
@@ -366,9 +366,9 @@ func (n *Node) Members() []string {
 	return out
 }
 
-// GossipAddr returns the memberlist address other nodes join ("" without a
+// gossipAddr returns the memberlist address other nodes join ("" without a
 // cluster).
-func (n *Node) GossipAddr() string {
+func (n *Node) gossipAddr() string {
 	if n.cluster == nil {
 		return ""
 	}

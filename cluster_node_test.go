@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 const clusterRules = `
@@ -39,7 +40,7 @@ func startNodes(t *testing.T, n int, label string) []*weir.Node {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: label,
 			DecideTimeout: time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		node, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
 		if err != nil {
@@ -54,7 +55,7 @@ func startNodes(t *testing.T, n int, label string) []*weir.Node {
 	})
 	waitFor(t, func() bool {
 		for _, node := range nodes {
-			if len(node.Members()) != n {
+			if len(ops.Members(node)) != n {
 				return false
 			}
 		}
@@ -112,7 +113,7 @@ func TestClusterOfNodes(t *testing.T) {
 		t.Logf("%s: admitted %d in %.2fs (r·Δ %.0f, upper bound %.0f)", rule, admitted, elapsed, 300*elapsed, upper)
 	}
 	for _, node := range nodes {
-		for _, c := range node.Counts() {
+		for _, c := range ops.Counts(node) {
 			if c.FailOpen != 0 {
 				t.Errorf("rule %s: %d fail-open decisions in a run with no fault", c.Rule, c.FailOpen)
 			}
@@ -128,7 +129,7 @@ func TestClusterOfNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		for _, p := range nodes[0].Peers() {
+		for _, p := range ops.Peers(nodes[0]) {
 			if p.Name == "gw-1" {
 				return p.RulesVersion == 2
 			}
@@ -137,9 +138,9 @@ func TestClusterOfNodes(t *testing.T) {
 	})
 	// One node leaves: the others' rings shrink and decisions go on.
 	nodes[2].Close()
-	waitFor(t, func() bool { return len(nodes[0].Members()) == 2 && len(nodes[1].Members()) == 2 })
-	if !slices.Equal(nodes[0].Members(), []string{"gw-0", "gw-1"}) {
-		t.Fatalf("members after a leave: %v", nodes[0].Members())
+	waitFor(t, func() bool { return len(ops.Members(nodes[0])) == 2 && len(ops.Members(nodes[1])) == 2 })
+	if !slices.Equal(ops.Members(nodes[0]), []string{"gw-0", "gw-1"}) {
+		t.Fatalf("members after a leave: %v", ops.Members(nodes[0]))
 	}
 	for i := range 50 {
 		req := weir.Request{Method: "GET", Path: "/api", Header: http.Header{"X-Api-Key": {fmt.Sprintf("after-%d", i)}}}
@@ -214,14 +215,14 @@ func TestJoinWaitsForRing(t *testing.T) {
 	for i := range 3 {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "join-waits"}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
 		if err != nil {
 			t.Fatal(err)
 		}
 		nodes = append(nodes, n)
-		if got := len(n.Members()); got != i+1 {
+		if got := len(ops.Members(n)); got != i+1 {
 			t.Fatalf("gw-%d: New returned with %d members in its ring, want %d", i, got, i+1)
 		}
 	}

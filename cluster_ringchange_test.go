@@ -202,7 +202,7 @@ func runRingChange(t *testing.T, rules []quota.Rule, label string) ringChangeRun
 	}
 	r.disturbed = w.stop()
 	for _, i := range c.live() {
-		for _, rc := range c.nodes[i].Counts() {
+		for _, rc := range c.nodes[i].counts() {
 			if rc.FailOpen != 0 {
 				r.failures = append(r.failures, fmt.Sprintf("gw-%d: rule %s: %d fail-open decisions in a run with no fault", i, rc.Rule, rc.FailOpen))
 			}
@@ -301,7 +301,7 @@ func (w *lossWatch) stop() bool {
 func (c *accCluster) views() []string {
 	var out []string
 	for _, i := range c.live() {
-		out = append(out, fmt.Sprint(c.nodes[i].Members()))
+		out = append(out, fmt.Sprint(c.nodes[i].members()))
 	}
 	return out
 }

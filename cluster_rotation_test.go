@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 // TestGossipKeyRotationUnderLoad: three nodes rotate their gossip key
@@ -37,7 +38,7 @@ func TestGossipKeyRotationUnderLoad(t *testing.T) {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: label, Keyring: kr,
 			DecideTimeout: 5 * time.Second, CallTimeout: 5 * time.Second} // generous: -race on a busy machine
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
 		if err != nil {
@@ -47,7 +48,7 @@ func TestGossipKeyRotationUnderLoad(t *testing.T) {
 	}
 	whole := func() bool {
 		for _, n := range nodes {
-			if len(n.Members()) != 3 {
+			if len(ops.Members(n)) != 3 {
 				return false
 			}
 		}
@@ -100,7 +101,7 @@ func TestGossipKeyRotationUnderLoad(t *testing.T) {
 		want := from.Status().RulesVersion
 		waitFor(t, func() bool {
 			for _, n := range nodes {
-				for _, p := range n.Peers() {
+				for _, p := range ops.Peers(n) {
 					if p.Name == fromName && p.RulesVersion != want {
 						return false
 					}
@@ -111,7 +112,7 @@ func TestGossipKeyRotationUnderLoad(t *testing.T) {
 		decide(s.name)
 	}
 	for _, n := range nodes {
-		for _, c := range n.Counts() {
+		for _, c := range ops.Counts(n) {
 			if c.FailOpen != 0 {
 				t.Errorf("rule %s: %d fail-open decisions", c.Rule, c.FailOpen)
 			}

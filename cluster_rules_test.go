@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 const sharedRaiseRules = `
@@ -30,7 +31,7 @@ func TestClusterRaiseCarriesTokens(t *testing.T) {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "cluster-raise",
 			DecideTimeout: time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		node, err := weir.New(weir.Config{Rules: parseRules(t, fmt.Sprintf(sharedRaiseRules, 5)), Cluster: cc})
 		if err != nil {
@@ -45,7 +46,7 @@ func TestClusterRaiseCarriesTokens(t *testing.T) {
 	})
 	waitFor(t, func() bool {
 		for _, node := range nodes {
-			if len(node.Members()) != 3 {
+			if len(ops.Members(node)) != 3 {
 				return false
 			}
 		}

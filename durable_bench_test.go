@@ -11,6 +11,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -81,7 +82,7 @@ func BenchmarkDurableAllow(b *testing.B) {
 			b.Fatal("no leader within 30s")
 		}
 		for _, n := range nodes {
-			if n.LeaseGroup().Ready() {
+			if weir.LeaseGroupOf(n).Ready() {
 				leader = n
 			}
 		}
@@ -142,7 +143,7 @@ func BenchmarkDurableAllow(b *testing.B) {
 		}
 	})
 	for _, n := range nodes {
-		for _, rc := range n.Counts() {
+		for _, rc := range ops.Counts(n) {
 			if rc.FailOpen != 0 {
 				b.Errorf("rule %s: %d fail-open decisions in a run with no fault", rc.Rule, rc.FailOpen)
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -145,7 +146,7 @@ func (g *durableGroup) start(name string, lis net.Listener) *weir.Node {
 	g.rpc[name] = rpcLis.Addr().String()
 	g.nodes[name] = node
 	if g.gossip == "" {
-		g.gossip = node.GossipAddr()
+		g.gossip = ops.GossipAddr(node)
 	}
 	g.mu.Unlock()
 	return node
@@ -174,10 +175,10 @@ func (g *durableGroup) stop(name string) {
 	node := g.nodes[name]
 	delete(g.nodes, name)
 	delete(g.rpc, name)
-	if g.gossip == node.GossipAddr() {
+	if g.gossip == ops.GossipAddr(node) {
 		g.gossip = ""
 		for _, other := range g.nodes {
-			g.gossip = other.GossipAddr()
+			g.gossip = ops.GossipAddr(other)
 		}
 	}
 	g.mu.Unlock()
@@ -207,7 +208,7 @@ func (g *durableGroup) leader() string {
 	var name string
 	waitFor(g.t, func() bool {
 		for _, n := range g.names {
-			if node := g.live(n); node != nil && node.LeaseGroup().Ready() {
+			if node := g.live(n); node != nil && weir.LeaseGroupOf(node).Ready() {
 				name = n
 				return true
 			}
@@ -258,7 +259,7 @@ func trials(t *testing.T, gws []*weir.Node, account string, each int) int {
 func failOpen(nodes []*weir.Node, rule string) uint64 {
 	var sum uint64
 	for _, node := range nodes {
-		for _, rc := range node.Counts() {
+		for _, rc := range ops.Counts(node) {
 			if rc.Rule == rule {
 				sum += rc.FailOpen
 			}
@@ -303,7 +304,7 @@ func TestDurableTrial(t *testing.T) {
 	// The buckets live in the group's replicated state, not in the ring.
 	waitFor(t, func() bool {
 		for _, name := range g.names {
-			if _, ok := g.live(name).LeaseGroup().FSM().DurableTAT("trial", "acct-2"); !ok {
+			if _, ok := weir.LeaseGroupOf(g.live(name)).FSM().DurableTAT("trial", "acct-2"); !ok {
 				return false
 			}
 		}

@@ -8,7 +8,7 @@ import (
 	"github.com/weir-dev/weir/quota"
 )
 
-// EventsKept is how many recent events Node.Events keeps: a bounded ring,
+// EventsKept is how many recent events ops.Events keeps: a bounded ring,
 // the oldest overwritten first.
 const EventsKept = 128
 
@@ -32,7 +32,7 @@ const (
 // for one reason less than a second apart (Count of them, the last one at
 // At). Events are a sample meant for people: the counters
 // (weir_fail_open_total) are exact; events are dropped when many cores
-// record them at the same instant (Node.EventsDropped).
+// record them at the same instant (ops.EventsDropped).
 type Event struct {
 	At     time.Time `json:"at"`
 	Kind   string    `json:"kind"`
@@ -94,13 +94,13 @@ func (l *eventLog) recent() []Event {
 	return out
 }
 
-// Events returns the node's recent fail-open and fallback events, newest
+// events returns the node's recent fail-open and fallback events, newest
 // first (at most EventsKept; see Event).
-func (n *Node) Events() []Event { return n.ops.events.recent() }
+func (n *Node) events() []Event { return n.ops.events.recent() }
 
-// EventsDropped counts events not kept because the ring was busy (the
+// eventsDropped counts events not kept because the ring was busy (the
 // decisions themselves are counted all the same).
-func (n *Node) EventsDropped() uint64 { return n.ops.events.dropped.Load() }
+func (n *Node) eventsDropped() uint64 { return n.ops.events.dropped.Load() }
 
 // failOpenReason names why on_failure decided, without allocating.
 func failOpenReason(durable bool, of quota.OnFailure) string {

@@ -112,21 +112,21 @@ func (n *Node) runGlobal() {
 	gp.wg.Add(1)
 	go n.reportLoop()
 	if n.ops.leases.Load() == nil {
-		n.SetLeaseShareSource(nodeShares{n})
+		n.setLeaseShareSource(nodeShares{n})
 	}
 }
 
-// nodeShares is the status page's LeaseShareSource of a node that leases
+// nodeShares is the status page's leaseShareSource of a node that leases
 // global rules: its own region's shares of the identities it owns (the
 // owners of other identities, and other regions, report theirs on their
 // own pages).
 type nodeShares struct{ n *Node }
 
-// LeaseShares implements LeaseShareSource: per global rule, the sum of the
+// LeaseShares implements leaseShareSource: per global rule, the sum of the
 // shares this node holds, as a rate, and whether any of its identities is
 // on the fallback.
 func (s nodeShares) LeaseShares() []LeaseShare {
-	st := s.n.GlobalStatus()
+	st := s.n.globalStatus()
 	if !st.Leasing {
 		return nil
 	}
@@ -337,8 +337,8 @@ type GlobalStatus struct {
 	ReportFailures uint64 `json:"report_failures"`
 }
 
-// GlobalStatus reports the node's global leases (docs/global.md).
-func (n *Node) GlobalStatus() GlobalStatus {
+// globalStatus reports the node's global leases (docs/global.md).
+func (n *Node) globalStatus() GlobalStatus {
 	gp := n.global
 	if gp == nil {
 		return GlobalStatus{}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 )
 
 // The global rule of these tests: L = 200 tokens per second, B = 40,
@@ -69,7 +70,7 @@ func startGlobalRegions(t *testing.T) *globalRegions {
 		cc := &weir.ClusterConfig{Name: name, Region: region, LocalTiming: true, Label: "global-lease",
 			DecideTimeout: time.Second, CallTimeout: 2 * time.Second}
 		if len(nodes) > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		lc.Rules, lc.RefreshInterval, lc.Machine = true, 200*time.Millisecond, machine
 		reg := prometheus.NewRegistry()
@@ -85,21 +86,21 @@ func startGlobalRegions(t *testing.T) *globalRegions {
 		Voters: []lease.Voter{{Name: "gw-a1"}}, RaftListener: raftLis, RPCListener: rpcLis, Machine: machine,
 		HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond, LeaderLeaseTimeout: 75 * time.Millisecond},
 		AdminTokens: map[string]string{adminToken: "alice"}})
-	voters := []string{g.a1.LeaseGroup().RPCAddr()}
+	voters := []string{weir.LeaseGroupOf(g.a1).RPCAddr()}
 	g.a2 = start("gw-a2", "a", &weir.LeaseConfig{Voters: voters, CheckInterval: 100 * time.Millisecond})
 	g.b1 = start("gw-b1", "b", &weir.LeaseConfig{Voters: voters, CheckInterval: 100 * time.Millisecond})
 	waitFor(t, func() bool {
-		return len(g.a1.Members()) == 2 && len(g.a2.Members()) == 2 && len(g.b1.Members()) == 1
+		return len(ops.Members(g.a1)) == 2 && len(ops.Members(g.a2)) == 2 && len(ops.Members(g.b1)) == 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rules := parseRules(t, globalRuleYAML)
-	if _, err := g.a1.LeaseGroup().PutRule(ctx, "alice", rules[0]); err != nil {
+	if _, err := weir.LeaseGroupOf(g.a1).PutRule(ctx, "alice", rules[0]); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
 		for _, n := range g.all() {
-			if n.Status().RulesVersion < 1 || !n.GlobalStatus().Leasing {
+			if n.Status().RulesVersion < 1 || !ops.GlobalStatus(n).Leasing {
 				return false
 			}
 		}
@@ -168,7 +169,7 @@ func envelope(elapsed time.Duration) int64 {
 // customer's owner holds it).
 func regionStatus(nodes ...*weir.Node) (leased, fallback int, share int64) {
 	for _, n := range nodes {
-		for _, r := range n.GlobalStatus().Rules {
+		for _, r := range ops.GlobalStatus(n).Rules {
 			if r.Rule == "world" {
 				leased += r.Leased
 				fallback += r.Fallback
@@ -197,9 +198,9 @@ func TestGlobalLeaseTwoRegions(t *testing.T) {
 	nodes := g.all()
 
 	// Both regions ask 500/s per node, far above L = 200/s.
-	r0 := g.a1.GlobalStatus().Reports + g.a2.GlobalStatus().Reports + g.b1.GlobalStatus().Reports
+	r0 := ops.GlobalStatus(g.a1).Reports + ops.GlobalStatus(g.a2).Reports + ops.GlobalStatus(g.b1).Reports
 	adm, el := run(nodes, "c1", 3*time.Second)
-	r1 := g.a1.GlobalStatus().Reports + g.a2.GlobalStatus().Reports + g.b1.GlobalStatus().Reports
+	r1 := ops.GlobalStatus(g.a1).Reports + ops.GlobalStatus(g.a2).Reports + ops.GlobalStatus(g.b1).Reports
 	t.Logf("lease refresh traffic: %d reports from 3 nodes in %v = %.1f per second per region (refresh 200ms, one identity)",
 		r1-r0, el.Round(time.Millisecond), float64(r1-r0)/el.Seconds()/2)
 	total := sum(adm)
@@ -251,9 +252,9 @@ func TestGlobalLeaseTwoRegions(t *testing.T) {
 	if v := gatherValue(t, g.regs[g.b1], "weir_global_reports_total", map[string]string{"outcome": "ok"}); v == 0 {
 		t.Fatal("b, a client of the lease group, reported nothing through Client.Report")
 	}
-	// The status page's view of it (Node.LeaseShares): b's share as a rate.
+	// The status page's view of it (ops.LeaseShares): b's share as a rate.
 	var rate float64
-	for _, gl := range g.b1.LeaseShares() {
+	for _, gl := range ops.LeaseShares(g.b1) {
 		for _, sh := range gl.Shares {
 			if gl.Rule == "world" && sh.Region == "b" {
 				rate = sh.Rate
@@ -278,7 +279,7 @@ func TestGlobalLeaseGroupStopped(t *testing.T) {
 	if total := sum(adm); total > envelope(el) {
 		t.Fatalf("before the stop: admitted %d > envelope %d", total, envelope(el))
 	}
-	if err := g.a1.LeaseGroup().Close(); err != nil {
+	if err := weir.LeaseGroupOf(g.a1).Close(); err != nil {
 		t.Fatal(err)
 	}
 	// Keep the demand up until the leases (2s) have expired everywhere.
@@ -320,10 +321,10 @@ func TestGlobalLeaseGroupStopped(t *testing.T) {
 	}
 	// The status page's event list shows it (the owner of c2 in b is b1).
 	seen := false
-	for _, ev := range g.b1.Events() {
+	for _, ev := range ops.Events(g.b1) {
 		seen = seen || (ev.Kind == weir.EventFallback && ev.Rule == "world")
 	}
 	if !seen {
-		t.Errorf("no fallback event on b's owner: %+v", g.b1.Events())
+		t.Errorf("no fallback event on b's owner: %+v", ops.Events(g.b1))
 	}
 }

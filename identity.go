@@ -2,7 +2,6 @@ package weir
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,7 +14,7 @@ import (
 	"github.com/weir-dev/weir/quota"
 )
 
-// IdentityQuery narrows an identity lookup (Node.LookupIdentity). Its zero
+// IdentityQuery narrows an identity lookup (ops.LookupIdentity). Its zero
 // value asks about every rule.
 type IdentityQuery struct {
 	// Method and Path, when Path is set, keep only the rules that match a
@@ -118,13 +117,13 @@ type BucketReport struct {
 // answer (an identity longer than Config.MaxIdentityBytes).
 var ErrBadQuery = errors.New("weir: bad identity query")
 
-// LookupIdentity reports, for one identity, every rule that may apply to
+// lookupIdentity reports, for one identity, every rule that may apply to
 // it with its bucket on the node that decides it and this node's recent
 // verdicts (see IdentityReport). For a shared or exact rule in a cluster
 // the owner is asked over the peer transport (an Inspect call bounded by
 // ctx); an unreachable owner is reported in the bucket's Error. Nothing is
 // charged.
-func (n *Node) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (IdentityReport, error) {
+func (n *Node) lookupIdentity(ctx context.Context, id string, q IdentityQuery) (IdentityReport, error) {
 	if len(id) > n.maxID {
 		return IdentityReport{}, fmt.Errorf("%w: identity of %d bytes, the cap is %d", ErrBadQuery, len(id), n.maxID)
 	}
@@ -368,57 +367,4 @@ func matchString(m quota.Match) string {
 		return "every request"
 	}
 	return strings.Join(parts, "; ")
-}
-
-// IdentityHandler serves GET /v1/identities/{id} (the whole remaining path
-// is the identity, URL-escaped; empty means the "" identity of global
-// rules) as the JSON of LookupIdentity. Query parameters: method and path
-// (keep only rules matching such a request), key (keep only rules keyed
-// on that source: ip, user, header:NAME, and read that source's
-// namespace; a top list's Hitter.Source), tier, raw ("true": the
-// identity is the bucket key as CheckKeys charges it, see
-// IdentityQuery.Raw). Like AdminHandler it names identities, and like it
-// it authenticates every request on a node with Config.Lease.AdminTokens
-// (elsewhere: a lease.Guard, or a place only operators reach). UIHandler
-// serves the lookup too, unauthenticated.
-func (n *Node) IdentityHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/identities/{id...}", n.serveIdentity)
-	return n.guard(mux)
-}
-
-func (n *Node) serveIdentity(w http.ResponseWriter, r *http.Request) {
-	q := IdentityQuery{Method: r.URL.Query().Get("method"), Path: r.URL.Query().Get("path"),
-		Key: r.URL.Query().Get("key"), Tier: r.URL.Query().Get("tier"), Raw: r.URL.Query().Get("raw") == "true"}
-	if q.Method != "" && !validMethod(q.Method) {
-		writeProblem(w, http.StatusBadRequest, problem{Title: "Bad Request", Status: http.StatusBadRequest,
-			Detail: "method: not an HTTP method token"})
-		return
-	}
-	rep, err := n.LookupIdentity(r.Context(), r.PathValue("id"), q)
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, problem{Title: "Bad Request", Status: http.StatusBadRequest, Detail: err.Error()})
-		return
-	}
-	writeJSON(w, rep)
-}
-
-func validMethod(m string) bool {
-	if len(m) > 32 {
-		return false
-	}
-	for i := range len(m) {
-		if c := m[i]; !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z') {
-			return false
-		}
-	}
-	return true
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 // TestIdentitySourcesDoNotShare checks that identity sources are namespaces
@@ -148,14 +149,14 @@ rules:
 	if got := d.Results()[0].Identity; got != ip {
 		t.Errorf("the decision names identity %q, want %q", got, ip)
 	}
-	top := n.TopThrottled()
+	top := ops.TopThrottled(n)
 	if len(top) != 1 || top[0].Identity != ip || top[0].Rule != "api" || top[0].Source != "ip" {
 		t.Errorf("top throttled = %+v, want one entry for the ip %s under api", top, ip)
 	}
 
 	// The ip namespace holds the spent bucket; the API key namespace (the
 	// default of a lookup) does not.
-	rep, err := n.LookupIdentity(ctx, ip, weir.IdentityQuery{Key: "ip"})
+	rep, err := ops.LookupIdentity(ctx, n, ip, weir.IdentityQuery{Key: "ip"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ rules:
 		t.Errorf("lookup of the ip %s: %+v, want its spent bucket and its rejections", ip, rep)
 	}
 	for _, q := range []weir.IdentityQuery{{}, {Key: "header:X-Api-Key"}, {Raw: true}} {
-		rep, err := n.LookupIdentity(ctx, ip, q)
+		rep, err := ops.LookupIdentity(ctx, n, ip, q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +177,7 @@ rules:
 	for range 5 {
 		n.Allow(ctx, weir.Request{Method: "GET", Path: "/", ClientIP: "203.0.113.7", Header: http.Header{"X-Api-Key": {ip}}})
 	}
-	top = n.TopThrottled()
+	top = ops.TopThrottled(n)
 	if len(top) != 2 || top[0].Identity != ip || top[1].Identity != ip || top[0].Source == top[1].Source {
 		t.Errorf("top throttled = %+v, want the ip %s and the API key %s apart", top, ip, ip)
 	}
@@ -186,7 +187,7 @@ rules:
 	if _, err := n.Check(ctx, "k1", "api", 3); err != nil {
 		t.Fatal(err)
 	}
-	rep, err = n.LookupIdentity(ctx, "k1", weir.IdentityQuery{Raw: true})
+	rep, err = ops.LookupIdentity(ctx, n, "k1", weir.IdentityQuery{Raw: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func TestLongNamespacedIdentity(t *testing.T) {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "long-identity",
 			DecideTimeout: 2 * time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
 		if err != nil {
@@ -226,7 +227,7 @@ func TestLongNamespacedIdentity(t *testing.T) {
 		t.Cleanup(func() { n.Close() })
 		nodes = append(nodes, n)
 	}
-	waitFor(t, func() bool { return len(nodes[0].Members()) == 2 && len(nodes[1].Members()) == 2 })
+	waitFor(t, func() bool { return len(ops.Members(nodes[0])) == 2 && len(ops.Members(nodes[1])) == 2 })
 	ctx := context.Background()
 	for _, id := range []string{long, long[:len(long)-1] + "b"} {
 		admitted := 0

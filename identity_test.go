@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -38,7 +39,7 @@ func FuzzIdentityHandler(f *testing.F) {
 			return
 		}
 		rec := httptest.NewRecorder()
-		n.IdentityHandler().ServeHTTP(rec, r)
+		ops.IdentityHandler(n).ServeHTTP(rec, r)
 		switch rec.Code {
 		case http.StatusOK:
 			var rep weir.IdentityReport

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/ops"
 )
 
 // TestKeyCapHotIdentity: an attacker rotating identities through a node at
@@ -66,7 +67,7 @@ rules:
 	}
 	var live int64
 	var g weir.StoreStats
-	for _, s := range n.Overview().Stores {
+	for _, s := range ops.Overview(n).Stores {
 		live += s.Live
 		if s.Name == "gcra" {
 			g = s

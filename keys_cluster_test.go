@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 // keyFormatRules: a per-identity exact rule keyed on a header, then the IP.
@@ -35,7 +36,7 @@ func TestKeyFormatMixedRing(t *testing.T) {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "key-format-mixed",
 			DecideTimeout: 2 * time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		if i == 2 {
 			weir.SpeakKeyFormat(cc, 1)
@@ -56,7 +57,7 @@ func TestKeyFormatMixedRing(t *testing.T) {
 	})
 	waitFor(t, func() bool {
 		for _, n := range nodes {
-			if len(n.Members()) != 3 {
+			if len(ops.Members(n)) != 3 {
 				return false
 			}
 		}
@@ -64,7 +65,7 @@ func TestKeyFormatMixedRing(t *testing.T) {
 	})
 	for _, n := range nodes {
 		if f := n.Status().KeyFormat; f != 1 {
-			t.Fatalf("a ring with a format-1 member has format %d in force on %v", f, n.Members())
+			t.Fatalf("a ring with a format-1 member has format %d in force on %v", f, ops.Members(n))
 		}
 	}
 	ctx := context.Background()
@@ -100,7 +101,7 @@ func TestKeyFormatMixedRing(t *testing.T) {
 	live := nodes[:2]
 	waitFor(t, func() bool {
 		for _, n := range live {
-			if n.Status().KeyFormat != 2 || len(n.Members()) != 2 {
+			if n.Status().KeyFormat != 2 || len(ops.Members(n)) != 2 {
 				return false
 			}
 		}
@@ -142,7 +143,7 @@ rules:
 		return func() bool {
 			gws := g.gateways()
 			for _, n := range gws {
-				if n.Status().KeyFormat != want || len(n.Members()) != len(g.names) {
+				if n.Status().KeyFormat != want || len(ops.Members(n)) != len(g.names) {
 					return false
 				}
 			}

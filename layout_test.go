@@ -2,8 +2,11 @@ package weir_test
 
 import (
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/weir-dev/weir"
 )
 
 // TestLayout enforces docs/design.md's one rule at the import level:
@@ -69,6 +72,68 @@ func TestLayoutCoresAndShells(t *testing.T) {
 		for _, f := range shells[:2] {
 			if d == f || strings.HasPrefix(d, f+"/") {
 				t.Errorf("sim/ reaches %s: the simulator runs the cores and models the network and membership", d)
+			}
+		}
+	}
+}
+
+// TestLayoutOperatorViews: the operator's views (package ops) read a node
+// through internal/nodeops, which only weir, ops and the demo import and
+// which imports nothing; weir itself never reaches ops.
+func TestLayoutOperatorViews(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("the go command is not on PATH")
+	}
+	const nodeops = "github.com/weir-dev/weir/internal/nodeops"
+	for _, d := range goList(t, ".") {
+		if d == "github.com/weir-dev/weir/ops" {
+			t.Errorf("package weir reaches %s: the operator's views are built on the node, not in it", d)
+		}
+	}
+	if deps := goList(t, "./internal/nodeops"); len(deps) != 1 || deps[0] != nodeops {
+		t.Errorf("internal/nodeops imports %v; it is a passage and imports nothing", deps[:len(deps)-1])
+	}
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	allowed := map[string]bool{"github.com/weir-dev/weir": true, "github.com/weir-dev/weir/ops": true,
+		"github.com/weir-dev/weir/cmd/demo": true}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		for _, imp := range f[1:] {
+			if imp == nodeops && !allowed[f[0]] {
+				t.Errorf("%s imports internal/nodeops: only weir, ops and the demo pass through it", f[0])
+			}
+		}
+	}
+}
+
+// TestNodeAPI: weir.Node keeps what a gateway and weir's adapters call,
+// at most 15 methods, none of which takes or returns a type of the
+// cluster or lease packages (docs/design.md).
+func TestNodeAPI(t *testing.T) {
+	typ := reflect.TypeFor[*weir.Node]()
+	if typ.NumMethod() > 15 {
+		t.Errorf("weir.Node has %d methods; the node's API keeps at most 15", typ.NumMethod())
+	}
+	inner := func(x reflect.Type) bool {
+		for x.Kind() == reflect.Pointer || x.Kind() == reflect.Slice || x.Kind() == reflect.Map || x.Kind() == reflect.Array {
+			x = x.Elem()
+		}
+		p := x.PkgPath()
+		return strings.HasPrefix(p, "github.com/weir-dev/weir/cluster") || strings.HasPrefix(p, "github.com/weir-dev/weir/lease")
+	}
+	for i := range typ.NumMethod() {
+		m := typ.Method(i)
+		for j := range m.Type.NumIn() {
+			if inner(m.Type.In(j)) {
+				t.Errorf("Node.%s takes %s", m.Name, m.Type.In(j))
+			}
+		}
+		for j := range m.Type.NumOut() {
+			if inner(m.Type.Out(j)) {
+				t.Errorf("Node.%s returns %s", m.Name, m.Type.Out(j))
 			}
 		}
 	}

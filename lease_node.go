@@ -283,12 +283,12 @@ func (n *Node) rulesBehind() uint64 {
 	return 0
 }
 
-// RulesAdminHandler serves the rules API of docs/rules-api.md (PUT, GET,
+// rulesAdminHandler serves the rules API of docs/rules-api.md (PUT, GET,
 // DELETE /v1/rules/{id}, GET /v1/rules, GET /v1/rules/history) against the
 // lease group, authenticated by Config.Lease.AdminTokens or a verified
 // client certificate. Serve it over TLS. It answers 503 on a node with no
 // lease group or no tokens configured.
-func (n *Node) RulesAdminHandler() http.Handler {
+func (n *Node) rulesAdminHandler() http.Handler {
 	if n.lease == nil || n.lease.admin == nil {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "weir: no lease group or no admin tokens configured on this node", http.StatusServiceUnavailable)
@@ -297,8 +297,8 @@ func (n *Node) RulesAdminHandler() http.Handler {
 	return n.lease.admin
 }
 
-// LeaseGroup returns the lease group this node is a voter of, or nil.
-func (n *Node) LeaseGroup() *lease.Group {
+// leaseGroup returns the lease group this node is a voter of, or nil.
+func (n *Node) leaseGroup() *lease.Group {
 	if n.lease == nil {
 		return nil
 	}

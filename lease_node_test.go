@@ -13,6 +13,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 )
 
 const adminToken = "token-of-the-test-operator"
@@ -49,7 +50,7 @@ func startLeaseNodes(t *testing.T, n int) []*weir.Node {
 		cc := &weir.ClusterConfig{Name: name, Region: "eu", LocalTiming: true, Label: "lease-rules",
 			DecideTimeout: time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		node, err := weir.New(weir.Config{Cluster: cc, Lease: &weir.LeaseConfig{
 			Voter: &lease.GroupConfig{Name: name, Dir: t.TempDir(), Voters: voters, RPCPeers: peers,
@@ -70,7 +71,7 @@ func startLeaseNodes(t *testing.T, n int) []*weir.Node {
 		rpcs = append(rpcs, a)
 	}
 	client, err := weir.New(weir.Config{Cluster: &weir.ClusterConfig{Name: "gw-client", Region: "eu", LocalTiming: true,
-		Label: "lease-rules", Join: []string{nodes[0].GossipAddr()}, DecideTimeout: time.Second, CallTimeout: 2 * time.Second},
+		Label: "lease-rules", Join: []string{ops.GossipAddr(nodes[0])}, DecideTimeout: time.Second, CallTimeout: 2 * time.Second},
 		Lease: &weir.LeaseConfig{Voters: rpcs, Rules: true, CheckInterval: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +79,7 @@ func startLeaseNodes(t *testing.T, n int) []*weir.Node {
 	nodes = append(nodes, client)
 	waitFor(t, func() bool {
 		for _, node := range nodes {
-			if len(node.Members()) != n+1 {
+			if len(ops.Members(node)) != n+1 {
 				return false
 			}
 		}
@@ -112,7 +113,7 @@ func TestRulesFromLeaseGroup(t *testing.T) {
 			t.Fatalf("before any rule: %+v", st)
 		}
 	}
-	srv := httptest.NewServer(nodes[1].RulesAdminHandler())
+	srv := httptest.NewServer(ops.RulesAdminHandler(nodes[1]))
 	defer srv.Close()
 
 	if code := put(t, srv.URL+"/v1/rules/per-key", "", `{"limit": 5, "window": "1m", "key": ["header:X-Api-Key"]}`); code != http.StatusUnauthorized {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 // soakIdentities is how many distinct identities a memory soak drives: 1 M
@@ -79,7 +80,7 @@ rules:
 	}
 	var live int64
 	var evicted uint64
-	for _, s := range n.Overview().Stores {
+	for _, s := range ops.Overview(n).Stores {
 		live += s.Live
 		evicted += s.EvictedIdle + s.EvictedForgiven
 	}
@@ -97,7 +98,7 @@ rules:
 	if !soakFlat(first, last) {
 		t.Errorf("heap grew from %.1f MiB to %.1f MiB past the cap", float64(first)/(1<<20), float64(last)/(1<<20))
 	}
-	for _, c := range n.Counts() {
+	for _, c := range ops.Counts(n) {
 		if c.FailOpen != 0 {
 			t.Errorf("rule %s: %d fail-open decisions", c.Rule, c.FailOpen)
 		}

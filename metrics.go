@@ -62,9 +62,9 @@ type RuleCounts struct {
 	FailOpen uint64 `json:"fail_open"`
 }
 
-// Counts returns every rule's decision counts, sorted by rule id. Rules
+// counts returns every rule's decision counts, sorted by rule id. Rules
 // removed by a reload keep their last counts.
-func (n *Node) Counts() []RuleCounts {
+func (n *Node) counts() []RuleCounts {
 	n.mu.Lock()
 	out := make([]RuleCounts, 0, len(n.ruleStats))
 	for id, s := range n.ruleStats {
@@ -188,7 +188,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.reloadErrors.Collect(ch)
 	m.rulesWentBack.Collect(ch)
 	m.latency.Collect(ch)
-	for _, c := range m.n.Counts() {
+	for _, c := range m.n.counts() {
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Allowed), c.Rule, "allowed")
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.Rejected), c.Rule, "rejected")
 		ch <- prometheus.MustNewConstMetric(m.decisions, prometheus.CounterValue, float64(c.ShadowRejected), c.Rule, "shadow_rejected")
@@ -214,7 +214,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.defaults, prometheus.GaugeValue, def)
 	ch <- prometheus.MustNewConstMetric(m.behind, prometheus.GaugeValue, float64(m.n.rulesBehind()))
-	if gs := m.n.GlobalStatus(); gs.Leasing {
+	if gs := m.n.globalStatus(); gs.Leasing {
 		for _, r := range gs.Rules {
 			ch <- prometheus.MustNewConstMetric(m.globalLeased, prometheus.GaugeValue, float64(r.Leased), r.Rule)
 			ch <- prometheus.MustNewConstMetric(m.globalFallback, prometheus.GaugeValue, float64(r.Fallback), r.Rule)
@@ -228,8 +228,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		maxKeys = bucket.DefaultMaxKeys
 	}
 	ch <- prometheus.MustNewConstMetric(m.keysMax, prometheus.GaugeValue, float64(maxKeys))
-	ch <- prometheus.MustNewConstMetric(m.adminUnauthorized, prometheus.CounterValue, float64(m.n.AdminUnauthorized()))
-	if c := m.n.Canary(); c.Enabled {
+	ch <- prometheus.MustNewConstMetric(m.adminUnauthorized, prometheus.CounterValue, float64(m.n.adminUnauthorized()))
+	if c := m.n.canaryStatus(); c.Enabled {
 		ok := 0.0
 		if c.OK {
 			ok = 1

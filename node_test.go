@@ -20,6 +20,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -198,7 +199,7 @@ rules:
 	// The rejected request charged no other rule: the global bucket still
 	// shows 997 left (3 admitted), not 996, and counts 3 admissions.
 	counts := map[string]weir.RuleCounts{}
-	for _, c := range n.Counts() {
+	for _, c := range ops.Counts(n) {
 		counts[c.Rule] = c
 	}
 	if c := counts["per-key"]; c.Allowed != 3 || c.Rejected != 1 {
@@ -292,16 +293,16 @@ rules:
 	if shadowRejected != 8 {
 		t.Fatalf("shadow would-be rejections = %d, want 8", shadowRejected)
 	}
-	c := n.Counts()
+	c := ops.Counts(n)
 	if len(c) != 1 || c[0].ShadowRejected != 8 || c[0].Allowed != 2 || c[0].Rejected != 0 {
 		t.Fatalf("counts = %+v", c)
 	}
-	top := n.TopShadowRejected()
+	top := ops.TopShadowRejected(n)
 	if len(top) == 0 || top[0].Identity != "bob" || top[0].Rule != "trial" {
 		t.Fatalf("top shadow-rejected = %+v", top)
 	}
-	if len(n.TopThrottled()) != 0 {
-		t.Fatalf("shadow rejections leaked into the throttled list: %+v", n.TopThrottled())
+	if len(ops.TopThrottled(n)) != 0 {
+		t.Fatalf("shadow rejections leaked into the throttled list: %+v", ops.TopThrottled(n))
 	}
 }
 
@@ -559,7 +560,7 @@ func TestAdminHandler(t *testing.T) {
 		n.Allow(context.Background(), req)
 	}
 	w := httptest.NewRecorder()
-	n.AdminHandler().ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	ops.AdminHandler(n).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
 	var rep struct {
 		TopThrottled []weir.Hitter `json:"top_throttled"`
 		Status       weir.Status   `json:"status"`
@@ -571,7 +572,7 @@ func TestAdminHandler(t *testing.T) {
 		t.Fatalf("top throttled = %+v", rep.TopThrottled)
 	}
 	w = httptest.NewRecorder()
-	n.AdminHandler().ServeHTTP(w, httptest.NewRequest("POST", "/", nil))
+	ops.AdminHandler(n).ServeHTTP(w, httptest.NewRequest("POST", "/", nil))
 	if w.Code != http.StatusMethodNotAllowed {
 		t.Fatalf("POST: %d", w.Code)
 	}

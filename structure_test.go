@@ -122,6 +122,10 @@ var pureCores = []pureCore{
 	{dir: "bucket"},
 	// The cluster core: its shell is cluster/shell.
 	{dir: "cluster", noShellImports: true},
+	// Rules as data; reload.go is the file watcher's shell.
+	{dir: "quota", shell: []string{"reload.go"}},
+	// The request policy.
+	{dir: "internal/policy", noShellImports: true},
 }
 
 // clockReads are the calls a core must not make.

@@ -1,10 +1,7 @@
 package weir
 
 import (
-	"embed"
 	"fmt"
-	"io/fs"
-	"net/http"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -12,12 +9,6 @@ import (
 
 	"github.com/weir-dev/weir/quota"
 )
-
-// uiAssets are the status page's files: plain HTML, JavaScript and CSS,
-// nothing fetched from elsewhere.
-//
-//go:embed ui
-var uiAssets embed.FS
 
 // opsPart is what the operator's view keeps on a node: recent fail-open
 // events, per-identity recent counts, the canary and the lease-share
@@ -29,7 +20,7 @@ type opsPart struct {
 	leases atomic.Pointer[leaseSource]
 }
 
-type leaseSource struct{ s LeaseShareSource }
+type leaseSource struct{ s leaseShareSource }
 
 // LeaseShare is one region's share of a global rule (scope: global), as the
 // lease enforcement knows it.
@@ -47,18 +38,18 @@ type LeaseShare struct {
 	Fallback bool `json:"fallback"`
 }
 
-// LeaseShareSource reports the lease shares a node knows of. The lease
-// enforcement work implements it and hands it to Node.SetLeaseShareSource;
-// until then the page shows the global rules with no lease data.
-type LeaseShareSource interface {
+// leaseShareSource reports the lease shares a node knows of: a node that
+// leases its global rules sets its leases as the source (nodeShares);
+// without one the page shows the global rules with no lease data.
+type leaseShareSource interface {
 	// LeaseShares returns the shares known now, any order. It must be
 	// safe for concurrent use and quick (it is called on each poll).
 	LeaseShares() []LeaseShare
 }
 
-// SetLeaseShareSource sets where the page and Node.LeaseShares read lease
+// setLeaseShareSource sets where the page and ops.LeaseShares read lease
 // shares; nil removes it.
-func (n *Node) SetLeaseShareSource(s LeaseShareSource) {
+func (n *Node) setLeaseShareSource(s leaseShareSource) {
 	if s == nil {
 		n.ops.leases.Store(nil)
 		return
@@ -76,9 +67,9 @@ type GlobalRuleLeases struct {
 	Note string `json:"note,omitempty"`
 }
 
-// LeaseShares returns every global rule of the rule set in force with the
+// leaseShares returns every global rule of the rule set in force with the
 // shares the LeaseShareSource reports for it, ordered by rule and region.
-func (n *Node) LeaseShares() []GlobalRuleLeases {
+func (n *Node) leaseShares() []GlobalRuleLeases {
 	e := n.eng.load()
 	var shares []LeaseShare
 	src := n.ops.leases.Load()
@@ -178,13 +169,13 @@ var ringSample = sync.OnceValue(func() []string {
 	return ids
 })
 
-// Overview reports what the status page shows (see Overview).
-func (n *Node) Overview() Overview {
+// overview reports what the status page shows (see Overview).
+func (n *Node) overview() Overview {
 	e := n.eng.load()
 	ov := Overview{Node: n.nodeName(), At: time.Unix(0, n.now()).UTC(), Status: n.Status(), Behind: n.rulesBehind(),
-		Members: []MemberView{}, Rules: []RuleView{}, Counts: n.Counts(), TopThrottled: n.TopThrottled(),
-		TopShadow: n.TopShadowRejected(), Events: n.Events(), Dropped: n.EventsDropped(), Leases: n.LeaseShares(),
-		Canary: n.Canary(), Stores: n.stores.stats(), RulesAPI: n.lease != nil && n.lease.admin != nil}
+		Members: []MemberView{}, Rules: []RuleView{}, Counts: n.counts(), TopThrottled: n.topThrottled(),
+		TopShadow: n.topShadowRejected(), Events: n.events(), Dropped: n.eventsDropped(), Leases: n.leaseShares(),
+		Canary: n.canaryStatus(), Stores: n.stores.stats(), RulesAPI: n.lease != nil && n.lease.admin != nil}
 	for i := range e.rules {
 		r := e.rules[i].r
 		rv := RuleView{ID: r.ID, Limit: r.Limit, Window: r.Window.String(), Burst: r.Burst, Cost: r.CostFor(""),
@@ -215,7 +206,7 @@ func (n *Node) Overview() Overview {
 			inRing[name] = true
 		}
 	}
-	for _, p := range n.Peers() {
+	for _, p := range n.peers() {
 		mv := MemberView{Name: p.Name, Region: p.Region, RulesVersion: p.RulesVersion, Health: "alive",
 			InRing: inRing[p.Name], RingShare: share[p.Name] / ringSampleSize}
 		switch {
@@ -239,50 +230,4 @@ func (n *Node) nodeName() string {
 		return n.cfg.Lease.Voter.Name
 	}
 	return "node"
-}
-
-// UIHandler serves the node's status page and the JSON it polls:
-//
-//	GET  /                       the page (embedded HTML, JavaScript, CSS)
-//	GET  /ui/...                 its assets
-//	GET  /v1/status              Overview as JSON
-//	GET  /v1/identities/{id}     the identity lookup (IdentityHandler)
-//	     /v1/rules, /v1/rules/…  the authenticated rules API (RulesAdminHandler)
-//
-// The page and its JSON use relative addresses, so the handler may be
-// mounted under a prefix with http.StripPrefix. Like AdminHandler, the
-// status and identity JSON name identities and are not authenticated:
-// mount the handler where only operators reach it. Rule changes go
-// through the rules API, which authenticates every request: the page asks
-// the operator for a bearer token and sends it with each change, keeping
-// it in the page's memory only (nothing is stored on the server or in the
-// browser's storage).
-func (n *Node) UIHandler() http.Handler {
-	mux := http.NewServeMux()
-	assets, err := fs.Sub(uiAssets, "ui")
-	if err != nil {
-		panic("weir: embedded ui assets: " + err.Error()) // the embed directive guarantees the folder
-	}
-	files := http.FileServerFS(assets)
-	mux.Handle("GET /ui/", noStore(http.StripPrefix("/ui/", files)))
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Header().Set("Cache-Control", "no-store")
-		http.ServeFileFS(w, r, assets, "index.html")
-	})
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, n.Overview()) })
-	mux.HandleFunc("GET /v1/identities/{id...}", n.serveIdentity)
-	rules := n.RulesAdminHandler()
-	mux.Handle("/v1/rules", rules)
-	mux.Handle("/v1/rules/", rules)
-	return mux
-}
-
-func noStore(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		h.ServeHTTP(w, r)
-	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 const uiRules = `
@@ -68,7 +69,7 @@ func TestUIHandlerOneNode(t *testing.T) {
 		n.Allow(ctx, weir.Request{Method: "GET", Path: "/api/x", Header: http.Header{"X-Api-Key": {"key-abuse"}}})
 	}
 	n.Allow(ctx, weir.Request{Method: "GET", Path: "/api/x", Header: http.Header{"X-Api-Key": {"key-calm"}}})
-	h := n.UIHandler()
+	h := ops.UIHandler(n)
 
 	for path, want := range map[string]string{"/": "<title>weir", "/ui/app.js": "v1/status", "/ui/style.css": "font"} {
 		rec := httptest.NewRecorder()
@@ -124,12 +125,12 @@ func TestUIHandlerOneNode(t *testing.T) {
 	if c := getJSON(t, h, "/v1/rules", nil); c != http.StatusServiceUnavailable {
 		t.Fatalf("rules API without a lease group: %d, want 503", c)
 	}
-	for _, c := range n.Counts() {
+	for _, c := range ops.Counts(n) {
 		if c.FailOpen != 0 {
 			t.Fatalf("fail-open decisions: %+v", c)
 		}
 	}
-	if ev := n.Events(); len(ev) != 0 {
+	if ev := ops.Events(n); len(ev) != 0 {
 		t.Fatalf("events with no fault: %+v", ev)
 	}
 }
@@ -142,17 +143,17 @@ func (f fixedShares) LeaseShares() []weir.LeaseShare { return f }
 // rule, ordered by region; shares of rules not in the set are left out.
 func TestLeaseShareSource(t *testing.T) {
 	n := newNode(t, weir.Config{Rules: parseRules(t, uiRules)})
-	n.SetLeaseShareSource(fixedShares{
+	weir.SetLeaseShareSource(n, fixedShares{
 		{Rule: "global-customer", Region: "us", Rate: 10, Burst: 60},
 		{Rule: "global-customer", Region: "eu", Rate: 6.6, Burst: 40, Fallback: true},
 		{Rule: "gone", Region: "eu", Rate: 1, Burst: 1},
 	})
-	ls := n.LeaseShares()
+	ls := ops.LeaseShares(n)
 	if len(ls) != 1 || len(ls[0].Shares) != 2 || ls[0].Shares[0].Region != "eu" || !ls[0].Shares[0].Fallback || ls[0].Note != "" {
 		t.Fatalf("lease shares: %+v", ls)
 	}
-	n.SetLeaseShareSource(nil)
-	if ls := n.LeaseShares(); len(ls[0].Shares) != 0 || ls[0].Note == "" {
+	weir.SetLeaseShareSource(n, nil)
+	if ls := ops.LeaseShares(n); len(ls[0].Shares) != 0 || ls[0].Note == "" {
 		t.Fatalf("after removing the source: %+v", ls)
 	}
 }
@@ -181,7 +182,7 @@ rules:
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("gw-%d", i), Region: "eu", LocalTiming: true, Label: "identity-lookup",
 			DecideTimeout: 2 * time.Second, CallTimeout: 2 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
 		if err != nil {
@@ -191,7 +192,7 @@ rules:
 	}
 	waitFor(t, func() bool {
 		for _, n := range nodes {
-			if len(n.Members()) != 3 {
+			if len(ops.Members(n)) != 3 {
 				return false
 			}
 		}
@@ -202,7 +203,7 @@ rules:
 	var id, owner string
 	for i := range 100 {
 		cand := fmt.Sprintf("key-%d", i)
-		rep, err := nodes[0].LookupIdentity(ctx, cand, weir.IdentityQuery{Key: "header:X-API-Key"})
+		rep, err := ops.LookupIdentity(ctx, nodes[0], cand, weir.IdentityQuery{Key: "header:X-API-Key"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,7 +238,7 @@ rules:
 		// interval; the owner decided the forwarded requests already.
 		waitFor(t, func() bool {
 			var err error
-			if rep, err = n.LookupIdentity(ctx, id, weir.IdentityQuery{Path: "/api"}); err != nil {
+			if rep, err = ops.LookupIdentity(ctx, n, id, weir.IdentityQuery{Path: "/api"}); err != nil {
 				t.Fatal(err)
 			}
 			// A token comes back every 10 s.
@@ -256,7 +257,7 @@ rules:
 		t.Fatal("no lookup on the owner")
 	}
 	for _, n := range nodes {
-		for _, c := range n.Counts() {
+		for _, c := range ops.Counts(n) {
 			if c.FailOpen != 0 {
 				t.Fatalf("fail-open decisions with no fault: %+v", c)
 			}
@@ -282,7 +283,7 @@ rules:
 	n := newNode(t, weir.Config{Rules: rules, Registerer: reg,
 		Canary: &weir.CanaryConfig{Rule: "weir-canary", Interval: 20 * time.Millisecond, Window: 400 * time.Millisecond}})
 	okGauge := func() float64 { return gatherValue(t, reg, "weir_canary_ok", nil) }
-	waitFor(t, func() bool { c := n.Canary(); return c.Rejected >= 3 && c.OK && !c.LastRejection.IsZero() })
+	waitFor(t, func() bool { c := ops.Canary(n); return c.Rejected >= 3 && c.OK && !c.LastRejection.IsZero() })
 	if okGauge() != 1 {
 		t.Fatal("weir_canary_ok is not 1 while the canary sees rejections")
 	}
@@ -290,25 +291,25 @@ rules:
 	if err := n.SetRules(shadowed); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return !n.Canary().OK })
+	waitFor(t, func() bool { return !ops.Canary(n).OK })
 	if okGauge() != 0 {
 		t.Fatal("weir_canary_ok is not 0 with the canary rule shadowed")
 	}
 	if err := n.SetRules(rules); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return n.Canary().OK })
+	waitFor(t, func() bool { return ops.Canary(n).OK })
 	if err := n.SetRules(nil); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		c := n.Canary()
+		c := ops.Canary(n)
 		return !c.OK && c.Errors > 0 && strings.Contains(c.LastError, "unknown rule")
 	})
 	if v := gatherValue(t, reg, "weir_canary_probes_total", map[string]string{"outcome": "error"}); v == 0 {
 		t.Fatal("no probe counted as error with the canary rule removed")
 	}
-	for _, c := range n.Counts() {
+	for _, c := range ops.Counts(n) {
 		if c.FailOpen != 0 {
 			t.Fatalf("fail-open decisions with no fault: %+v", c)
 		}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -66,7 +67,7 @@ func startWeirCluster(timeout time.Duration) (*weirCluster, error) {
 			DecideTimeout: time.Second, CallTimeout: 2 * time.Second,
 		}
 		if i > 0 {
-			cc.Join = []string{c.nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(c.nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
 		if err != nil {
@@ -79,7 +80,7 @@ func startWeirCluster(timeout time.Duration) (*weirCluster, error) {
 	for {
 		all := true
 		for _, n := range c.nodes {
-			if len(n.Members()) != nodes {
+			if len(ops.Members(n)) != nodes {
 				all = false
 			}
 		}
@@ -105,7 +106,7 @@ func (c *weirCluster) Close() {
 func (c *weirCluster) degraded() uint64 {
 	var s uint64
 	for _, n := range c.nodes {
-		for _, rc := range n.Counts() {
+		for _, rc := range ops.Counts(n) {
 			s += rc.FailOpen
 		}
 	}

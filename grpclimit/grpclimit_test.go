@@ -19,6 +19,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/grpclimit"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -67,7 +68,7 @@ func serve(t *testing.T) (healthpb.HealthClient, *weir.Node) {
 		cc.Close()
 		srv.Stop()
 		<-done
-		for _, c := range node.Counts() {
+		for _, c := range ops.Counts(node) {
 			if c.FailOpen != 0 {
 				t.Errorf("rule %s: %d fail-open decisions in a run with no fault", c.Rule, c.FailOpen)
 			}
@@ -158,7 +159,7 @@ func TestStream(t *testing.T) {
 		t.Fatalf("second stream trailer %v", tr)
 	}
 	var rejected uint64
-	for _, rc := range node.Counts() {
+	for _, rc := range ops.Counts(node) {
 		if rc.Rule == "health-watch" {
 			rejected = rc.Rejected
 		}
@@ -251,7 +252,7 @@ rules:
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, rc := range node.Counts() {
+	for _, rc := range ops.Counts(node) {
 		if rc.FailOpen != 0 {
 			t.Errorf("rule %s: %d fail-open decisions", rc.Rule, rc.FailOpen)
 		}

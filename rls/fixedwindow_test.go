@@ -14,6 +14,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/rls"
 )
 
@@ -93,7 +94,7 @@ func TestFixedWindowCluster(t *testing.T) {
 		cc := &weir.ClusterConfig{Name: fmt.Sprintf("rls-%d", i), Region: "eu", Label: label,
 			DecideTimeout: 5 * time.Second, CallTimeout: 5 * time.Second}
 		if i > 0 {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Rules: cfg.Rules(), Cluster: cc})
 		if err != nil {
@@ -193,7 +194,7 @@ func TestFixedWindowCluster(t *testing.T) {
 // ringsAre reports whether every node's ring holds exactly want.
 func ringsAre(nodes []*weir.Node, want []string) bool {
 	for _, n := range nodes {
-		if !slices.Equal(n.Members(), want) {
+		if !slices.Equal(ops.Members(n), want) {
 			return false
 		}
 	}

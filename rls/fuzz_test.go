@@ -14,6 +14,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/rls"
 )
 
@@ -86,7 +87,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 		if len(raw) > 0 && proto.Unmarshal(raw, &req) == nil {
 			check(t, &req)
 		}
-		for _, c := range node.Counts() {
+		for _, c := range ops.Counts(node) {
 			if c.FailOpen != 0 {
 				t.Fatalf("rule %s: %d fail-open decisions", c.Rule, c.FailOpen)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/internal/testpki"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/rls"
 )
@@ -58,12 +59,12 @@ func TestPeerDown(t *testing.T) {
 		return n
 	}
 	a := mk("a", serverTLS, nil)
-	mk("b", stuckTLS, []string{a.GossipAddr()})
+	mk("b", stuckTLS, []string{ops.GossipAddr(a)})
 	// Cleanups run last-in first-out: the stuck handshakes are released
 	// before the nodes close.
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
 	deadline := time.Now().Add(10 * time.Second)
-	for len(a.Members()) != 2 {
+	for len(ops.Members(a)) != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the two nodes did not see each other within 10s")
 		}
@@ -103,7 +104,7 @@ func TestPeerDown(t *testing.T) {
 		t.Fatal("no call reached the stuck peer in 40 identities")
 	}
 	var failOpen uint64
-	for _, rc := range a.Counts() {
+	for _, rc := range ops.Counts(a) {
 		failOpen += rc.FailOpen
 	}
 	if failOpen == 0 {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/rls"
 )
 
@@ -66,7 +67,7 @@ func headers(hs []*corev3.HeaderValue) map[string]string {
 
 func noFailOpen(t *testing.T, node *weir.Node) {
 	t.Helper()
-	for _, c := range node.Counts() {
+	for _, c := range ops.Counts(node) {
 		if c.FailOpen != 0 {
 			t.Errorf("rule %s: %d fail-open decisions in a run with no fault", c.Rule, c.FailOpen)
 		}
@@ -74,7 +75,7 @@ func noFailOpen(t *testing.T, node *weir.Node) {
 }
 
 func counts(node *weir.Node, prefix string) weir.RuleCounts {
-	for _, c := range node.Counts() {
+	for _, c := range ops.Counts(node) {
 		if strings.HasPrefix(c.Rule, prefix) {
 			return c
 		}

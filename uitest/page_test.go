@@ -16,6 +16,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 )
 
 const token = "token-of-the-browser-test-operator"
@@ -85,20 +86,20 @@ func cluster(t *testing.T) ([]*weir.Node, []string) {
 				HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,
 				LeaderLeaseTimeout: 75 * time.Millisecond}
 		} else {
-			cc.Join = []string{nodes[0].GossipAddr()}
+			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		n, err := weir.New(weir.Config{Cluster: cc, Lease: lc})
 		if err != nil {
 			t.Fatal(err)
 		}
 		nodes = append(nodes, n)
-		srv := httptest.NewServer(n.UIHandler())
+		srv := httptest.NewServer(ops.UIHandler(n))
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
 	}
 	waitFor(t, "three members", func() bool {
 		for _, n := range nodes {
-			if len(n.Members()) != 3 {
+			if len(ops.Members(n)) != 3 {
 				return false
 			}
 		}
@@ -248,7 +249,7 @@ func TestStatusPage(t *testing.T) {
 	}
 	t.Logf("limit error shown: %q; status: %q; verdict: %q", limitErr, status, verdict)
 	for _, n := range nodes {
-		for _, c := range n.Counts() {
+		for _, c := range ops.Counts(n) {
 			if c.FailOpen != 0 {
 				t.Fatalf("fail-open decisions with no fault: %+v", c)
 			}

@@ -18,13 +18,15 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/nodeops"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
 // gatewayMux builds one gateway's HTTP routes. It is THE place where every
 // gateway's mux is built: to mount another handler on every node (a status
-// page, say), add one line here, e.g. mux.Handle("/ui/", n.UIHandler()).
+// page, say), add one line here, e.g. mux.Handle("/ui/", ops.UIHandler(n)).
 //
 //   - /api/ and /partner/: the toy upstream behind weir's middleware
 //   - /admin/report: the node's JSON report (rules, counts, top throttled)
@@ -36,11 +38,11 @@ func gatewayMux(n *weir.Node, upstream http.Handler) *http.ServeMux {
 	api := n.Middleware(upstream)
 	mux.Handle("/api/", api)
 	mux.Handle("/partner/", api)
-	mux.Handle("/admin/report", n.AdminHandler())
-	mux.Handle("/v1/rules", n.RulesAdminHandler())
-	mux.Handle("/v1/rules/", n.RulesAdminHandler())
+	mux.Handle("/admin/report", ops.AdminHandler(n))
+	mux.Handle("/v1/rules", ops.RulesAdminHandler(n))
+	mux.Handle("/v1/rules/", ops.RulesAdminHandler(n))
 	// The status page, its JSON and the identity lookup, for operators.
-	mux.Handle("/ops/", http.StripPrefix("/ops", n.UIHandler()))
+	mux.Handle("/ops/", http.StripPrefix("/ops", ops.UIHandler(n)))
 	return mux
 }
 
@@ -229,7 +231,7 @@ func (f *fleet) start(name string) (*gateway, error) {
 		f.mu.Lock()
 		for _, other := range f.names[region] {
 			if o := f.live[other]; o != nil && other != name {
-				cc.Join = []string{o.node.GossipAddr()}
+				cc.Join = []string{ops.GossipAddr(o.node)}
 				break
 			}
 		}
@@ -411,7 +413,7 @@ func (f *fleet) convergedWith(extra *gateway) bool {
 				want++
 			}
 		}
-		if len(g.node.Members()) != want {
+		if len(ops.Members(g.node)) != want {
 			return false
 		}
 	}
@@ -421,7 +423,7 @@ func (f *fleet) convergedWith(extra *gateway) bool {
 // leader returns the lease group's leader as a live voter sees it.
 func (f *fleet) leader() (string, bool) {
 	for _, g := range f.gateways() {
-		if lg := g.node.LeaseGroup(); lg != nil {
+		if lg := leaseGroup(g.node); lg != nil {
 			if name, _, ok := lg.Leader(); ok {
 				return name, true
 			}
@@ -463,7 +465,7 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 func (f *fleet) seed(limit time.Duration) (uint64, error) {
 	var lg *lease.Group
 	for _, g := range f.gateways() {
-		if lg = g.node.LeaseGroup(); lg != nil {
+		if lg = leaseGroup(g.node); lg != nil {
 			break
 		}
 	}
@@ -487,7 +489,7 @@ func (f *fleet) seed(limit time.Duration) (uint64, error) {
 	}
 	ok := waitFor(limit, func() bool {
 		for _, g := range f.gateways() {
-			if g.node.Status().RulesVersion < v || !g.node.GlobalStatus().Leasing {
+			if g.node.Status().RulesVersion < v || !ops.GlobalStatus(g.node).Leasing {
 				return false
 			}
 		}
@@ -558,7 +560,7 @@ func (h *quietHandler) WithGroup(name string) slog.Handler {
 // a lease and those on their fallback.
 func (f *fleet) globalKeys() (leased, fallback int) {
 	for _, g := range f.gateways() {
-		for _, r := range g.node.GlobalStatus().Rules {
+		for _, r := range ops.GlobalStatus(g.node).Rules {
 			leased += r.Leased
 			fallback += r.Fallback
 		}
@@ -578,4 +580,12 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
+}
+
+// leaseGroup is the lease group n is a voter of, or nil: the demo writes its
+// rules into the group and watches its leader, which a gateway never does,
+// so it reads the node through the operator's passage (internal/nodeops)
+// rather than through weir.Node's API.
+func leaseGroup(n *weir.Node) *lease.Group {
+	return nodeops.Of(n).(interface{ LeaseGroup() *lease.Group }).LeaseGroup()
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/weir-dev/weir/ops"
 )
 
 // printer writes the demo's output. On a terminal it keeps a compact table
@@ -141,7 +143,7 @@ func (m *monitor) take(start time.Time) {
 	s := sample{at: time.Since(start)}
 	for _, g := range m.f.gateways() {
 		ri := m.f.regionIndex(g.region)
-		for _, r := range g.node.GlobalStatus().Rules {
+		for _, r := range ops.GlobalStatus(g.node).Rules {
 			if r.Rule == m.global {
 				s.share[ri] = max(s.share[ri], r.Share)
 				s.leased[ri] = max(s.leased[ri], r.Leased)
@@ -253,7 +255,7 @@ func (m *monitor) table(start time.Time) []string {
 func failOpen(f *fleet) uint64 {
 	var n uint64
 	for _, g := range f.all() {
-		for _, rc := range g.node.Counts() {
+		for _, rc := range ops.Counts(g.node) {
 			n += rc.FailOpen
 		}
 	}

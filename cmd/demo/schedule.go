@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -195,7 +196,7 @@ func (s *scheduler) restart(name string) bool {
 	ok := waitFor(stepBound, func() bool { return s.f.convergedWith(g) && g.node.Status().RulesVersion >= hi })
 	if !ok {
 		s.f.retire(g)
-		s.fail("%s restarted but its region did not converge within %v (members %v, rules v%d)", name, stepBound, g.node.Members(), g.node.Status().RulesVersion)
+		s.fail("%s restarted but its region did not converge within %v (members %v, rules v%d)", name, stepBound, ops.Members(g.node), g.node.Status().RulesVersion)
 		return false
 	}
 	s.ringChanged(name, true, t0, time.Now())
@@ -326,7 +327,7 @@ func (s *scheduler) killLeader() {
 		}
 		maxFallback = max(maxFallback, fallback)
 		for _, g := range s.f.gateways() {
-			if lg := g.node.LeaseGroup(); lg != nil && lg.IsLeader() {
+			if lg := leaseGroup(g.node); lg != nil && lg.IsLeader() {
 				if elected.IsZero() {
 					next, elected = g.name, time.Now()
 				}

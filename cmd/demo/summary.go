@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -79,7 +80,7 @@ func summarize(w io.Writer, f *fleet, clients []*client, rules []quota.Rule, s *
 	type key struct{ rule, region string }
 	counts := map[key]*[4]uint64{}
 	for _, g := range f.all() {
-		for _, rc := range g.node.Counts() {
+		for _, rc := range ops.Counts(g.node) {
 			k := key{rc.Rule, g.region}
 			if counts[k] == nil {
 				counts[k] = &[4]uint64{}
@@ -339,7 +340,7 @@ func summarize(w io.Writer, f *fleet, clients []*client, rules []quota.Rule, s *
 	}
 	var reports, failures uint64
 	for _, g := range f.all() {
-		st := g.node.GlobalStatus()
+		st := ops.GlobalStatus(g.node)
 		reports += st.Reports
 		failures += st.ReportFailures
 	}
@@ -357,7 +358,7 @@ func summarize(w io.Writer, f *fleet, clients []*client, rules []quota.Rule, s *
 
 	// The enforcement canary of every live node.
 	for _, g := range f.gateways() {
-		c := g.node.Canary()
+		c := ops.Canary(g.node)
 		if !c.Enabled {
 			continue
 		}

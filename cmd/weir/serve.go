@@ -29,6 +29,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/rls"
 )
 
@@ -143,7 +144,7 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	}
 	st.onFail(func() { node.Close() })
 	d.node = node
-	d.addrs.Gossip = node.GossipAddr()
+	d.addrs.Gossip = ops.GossipAddr(node)
 
 	d.envoy = envoyCfg
 	d.countReloads(reg)
@@ -477,19 +478,19 @@ func (d *daemon) mux(reg *prometheus.Registry) http.Handler {
 		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/ops/", http.StripPrefix("/ops", n.UIHandler()))
+	mux.Handle("/ops/", http.StripPrefix("/ops", ops.UIHandler(n)))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ops/", http.StatusFound) })
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(n.Overview())
+		_ = enc.Encode(ops.Overview(n))
 	})
-	mux.Handle("GET /v1/identities/", n.IdentityHandler())
-	mux.Handle("/v1/rules", n.RulesAdminHandler())
-	mux.Handle("/v1/rules/", n.RulesAdminHandler())
-	mux.Handle("GET /admin/report", n.AdminHandler())
+	mux.Handle("GET /v1/identities/", ops.IdentityHandler(n))
+	mux.Handle("/v1/rules", ops.RulesAdminHandler(n))
+	mux.Handle("/v1/rules/", ops.RulesAdminHandler(n))
+	mux.Handle("GET /admin/report", ops.AdminHandler(n))
 	return mux
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 // writeCerts makes a CA and, signed by it, a certificate for 127.0.0.1
@@ -139,7 +140,7 @@ http: {listen: 127.0.0.1:0}
 `)
 	waitFor(t, 60*time.Second, "two members and the rule on both nodes", func() bool {
 		for _, x := range []*daemon{d, d2} {
-			if len(x.node.Members()) != 2 || x.node.Status().RulesVersion < 1 {
+			if len(ops.Members(x.node)) != 2 || x.node.Status().RulesVersion < 1 {
 				return false
 			}
 		}
@@ -147,7 +148,7 @@ http: {listen: 127.0.0.1:0}
 	})
 	owners := map[string]bool{}
 	for i := range 40 {
-		rep, err := d2.node.LookupIdentity(t.Context(), fmt.Sprintf("10.0.0.%d", i), weir.IdentityQuery{})
+		rep, err := ops.LookupIdentity(t.Context(), d2.node, fmt.Sprintf("10.0.0.%d", i), weir.IdentityQuery{})
 		if err != nil || len(rep.Rules) != 1 {
 			t.Fatalf("lookup: %+v %v", rep, err)
 		}
@@ -161,7 +162,7 @@ http: {listen: 127.0.0.1:0}
 		t.Fatalf("40 identities should have both owners, got %v", owners)
 	}
 	for _, x := range []*daemon{d, d2} {
-		for _, c := range x.node.Counts() {
+		for _, c := range ops.Counts(x.node) {
 			if c.FailOpen != 0 {
 				t.Fatalf("degraded decisions with no fault: %+v", c)
 			}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/ops"
 )
 
 func main() {
@@ -30,8 +31,8 @@ func main() {
 		fmt.Fprintf(w, "hello from the upstream: %s %s\n", r.Method, r.URL.Path)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("/", node.Middleware(upstream))                      // every request goes through weir
-	mux.Handle("/ops/", http.StripPrefix("/ops", node.UIHandler())) // the status page: operators only
+	mux.Handle("/", node.Middleware(upstream))                         // every request goes through weir
+	mux.Handle("/ops/", http.StripPrefix("/ops", ops.UIHandler(node))) // the status page: operators only
 	log.Printf("gateway on http://%s (status page http://%s/ops/)", *addr, *addr)
 	log.Fatal(http.ListenAndServe(*addr, mux))
 }

@@ -1,0 +1,10 @@
+package weir
+
+import "github.com/weir-dev/weir/lease"
+
+// LeaseGroupOf is, for the external tests, the lease group n is a voter of.
+func LeaseGroupOf(n *Node) *lease.Group { return n.leaseGroup() }
+
+// SetLeaseShareSource sets, for the external tests, where n's status page
+// reads lease shares.
+func SetLeaseShareSource(n *Node, s leaseShareSource) { n.setLeaseShareSource(s) }
