@@ -55,7 +55,7 @@ type adminReport struct {
 // identities: on a node with Config.Lease.AdminTokens it authenticates
 // every request as RulesAdminHandler does (401 otherwise, logged and
 // counted with the rules API's refusals); elsewhere mount it behind a
-// lease.Guard, or where only operators reach it (docs/security.md).
+// raftgroup.Guard, or where only operators reach it (docs/security.md).
 func (n *Node) AdminHandler() http.Handler {
 	return n.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {

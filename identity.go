@@ -379,7 +379,7 @@ func matchString(m quota.Match) string {
 // identity is the bucket key as CheckKeys charges it, see
 // IdentityQuery.Raw). Like AdminHandler it names identities, and like it
 // it authenticates every request on a node with Config.Lease.AdminTokens
-// (elsewhere: a lease.Guard, or a place only operators reach). UIHandler
+// (elsewhere: a raftgroup.Guard, or a place only operators reach). UIHandler
 // serves the lookup too, unauthenticated.
 func (n *Node) IdentityHandler() http.Handler {
 	mux := http.NewServeMux()

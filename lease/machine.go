@@ -11,8 +11,8 @@ import (
 )
 
 // This file is the lease group's replicated state: a pure, deterministic
-// state machine. The Raft FSM's Apply decodes a Command and calls
-// Machine.Apply, nothing else; every time the machine uses comes in the
+// state machine. The Raft FSM's Apply (lease/raftgroup) decodes an entry
+// and calls Replica.ApplyEntry, which calls Machine.Apply, nothing else; every time the machine uses comes in the
 // command (the leader's clock when it proposed it), so every replica reaches
 // the same state.
 //

@@ -19,6 +19,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -89,7 +90,7 @@ type fleet struct {
 	token     string // the admin API's bearer token
 	dataDir   string // the voters' raft-boltdb directories live under it
 
-	voters  []lease.Voter     // Raft ServerID and address
+	voters  []raftgroup.Voter // Raft ServerID and address
 	rpc     map[string]string // voter → lease forwarding (gRPC) address
 	raftLis map[string]net.Listener
 	rpcLis  map[string]net.Listener
@@ -158,7 +159,7 @@ func newFleet(host string, regions, perRegion int, rules []quota.Rule, upstream 
 		}
 		f.raftLis[name], f.rpcLis[name] = raftLn, rpcLn
 		f.rpc[name] = rpcLn.Addr().String()
-		f.voters = append(f.voters, lease.Voter{Name: name, Addr: raftLn.Addr().String()})
+		f.voters = append(f.voters, raftgroup.Voter{Name: name, Addr: raftLn.Addr().String()})
 	}
 	return f, nil
 }
@@ -175,7 +176,7 @@ func (f *fleet) closeListeners() {
 
 // isVoter reports whether name is one of the lease group's voters.
 func (f *fleet) isVoter(name string) bool {
-	return slices.ContainsFunc(f.voters, func(v lease.Voter) bool { return v.Name == name })
+	return slices.ContainsFunc(f.voters, func(v raftgroup.Voter) bool { return v.Name == name })
 }
 
 // nodeNames returns every node's name, region by region.
@@ -237,7 +238,7 @@ func (f *fleet) start(name string) (*gateway, error) {
 		lc := &weir.LeaseConfig{Rules: true, CheckInterval: ruleCheck, RefreshInterval: leaseRefresh,
 			Machine: f.machine, AdminTokens: map[string]string{f.token: adminName}}
 		if g.voter {
-			vc := &lease.GroupConfig{Name: name, Dir: filepath.Join(f.dataDir, name), Voters: f.voters,
+			vc := &raftgroup.Config{Name: name, Dir: filepath.Join(f.dataDir, name), Voters: f.voters,
 				RPCPeers: f.rpc, Machine: f.machine, HeartbeatTimeout: raftTimeout, ElectionTimeout: raftTimeout,
 				LeaderLeaseTimeout: raftLeaderTTL}
 			// First start: the listeners bound in newFleet; a restart
@@ -461,7 +462,7 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 // (PutRule forwards to the leader) and waits until every node runs them and
 // leases its global rules.
 func (f *fleet) seed(limit time.Duration) (uint64, error) {
-	var lg *lease.Group
+	var lg *raftgroup.Group
 	for _, g := range f.gateways() {
 		if lg = g.node.LeaseGroup(); lg != nil {
 			break

@@ -1,8 +1,9 @@
-package lease
+package raftgroup
 
 import (
 	"context"
 	"fmt"
+	"github.com/weir-dev/weir/lease"
 
 	"google.golang.org/grpc"
 
@@ -21,7 +22,7 @@ import (
 type DurableService interface {
 	// Durable decides a request of cost tokens for identity under rule
 	// through the leader's Raft log and returns the decision.
-	Durable(ctx context.Context, rule DurableRule, identity string, cost int64) (bucket.Decision, error)
+	Durable(ctx context.Context, rule lease.DurableRule, identity string, cost int64) (bucket.Decision, error)
 }
 
 var (
@@ -40,16 +41,16 @@ var (
 // MaxDurableIdentityBytes) is refused with ErrBadCommand before any round
 // trip. When Durable fails, the decision may or may not have been applied;
 // a caller that treats a failure as a rejection never admits too much.
-func (g *Group) Durable(ctx context.Context, rule DurableRule, identity string, cost int64) (bucket.Decision, error) {
-	return g.durable(ctx, DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: identity, Cost: cost})
+func (g *Group) Durable(ctx context.Context, rule lease.DurableRule, identity string, cost int64) (bucket.Decision, error) {
+	return g.durable(ctx, lease.DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: identity, Cost: cost})
 }
 
 // durable applies c (with its request id) through the leader.
-func (g *Group) durable(ctx context.Context, c DurableCommand) (bucket.Decision, error) {
-	if _, err := c.check(); err != nil {
+func (g *Group) durable(ctx context.Context, c lease.DurableCommand) (bucket.Decision, error) {
+	if err := c.Check(); err != nil {
 		return bucket.Decision{}, err
 	}
-	resp, err := g.propose(ctx, Entry{Durable: &c})
+	resp, err := g.propose(ctx, lease.Entry{Durable: &c})
 	if err != nil {
 		return bucket.Decision{}, err
 	}
@@ -59,28 +60,28 @@ func (g *Group) durable(ctx context.Context, c DurableCommand) (bucket.Decision,
 // Durable implements leasepb.LeaseGroupServer: the receiver decides through
 // Group.durable, which forwards to the leader when it does not lead.
 func (s *rpcServer) Durable(ctx context.Context, req *leasepb.DurableRequest) (*leasepb.ProposeReply, error) {
-	c, err := durableFromPB(0, req.GetDecide())
+	c, err := lease.DurableFromPB(0, req.GetDecide())
 	if err != nil {
 		s.g.malformed.Add(1)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", ErrBadCommand, err)}, nil
+		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
 	}
 	d, err := s.g.durable(ctx, c)
-	return proposeReply(ApplyResponse{Durable: d}, err), nil
+	return proposeReply(lease.ApplyResponse{Durable: d}, err), nil
 }
 
 // Durable implements DurableService through a voter, which forwards to the
 // leader. Every attempt, on any voter, carries the same request id, so a
 // decision retried after a lost reply is charged once.
-func (c *Client) Durable(ctx context.Context, rule DurableRule, identity string, cost int64) (bucket.Decision, error) {
-	return c.durableCommand(ctx, DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: identity, Cost: cost})
+func (c *Client) Durable(ctx context.Context, rule lease.DurableRule, identity string, cost int64) (bucket.Decision, error) {
+	return c.durableCommand(ctx, lease.DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: identity, Cost: cost})
 }
 
 // durableCommand sends cmd (with its request id) to a voter.
-func (c *Client) durableCommand(ctx context.Context, cmd DurableCommand) (bucket.Decision, error) {
-	if _, err := cmd.check(); err != nil {
+func (c *Client) durableCommand(ctx context.Context, cmd lease.DurableCommand) (bucket.Decision, error) {
+	if err := cmd.Check(); err != nil {
 		return bucket.Decision{}, err
 	}
-	req := &leasepb.DurableRequest{From: c.cfg.Name, Decide: durableDecideToPB(cmd)}
+	req := &leasepb.DurableRequest{From: c.cfg.Name, Decide: lease.DurableToPB(cmd)}
 	var d bucket.Decision
 	err := c.do(ctx, "durable decision", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
 		rep, err := leasepb.NewLeaseGroupClient(cc).Durable(ctx, req)
@@ -95,4 +96,30 @@ func (c *Client) durableCommand(ctx context.Context, cmd DurableCommand) (bucket
 		return retry, err
 	})
 	return d, err
+}
+
+// KeyedDurableService is a DurableService that names a bucket's identity
+// under both key formats, so that the store can carry spend across the
+// switch. *Group and *Client implement it.
+type KeyedDurableService interface {
+	DurableService
+	// DurableKeyed is Durable for the identity key names.
+	DurableKeyed(ctx context.Context, rule lease.DurableRule, key lease.DurableKey, cost int64) (bucket.Decision, error)
+}
+
+var (
+	_ KeyedDurableService = (*Group)(nil)
+	_ KeyedDurableService = (*Client)(nil)
+)
+
+// DurableKeyed is Durable for the identity key names (DurableKey).
+func (g *Group) DurableKeyed(ctx context.Context, rule lease.DurableRule, key lease.DurableKey, cost int64) (bucket.Decision, error) {
+	return g.durable(ctx, lease.DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: key.Identity,
+		Legacy: key.Legacy, KeyFormat: key.KeyFormat, Cost: cost})
+}
+
+// DurableKeyed is Client.Durable for the identity key names (DurableKey).
+func (c *Client) DurableKeyed(ctx context.Context, rule lease.DurableRule, key lease.DurableKey, cost int64) (bucket.Decision, error) {
+	return c.durableCommand(ctx, lease.DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: key.Identity,
+		Legacy: key.Legacy, KeyFormat: key.KeyFormat, Cost: cost})
 }

@@ -1,9 +1,10 @@
-package lease
+package raftgroup
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"github.com/weir-dev/weir/lease"
 	"io"
 	"net"
 	"strings"
@@ -47,7 +48,7 @@ func newDoorPKI(t *testing.T) doorPKI {
 // tune secures a group with the PKI. Elections are slower than
 // baseConfig's: every new Raft connection is a TLS handshake, which under
 // -race on a busy machine can outlast a 150ms heartbeat.
-func (p doorPKI) tune(cfg *GroupConfig) {
+func (p doorPKI) tune(cfg *Config) {
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 500*time.Millisecond, 500*time.Millisecond, 250*time.Millisecond
 	cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{p.voter}, ClientCAs: p.pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
@@ -128,7 +129,7 @@ func TestRaftPortMutualTLS(t *testing.T) {
 	if err := vote(stream(p.voter)); err != nil {
 		t.Fatalf("a voter's RequestVote: %v", err)
 	}
-	propose(t, c.follower(c.leader()), Command{Tick: true})
+	propose(t, c.follower(c.leader()), lease.Command{Tick: true})
 	noDegradation(t, c)
 }
 
@@ -145,12 +146,12 @@ func TestRPCDoors(t *testing.T) {
 	defer cancel()
 	propose(t, g, rulesCmd)
 
-	tick, err := commandToPB(Command{Tick: true})
+	tick, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Tick: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	report, err := commandToPB(Command{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu",
-		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 10}}}})
+	report, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 10}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestRPCDoors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := encodeRuleJSON(r)
+		b, err := lease.EncodeRuleJSON(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,7 +195,7 @@ func TestRPCDoors(t *testing.T) {
 		t.Errorf("gateway Propose(tick): %v, want PermissionDenied", err)
 	}
 	// A rule-store entry with a principal of its choosing, proposed raw.
-	forged, err := entryToPB(Entry{Rule: &RuleChange{Principal: "alice", Delete: "login"}})
+	forged, err := lease.EntryToPB(lease.Entry{Rule: &lease.RuleChange{Principal: "alice", Delete: "login"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,12 +230,12 @@ func TestRPCDoors(t *testing.T) {
 // TestViaPrincipal: the proven name is never cut, the result stays within
 // MaxPrincipalBytes and valid UTF-8.
 func TestViaPrincipal(t *testing.T) {
-	long := strings.Repeat("é", MaxPrincipalBytes)
+	long := strings.Repeat("é", lease.MaxPrincipalBytes)
 	got := viaPrincipal(long, "gw-1")
-	if len(got) > MaxPrincipalBytes || !strings.HasSuffix(got, " via gw-1") {
+	if len(got) > lease.MaxPrincipalBytes || !strings.HasSuffix(got, " via gw-1") {
 		t.Fatalf("viaPrincipal: %d bytes, %q", len(got), got[len(got)-12:])
 	}
-	if err := checkChange(RuleChange{Principal: got, Delete: "x"}); err != nil {
+	if err := (lease.RuleChange{Principal: got, Delete: "x"}).Check(); err != nil {
 		t.Fatal(err)
 	}
 	if got := viaPrincipal("alice", "gw-1"); got != "alice via gw-1" {
@@ -247,7 +248,7 @@ func TestViaPrincipal(t *testing.T) {
 // method still refuses it (Durable included) with Unauthenticated.
 func TestRPCDoorCertIfGiven(t *testing.T) {
 	p := newDoorPKI(t)
-	c := newCluster(t, 1, func(cfg *GroupConfig) {
+	c := newCluster(t, 1, func(cfg *Config) {
 		p.tune(cfg)
 		cfg.ServerTLS.ClientAuth = tls.VerifyClientCertIfGiven
 	})

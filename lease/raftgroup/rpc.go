@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/weir-dev/weir/lease"
 	"net"
 	"sync"
 	"time"
@@ -36,7 +37,7 @@ import (
 // and the Raft port are open to whoever reaches them: run them on a
 // trusted network. With ServerTLS:
 //   - a caller without a verified client certificate is refused outright;
-//   - a caller whose certificate names a voter (GroupConfig.VoterNames) may
+//   - a caller whose certificate names a voter (Config.VoterNames) may
 //     do everything: it is a replica of the log;
 //   - any other verified caller (a gateway's lease Client) may read rules,
 //     propose reports and durable decisions, and change rules, the
@@ -50,14 +51,14 @@ import (
 // certificate).
 
 // maxRPCBytes caps a forwarding message in either direction.
-const maxRPCBytes = MaxEntryBytes + 1024
+const maxRPCBytes = lease.MaxEntryBytes + 1024
 
 // Refused is the number of callers the forwarding service and the Raft
-// port refused (see GroupConfig.VoterNames).
+// port refused (see Config.VoterNames).
 func (g *Group) Refused() uint64 { return g.refused.Load() }
 
 // voterNames is the set of certificate names a voter may carry.
-func voterNames(cfg GroupConfig) map[string]bool {
+func voterNames(cfg Config) map[string]bool {
 	out := map[string]bool{}
 	for _, n := range cfg.VoterNames {
 		out[n] = true
@@ -146,7 +147,7 @@ func (s *rpcServer) refuse(ctx context.Context, c caller, method, why string) er
 
 // gatewayEntry reports whether a caller that is not a voter may propose e:
 // what a lease Client sends (a region's report, a durable decision).
-func gatewayEntry(e Entry) bool {
+func gatewayEntry(e lease.Entry) bool {
 	switch {
 	case e.Durable != nil:
 		return e.Command == nil && e.Rule == nil
@@ -160,9 +161,9 @@ func gatewayEntry(e Entry) bool {
 // what it says, and the name its certificate proves.
 func viaPrincipal(principal, name string) string {
 	suffix := " via " + name
-	if len(principal)+len(suffix) > MaxPrincipalBytes {
+	if len(principal)+len(suffix) > lease.MaxPrincipalBytes {
 		// Cut the claimed part, never the proven one.
-		principal = truncateUTF8(principal, max(0, MaxPrincipalBytes-len(suffix)))
+		principal = truncateUTF8(principal, max(0, lease.MaxPrincipalBytes-len(suffix)))
 	}
 	return principal + suffix
 }
@@ -193,7 +194,7 @@ func startRPCServer(g *Group) (*rpcServer, error) {
 	if lis == nil {
 		var err error
 		if lis, err = net.Listen("tcp", g.cfg.RPCAddr); err != nil {
-			return nil, fmt.Errorf("lease: GroupConfig.RPCAddr: %w", err)
+			return nil, fmt.Errorf("lease: Config.RPCAddr: %w", err)
 		}
 	}
 	opts := []grpc.ServerOption{
@@ -244,11 +245,11 @@ func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*
 	if !c.verified {
 		return nil, s.refuse(ctx, c, "Propose", "no verified certificate")
 	}
-	e, err := entryFromPB(req.GetCommand())
+	e, err := lease.EntryFromPB(req.GetCommand())
 	if err != nil {
 		s.g.malformed.Add(1)
 		s.g.log.Debug("malformed forwarded command refused", "from", req.GetFrom(), "err", err)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", ErrBadCommand, err)}, nil
+		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
 	}
 	if !c.voter && !gatewayEntry(e) {
 		return nil, s.refuse(ctx, c, "Propose", "only a voter may propose this command; a gateway proposes reports and durable decisions")
@@ -262,7 +263,7 @@ func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*
 }
 
 // proposeReply is the wire form of an applied entry's response.
-func proposeReply(resp ApplyResponse, err error) *leasepb.ProposeReply {
+func proposeReply(resp lease.ApplyResponse, err error) *leasepb.ProposeReply {
 	if err != nil {
 		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
 	}
@@ -276,7 +277,7 @@ func proposeReply(resp ApplyResponse, err error) *leasepb.ProposeReply {
 // problemsToPB lists the *quota.Error values in err.
 func problemsToPB(err error) []*leasepb.Problem {
 	var out []*leasepb.Problem
-	for _, q := range quotaProblems(err) {
+	for _, q := range lease.Problems(err) {
 		out = append(out, &leasepb.Problem{Field: q.Field, Message: q.Msg, RuleId: q.RuleID})
 	}
 	return out
@@ -305,18 +306,18 @@ func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleReque
 	switch ch := req.GetChange().(type) {
 	case *leasepb.ChangeRuleRequest_Put:
 		var r quota.Rule
-		if r, err = decodeRuleJSON(ch.Put.GetRule()); err != nil {
+		if r, err = lease.DecodeRuleJSON(ch.Put.GetRule()); err != nil {
 			s.g.malformed.Add(1)
-			return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", ErrBadCommand, err)}, nil
+			return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", lease.ErrBadCommand, err)}, nil
 		}
 		v, err = s.g.putRule(ctx, principal(ch.Put.GetPrincipal()), r, ch.Put.GetRequestId())
 	case *leasepb.ChangeRuleRequest_Delete:
 		v, err = s.g.deleteRule(ctx, principal(ch.Delete.GetPrincipal()), ch.Delete.GetId(), ch.Delete.GetRequestId())
 	default:
 		s.g.malformed.Add(1)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", ErrBadCommand)}, nil
+		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", lease.ErrBadCommand)}, nil
 	}
-	return proposeReply(ApplyResponse{RuleVersion: v}, err), nil
+	return proposeReply(lease.ApplyResponse{RuleVersion: v}, err), nil
 }
 
 // ReadRules implements leasepb.LeaseGroupServer.
@@ -327,7 +328,7 @@ func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest
 	q := readQuery{linearizable: req.GetLinearizable(), rules: req.GetWithRules(), history: req.GetWithHistory(),
 		since: req.GetSince(), limit: int(min(req.GetLimit(), MaxHistoryLimit))}
 	var (
-		v   RuleView
+		v   lease.RuleView
 		err error
 	)
 	if q.linearizable && req.GetForwarded() {
@@ -348,10 +349,10 @@ func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest
 }
 
 // viewToPB converts a read of the rule store.
-func viewToPB(v RuleView) (*leasepb.ReadRulesReply, error) {
+func viewToPB(v lease.RuleView) (*leasepb.ReadRulesReply, error) {
 	rep := &leasepb.ReadRulesReply{Version: v.Version, Oldest: v.Oldest}
 	for _, r := range v.Rules {
-		b, err := encodeRuleJSON(r)
+		b, err := lease.EncodeRuleJSON(r)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "lease: %v", err)
 		}
@@ -365,21 +366,21 @@ func viewToPB(v RuleView) (*leasepb.ReadRulesReply, error) {
 }
 
 // viewFromPB converts a wire read of the rule store, checking its form.
-func viewFromPB(rep *leasepb.ReadRulesReply) (RuleView, error) {
-	v := RuleView{Version: rep.GetVersion(), Oldest: rep.GetOldest()}
+func viewFromPB(rep *leasepb.ReadRulesReply) (lease.RuleView, error) {
+	v := lease.RuleView{Version: rep.GetVersion(), Oldest: rep.GetOldest()}
 	for i, b := range rep.GetRules() {
-		r, err := decodeRuleJSON(b)
+		r, err := lease.DecodeRuleJSON(b)
 		if err != nil {
-			return RuleView{}, fmt.Errorf("rule %d: %w", i, err)
+			return lease.RuleView{}, fmt.Errorf("rule %d: %w", i, err)
 		}
 		v.Rules = append(v.Rules, r)
 	}
 	for i, e := range rep.GetHistory() {
-		op, ok := parseRuleOp(e.GetOp())
+		op, ok := lease.ParseRuleOp(e.GetOp())
 		if !ok {
-			return RuleView{}, fmt.Errorf("history entry %d: unknown op %q", i, e.GetOp())
+			return lease.RuleView{}, fmt.Errorf("history entry %d: unknown op %q", i, e.GetOp())
 		}
-		a := AuditEntry{Version: e.GetVersion(), At: e.GetAt(), Principal: e.GetPrincipal(), RequestID: e.GetRequestId(), Op: op, RuleID: e.GetRuleId(),
+		a := lease.AuditEntry{Version: e.GetVersion(), At: e.GetAt(), Principal: e.GetPrincipal(), RequestID: e.GetRequestId(), Op: op, RuleID: e.GetRuleId(),
 			Before: e.GetBefore(), After: e.GetAfter(), Digest: e.GetDigest()}
 		if len(a.Before) == 0 {
 			a.Before = nil
@@ -388,7 +389,7 @@ func viewFromPB(rep *leasepb.ReadRulesReply) (RuleView, error) {
 			a.After = nil
 		}
 		if _, _, err := a.Rules(); err != nil {
-			return RuleView{}, err
+			return lease.RuleView{}, err
 		}
 		v.History = append(v.History, a)
 	}
@@ -417,13 +418,13 @@ func errorCode(err error) leasepb.Code {
 	switch {
 	case errors.Is(err, quota.ErrInvalidRule):
 		return leasepb.Code_INVALID_RULE
-	case errors.Is(err, ErrRuleNotFound):
+	case errors.Is(err, lease.ErrRuleNotFound):
 		return leasepb.Code_NOT_FOUND
-	case errors.Is(err, ErrUnknownRule):
+	case errors.Is(err, lease.ErrUnknownRule):
 		return leasepb.Code_UNKNOWN_RULE
-	case errors.Is(err, ErrUnknownRegion):
+	case errors.Is(err, lease.ErrUnknownRegion):
 		return leasepb.Code_UNKNOWN_REGION
-	case errors.Is(err, ErrBadCommand), errors.Is(err, ErrMalformedEntry):
+	case errors.Is(err, lease.ErrBadCommand), errors.Is(err, lease.ErrMalformedEntry):
 		return leasepb.Code_BAD_COMMAND
 	case errors.Is(err, ErrNotLeader), errors.Is(err, ErrClosed), errors.Is(err, ErrNoLeader):
 		// A closing leader is, to the caller, one that no longer leads.
@@ -464,13 +465,13 @@ func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb
 			sentinel = errors.Join(errs...)
 		}
 	case leasepb.Code_NOT_FOUND:
-		sentinel = ErrRuleNotFound
+		sentinel = lease.ErrRuleNotFound
 	case leasepb.Code_BAD_COMMAND:
-		sentinel = ErrBadCommand
+		sentinel = lease.ErrBadCommand
 	case leasepb.Code_UNKNOWN_RULE:
-		sentinel = ErrUnknownRule
+		sentinel = lease.ErrUnknownRule
 	case leasepb.Code_UNKNOWN_REGION:
-		sentinel = ErrUnknownRegion
+		sentinel = lease.ErrUnknownRegion
 	case leasepb.Code_NOT_LEADER:
 		return true, fmt.Errorf("%w: %q answered: %s", ErrNotLeader, leader, msg)
 	default:
@@ -480,35 +481,35 @@ func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb
 }
 
 // forwardPropose sends e to the leader's forwarding service.
-func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e Entry) (ApplyResponse, bool, error) {
-	pc, err := entryToPB(e)
+func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e lease.Entry) (lease.ApplyResponse, bool, error) {
+	pc, err := lease.EntryToPB(e)
 	if err != nil {
-		return ApplyResponse{}, false, err
+		return lease.ApplyResponse{}, false, err
 	}
 	cc, err := g.conn(addr)
 	if err != nil {
-		return ApplyResponse{}, false, err
+		return lease.ApplyResponse{}, false, err
 	}
 	rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: g.cfg.Name, Command: pc})
 	if err != nil {
-		return ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
+		return lease.ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}
 	if e.Durable != nil && rep.GetCode() == leasepb.Code_OK && rep.GetDurable() == nil {
-		return ApplyResponse{}, false, fmt.Errorf("leader %q: %w", leader, errDurableNoDecision)
+		return lease.ApplyResponse{}, false, fmt.Errorf("leader %q: %w", leader, errDurableNoDecision)
 	}
 	return replyResponse(leader, rep)
 }
 
 // replyResponse turns a ProposeReply back into a response or an error.
-func replyResponse(from string, rep *leasepb.ProposeReply) (ApplyResponse, bool, error) {
+func replyResponse(from string, rep *leasepb.ProposeReply) (lease.ApplyResponse, bool, error) {
 	if retry, err := codeError(from, rep.GetCode(), rep.GetMessage(), rep.GetProblems()); err != nil {
-		return ApplyResponse{}, retry, err
+		return lease.ApplyResponse{}, retry, err
 	}
 	res, err := resultFromPB(rep.GetResult())
 	if err != nil {
-		return ApplyResponse{}, false, fmt.Errorf("lease: malformed reply from %q: %w", from, err)
+		return lease.ApplyResponse{}, false, fmt.Errorf("lease: malformed reply from %q: %w", from, err)
 	}
-	resp := ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}
+	resp := lease.ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}
 	if rep.GetDurable() != nil {
 		resp.Durable = decisionFromPB(rep.GetDurable())
 	}
@@ -516,21 +517,21 @@ func replyResponse(from string, rep *leasepb.ProposeReply) (ApplyResponse, bool,
 }
 
 // forwardRead sends a linearizable read to the leader's forwarding service.
-func (g *Group) forwardRead(ctx context.Context, leader, addr string, q readQuery) (RuleView, bool, error) {
+func (g *Group) forwardRead(ctx context.Context, leader, addr string, q readQuery) (lease.RuleView, bool, error) {
 	cc, err := g.conn(addr)
 	if err != nil {
-		return RuleView{}, false, err
+		return lease.RuleView{}, false, err
 	}
 	rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(true))
 	if err != nil {
-		return RuleView{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding a read to the leader %q at %s: %w", leader, addr, err)
+		return lease.RuleView{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding a read to the leader %q at %s: %w", leader, addr, err)
 	}
 	if retry, err := codeError(leader, rep.GetCode(), rep.GetMessage(), nil); err != nil {
-		return RuleView{}, retry, err
+		return lease.RuleView{}, retry, err
 	}
 	v, err := viewFromPB(rep)
 	if err != nil {
-		return RuleView{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
+		return lease.RuleView{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
 	}
 	return v, false, nil
 }

@@ -1,7 +1,8 @@
-package lease
+package raftgroup
 
 import (
 	"context"
+	"github.com/weir-dev/weir/lease"
 	"testing"
 	"time"
 
@@ -33,9 +34,9 @@ func FuzzLeaseRPC(f *testing.F) {
 		}
 		f.Add(kind, b)
 	}
-	for _, cmd := range []Command{rulesCmd, {Tick: true}, {Takeover: true},
-		{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu", Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}}} {
-		pc, err := commandToPB(cmd)
+	for _, cmd := range []lease.Command{rulesCmd, {Tick: true}, {Takeover: true},
+		{Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu", Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}}} {
+		pc, err := lease.EntryToPB(lease.Entry{Command: &cmd})
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -45,7 +46,7 @@ func FuzzLeaseRPC(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	rb, err := encodeRuleJSON(rule)
+	rb, err := lease.EncodeRuleJSON(rule)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -1,10 +1,11 @@
-package lease
+package raftgroup
 
 import (
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/weir-dev/weir/lease"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,7 @@ import (
 // ClientConfig configures a Client. Voters is required; the zero value of
 // every other field works.
 type ClientConfig struct {
-	// Voters are the voters' forwarding addresses (GroupConfig.RPCAddr),
+	// Voters are the voters' forwarding addresses (Config.RPCAddr),
 	// host:port. The client calls one, and moves to the next when it is
 	// unreachable or has no leader to forward to.
 	Voters []string
@@ -118,15 +119,12 @@ func (c *Client) closeConns() error {
 // is applied once.
 func (c *Client) PutRule(ctx context.Context, principal string, r quota.Rule) (uint64, error) {
 	reqID := newRequestID()
-	if err := checkChange(RuleChange{Principal: principal, Put: &r}); err != nil {
+	if err := (lease.RuleChange{Principal: principal, Put: &r}).Validate(); err != nil {
 		return 0, err
 	}
-	if err := quota.Validate([]quota.Rule{r}); err != nil {
-		return 0, ruleErrors(OpPut, r.ID, err, 0)
-	}
-	b, err := encodeRuleJSON(r)
+	b, err := lease.EncodeRuleJSON(r)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrBadCommand, err)
+		return 0, fmt.Errorf("%w: %w", lease.ErrBadCommand, err)
 	}
 	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
 		Change: &leasepb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: principal, Rule: b, RequestId: reqID}}})
@@ -136,9 +134,9 @@ func (c *Client) PutRule(ctx context.Context, principal string, r quota.Rule) (u
 // like PutRule: a delete retried after a lost reply returns its version.
 func (c *Client) DeleteRule(ctx context.Context, principal, id string) (uint64, error) {
 	if id == "" {
-		return 0, fmt.Errorf("%w: DeleteRule with an empty id", ErrBadCommand)
+		return 0, fmt.Errorf("%w: DeleteRule with an empty id", lease.ErrBadCommand)
 	}
-	if err := checkChange(RuleChange{Principal: principal, Delete: id}); err != nil {
+	if err := (lease.RuleChange{Principal: principal, Delete: id}).Check(); err != nil {
 		return 0, err
 	}
 	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
@@ -175,8 +173,8 @@ func (c *Client) ReadHistory(ctx context.Context, q HistoryQuery) (HistoryPage, 
 	return HistoryPage{Version: v.Version, Oldest: v.Oldest, Entries: v.History}, nil
 }
 
-func (c *Client) read(ctx context.Context, q readQuery) (RuleView, error) {
-	var v RuleView
+func (c *Client) read(ctx context.Context, q readQuery) (lease.RuleView, error) {
+	var v lease.RuleView
 	err := c.do(ctx, "read", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
 		rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(false))
 		if err != nil {
@@ -246,13 +244,13 @@ func (c *Client) do(ctx context.Context, what string, once func(context.Context,
 // by Timeout, ends). Every attempt carries the same report, so a retry
 // after a lost reply is applied once (the machine ignores a Seq it has
 // applied and returns the current leases).
-func (c *Client) Report(ctx context.Context, r Report) (Result, error) {
-	pc, err := entryToPB(Entry{Command: &Command{Report: &r}})
+func (c *Client) Report(ctx context.Context, r lease.Report) (lease.Result, error) {
+	pc, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Report: &r}})
 	if err != nil {
-		return Result{}, err
+		return lease.Result{}, err
 	}
 	req := &leasepb.ProposeRequest{From: c.cfg.Name, Command: pc}
-	var res Result
+	var res lease.Result
 	err = c.do(ctx, "report", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
 		rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, req)
 		if err != nil {
