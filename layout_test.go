@@ -44,14 +44,11 @@ func TestLayout(t *testing.T) {
 // TestLayoutCoresAndShells: the cores the simulator runs stay apart from
 // their shells. The cluster core and the request policy reach no shell
 // (cluster/shell, memberlist, gRPC); the lease core reaches neither the
-// Raft group (lease/raftgroup, hashicorp/raft) nor the cluster's shell; the
+// Raft group (lease/raftgroup, hashicorp/raft), gRPC (its log's messages,
+// leasepb, hold no service) nor the cluster's shell; the
 // request policy imports only the standard library; the simulator runs the
 // cores, never a shell, memberlist or Raft (it models the network,
 // membership and the Raft log itself).
-//
-// The lease core does link gRPC's packages, through leasepb: the log
-// entries' protobuf messages and the forwarding service's generated code
-// share that package. Its files import none of gRPC (TestCoresArePure).
 func TestLayoutCoresAndShells(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("the go command is not on PATH")
@@ -67,11 +64,12 @@ func TestLayoutCoresAndShells(t *testing.T) {
 		}
 	}
 	raftShells := []string{"github.com/weir-dev/weir/lease/raftgroup", "github.com/hashicorp/raft",
-		"github.com/hashicorp/raft-boltdb", "github.com/weir-dev/weir/cluster/shell", "github.com/hashicorp/memberlist"}
+		"github.com/hashicorp/raft-boltdb", "google.golang.org/grpc", "github.com/weir-dev/weir/cluster/shell",
+		"github.com/hashicorp/memberlist"}
 	for _, d := range goList(t, "./lease") {
 		for _, f := range raftShells {
 			if d == f || strings.HasPrefix(d, f+"/") {
-				t.Errorf("lease/ reaches %s: the lease core leaves Raft, sockets and locks to lease/raftgroup", d)
+				t.Errorf("lease/ reaches %s: the lease core leaves Raft, gRPC, sockets and locks to lease/raftgroup", d)
 			}
 		}
 	}

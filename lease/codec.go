@@ -10,9 +10,10 @@ import (
 	"github.com/weir-dev/weir/lease/leasepb"
 )
 
-// This file is the codec of the lease group's Raft log entries, and the
-// conversion between the machine's types and the wire messages of the
-// forwarding service (lease/leasepb).
+// This file is the codec of the lease group's Raft log entries: the
+// conversion between the machine's types and the log's wire messages
+// (lease/leasepb), which the forwarding service (lease/raftgroup) also
+// carries to the leader.
 //
 // An entry is one format byte and a body:
 //

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -126,8 +127,8 @@ func (c *Client) PutRule(ctx context.Context, principal string, r quota.Rule) (u
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", lease.ErrBadCommand, err)
 	}
-	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
-		Change: &leasepb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: principal, Rule: b, RequestId: reqID}}})
+	return c.change(ctx, &grouppb.ChangeRuleRequest{From: c.cfg.Name,
+		Change: &grouppb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: principal, Rule: b, RequestId: reqID}}})
 }
 
 // DeleteRule implements RuleService through a voter, under one request id
@@ -139,14 +140,14 @@ func (c *Client) DeleteRule(ctx context.Context, principal, id string) (uint64, 
 	if err := (lease.RuleChange{Principal: principal, Delete: id}).Check(); err != nil {
 		return 0, err
 	}
-	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
-		Change: &leasepb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: principal, Id: id, RequestId: newRequestID()}}})
+	return c.change(ctx, &grouppb.ChangeRuleRequest{From: c.cfg.Name,
+		Change: &grouppb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: principal, Id: id, RequestId: newRequestID()}}})
 }
 
-func (c *Client) change(ctx context.Context, req *leasepb.ChangeRuleRequest) (uint64, error) {
+func (c *Client) change(ctx context.Context, req *grouppb.ChangeRuleRequest) (uint64, error) {
 	var v uint64
 	err := c.do(ctx, "rule change", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).ChangeRule(ctx, req)
+		rep, err := grouppb.NewLeaseGroupClient(cc).ChangeRule(ctx, req)
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}
@@ -176,7 +177,7 @@ func (c *Client) ReadHistory(ctx context.Context, q HistoryQuery) (HistoryPage, 
 func (c *Client) read(ctx context.Context, q readQuery) (lease.RuleView, error) {
 	var v lease.RuleView
 	err := c.do(ctx, "read", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(false))
+		rep, err := grouppb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(false))
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}
@@ -249,10 +250,10 @@ func (c *Client) Report(ctx context.Context, r lease.Report) (lease.Result, erro
 	if err != nil {
 		return lease.Result{}, err
 	}
-	req := &leasepb.ProposeRequest{From: c.cfg.Name, Command: pc}
+	req := &grouppb.ProposeRequest{From: c.cfg.Name, Command: pc}
 	var res lease.Result
 	err = c.do(ctx, "report", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, req)
+		rep, err := grouppb.NewLeaseGroupClient(cc).Propose(ctx, req)
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weir-dev/weir/bucket"
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // This file is the durable store's side of the Group and the Client: a
@@ -57,13 +57,13 @@ func (g *Group) durable(ctx context.Context, c lease.DurableCommand) (bucket.Dec
 	return resp.Durable, nil
 }
 
-// Durable implements leasepb.LeaseGroupServer: the receiver decides through
+// Durable implements grouppb.LeaseGroupServer: the receiver decides through
 // Group.durable, which forwards to the leader when it does not lead.
-func (s *rpcServer) Durable(ctx context.Context, req *leasepb.DurableRequest) (*leasepb.ProposeReply, error) {
+func (s *rpcServer) Durable(ctx context.Context, req *grouppb.DurableRequest) (*grouppb.ProposeReply, error) {
 	c, err := lease.DurableFromPB(0, req.GetDecide())
 	if err != nil {
 		s.g.malformed.Add(1)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
 	}
 	d, err := s.g.durable(ctx, c)
 	return proposeReply(lease.ApplyResponse{Durable: d}, err), nil
@@ -81,14 +81,14 @@ func (c *Client) durableCommand(ctx context.Context, cmd lease.DurableCommand) (
 	if err := cmd.Check(); err != nil {
 		return bucket.Decision{}, err
 	}
-	req := &leasepb.DurableRequest{From: c.cfg.Name, Decide: lease.DurableToPB(cmd)}
+	req := &grouppb.DurableRequest{From: c.cfg.Name, Decide: lease.DurableToPB(cmd)}
 	var d bucket.Decision
 	err := c.do(ctx, "durable decision", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).Durable(ctx, req)
+		rep, err := grouppb.NewLeaseGroupClient(cc).Durable(ctx, req)
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}
-		if rep.GetCode() == leasepb.Code_OK && rep.GetDurable() == nil {
+		if rep.GetCode() == grouppb.Code_OK && rep.GetDurable() == nil {
 			return false, fmt.Errorf("voter %s: %w", addr, errDurableNoDecision)
 		}
 		resp, retry, err := replyResponse("voter "+addr, rep)

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"github.com/weir-dev/weir/lease"
 
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -188,8 +188,8 @@ type readQuery struct {
 	limit          int
 }
 
-func (q readQuery) toPB(forwarded bool) *leasepb.ReadRulesRequest {
-	return &leasepb.ReadRulesRequest{Linearizable: q.linearizable, WithRules: q.rules, WithHistory: q.history,
+func (q readQuery) toPB(forwarded bool) *grouppb.ReadRulesRequest {
+	return &grouppb.ReadRulesRequest{Linearizable: q.linearizable, WithRules: q.rules, WithHistory: q.history,
 		Since: q.since, Limit: uint32(min(max(q.limit, 0), MaxHistoryLimit)), Forwarded: forwarded}
 }
 

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // These tests run real Raft (hashicorp/raft on raft-boltdb in t.TempDir())
@@ -326,8 +327,8 @@ func TestGroupForwarding(t *testing.T) {
 		t.Fatalf("empty command: %v, want ErrBadCommand", err)
 	}
 	// A malformed command on the wire is refused and counted.
-	rep, err := (&rpcServer{g: l}).Propose(context.Background(), &leasepb.ProposeRequest{From: "x", Command: &leasepb.Command{}})
-	if err != nil || rep.GetCode() != leasepb.Code_BAD_COMMAND || l.Malformed() != 1 {
+	rep, err := (&rpcServer{g: l}).Propose(context.Background(), &grouppb.ProposeRequest{From: "x", Command: &leasepb.Command{}})
+	if err != nil || rep.GetCode() != grouppb.Code_BAD_COMMAND || l.Malformed() != 1 {
 		t.Fatalf("malformed command: %v, %v, counted %d", rep, err, l.Malformed())
 	}
 	state := c.converge()

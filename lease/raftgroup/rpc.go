@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/bucket"
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -181,7 +181,7 @@ func truncateUTF8(s string, n int) string {
 
 // rpcServer is the LeaseGroup service of one Group.
 type rpcServer struct {
-	leasepb.UnimplementedLeaseGroupServer
+	grouppb.UnimplementedLeaseGroupServer
 	g         *Group
 	voters    map[string]bool
 	lis       net.Listener
@@ -208,7 +208,7 @@ func startRPCServer(g *Group) (*rpcServer, error) {
 	}
 	opts = append(opts, g.cfg.ServerOptions...)
 	s.srv = grpc.NewServer(opts...)
-	leasepb.RegisterLeaseGroupServer(s.srv, s)
+	grouppb.RegisterLeaseGroupServer(s.srv, s)
 	go func() {
 		defer close(s.serveDone)
 		if err := s.srv.Serve(lis); err != nil {
@@ -239,8 +239,8 @@ func (s *rpcServer) stop(grace time.Duration) {
 	<-s.serveDone
 }
 
-// Propose implements leasepb.LeaseGroupServer.
-func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*leasepb.ProposeReply, error) {
+// Propose implements grouppb.LeaseGroupServer.
+func (s *rpcServer) Propose(ctx context.Context, req *grouppb.ProposeRequest) (*grouppb.ProposeReply, error) {
 	c := s.caller(ctx)
 	if !c.verified {
 		return nil, s.refuse(ctx, c, "Propose", "no verified certificate")
@@ -249,25 +249,25 @@ func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*
 	if err != nil {
 		s.g.malformed.Add(1)
 		s.g.log.Debug("malformed forwarded command refused", "from", req.GetFrom(), "err", err)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
 	}
 	if !c.voter && !gatewayEntry(e) {
 		return nil, s.refuse(ctx, c, "Propose", "only a voter may propose this command; a gateway proposes reports and durable decisions")
 	}
 	l := s.g.lead()
 	if l == nil {
-		return &leasepb.ProposeReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 	}
 	resp, _, err := s.g.proposeLocal(ctx, l, e)
 	return proposeReply(resp, err), nil
 }
 
 // proposeReply is the wire form of an applied entry's response.
-func proposeReply(resp lease.ApplyResponse, err error) *leasepb.ProposeReply {
+func proposeReply(resp lease.ApplyResponse, err error) *grouppb.ProposeReply {
 	if err != nil {
-		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
+		return &grouppb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
 	}
-	rep := &leasepb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
+	rep := &grouppb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
 	if resp.Durable != (bucket.Decision{}) { // a durable decision's Limit is at least 1
 		rep.Durable = decisionToPB(resp.Durable)
 	}
@@ -275,18 +275,18 @@ func proposeReply(resp lease.ApplyResponse, err error) *leasepb.ProposeReply {
 }
 
 // problemsToPB lists the *quota.Error values in err.
-func problemsToPB(err error) []*leasepb.Problem {
-	var out []*leasepb.Problem
+func problemsToPB(err error) []*grouppb.Problem {
+	var out []*grouppb.Problem
 	for _, q := range lease.Problems(err) {
-		out = append(out, &leasepb.Problem{Field: q.Field, Message: q.Msg, RuleId: q.RuleID})
+		out = append(out, &grouppb.Problem{Field: q.Field, Message: q.Msg, RuleId: q.RuleID})
 	}
 	return out
 }
 
-// ChangeRule implements leasepb.LeaseGroupServer: the receiver puts or
+// ChangeRule implements grouppb.LeaseGroupServer: the receiver puts or
 // deletes the rule through Group.PutRule or DeleteRule, which forward to
 // the leader when it does not lead.
-func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleRequest) (*leasepb.ProposeReply, error) {
+func (s *rpcServer) ChangeRule(ctx context.Context, req *grouppb.ChangeRuleRequest) (*grouppb.ProposeReply, error) {
 	c := s.caller(ctx)
 	if !c.verified || (!c.voter && c.name == "") {
 		return nil, s.refuse(ctx, c, "ChangeRule", "a certificate with a name is required")
@@ -304,24 +304,24 @@ func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleReque
 		err error
 	)
 	switch ch := req.GetChange().(type) {
-	case *leasepb.ChangeRuleRequest_Put:
+	case *grouppb.ChangeRuleRequest_Put:
 		var r quota.Rule
 		if r, err = lease.DecodeRuleJSON(ch.Put.GetRule()); err != nil {
 			s.g.malformed.Add(1)
-			return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", lease.ErrBadCommand, err)}, nil
+			return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", lease.ErrBadCommand, err)}, nil
 		}
 		v, err = s.g.putRule(ctx, principal(ch.Put.GetPrincipal()), r, ch.Put.GetRequestId())
-	case *leasepb.ChangeRuleRequest_Delete:
+	case *grouppb.ChangeRuleRequest_Delete:
 		v, err = s.g.deleteRule(ctx, principal(ch.Delete.GetPrincipal()), ch.Delete.GetId(), ch.Delete.GetRequestId())
 	default:
 		s.g.malformed.Add(1)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", lease.ErrBadCommand)}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", lease.ErrBadCommand)}, nil
 	}
 	return proposeReply(lease.ApplyResponse{RuleVersion: v}, err), nil
 }
 
-// ReadRules implements leasepb.LeaseGroupServer.
-func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest) (*leasepb.ReadRulesReply, error) {
+// ReadRules implements grouppb.LeaseGroupServer.
+func (s *rpcServer) ReadRules(ctx context.Context, req *grouppb.ReadRulesRequest) (*grouppb.ReadRulesReply, error) {
 	if c := s.caller(ctx); !c.verified {
 		return nil, s.refuse(ctx, c, "ReadRules", "no verified certificate")
 	}
@@ -336,21 +336,21 @@ func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest
 		// never forward again.
 		l := s.g.lead()
 		if l == nil {
-			return &leasepb.ReadRulesReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+			return &grouppb.ReadRulesReply{Code: grouppb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 		}
 		v, _, err = s.g.readLeader(ctx, l, q)
 	} else {
 		v, err = s.g.read(ctx, q)
 	}
 	if err != nil {
-		return &leasepb.ReadRulesReply{Code: errorCode(err), Message: err.Error()}, nil
+		return &grouppb.ReadRulesReply{Code: errorCode(err), Message: err.Error()}, nil
 	}
 	return viewToPB(v)
 }
 
 // viewToPB converts a read of the rule store.
-func viewToPB(v lease.RuleView) (*leasepb.ReadRulesReply, error) {
-	rep := &leasepb.ReadRulesReply{Version: v.Version, Oldest: v.Oldest}
+func viewToPB(v lease.RuleView) (*grouppb.ReadRulesReply, error) {
+	rep := &grouppb.ReadRulesReply{Version: v.Version, Oldest: v.Oldest}
 	for _, r := range v.Rules {
 		b, err := lease.EncodeRuleJSON(r)
 		if err != nil {
@@ -359,14 +359,14 @@ func viewToPB(v lease.RuleView) (*leasepb.ReadRulesReply, error) {
 		rep.Rules = append(rep.Rules, b)
 	}
 	for _, e := range v.History {
-		rep.History = append(rep.History, &leasepb.AuditEntry{Version: e.Version, At: e.At, Principal: e.Principal,
+		rep.History = append(rep.History, &grouppb.AuditEntry{Version: e.Version, At: e.At, Principal: e.Principal,
 			Op: e.Op.String(), RuleId: e.RuleID, Before: e.Before, After: e.After, Digest: e.Digest, RequestId: e.RequestID})
 	}
 	return rep, nil
 }
 
 // viewFromPB converts a wire read of the rule store, checking its form.
-func viewFromPB(rep *leasepb.ReadRulesReply) (lease.RuleView, error) {
+func viewFromPB(rep *grouppb.ReadRulesReply) (lease.RuleView, error) {
 	v := lease.RuleView{Version: rep.GetVersion(), Oldest: rep.GetOldest()}
 	for i, b := range rep.GetRules() {
 		r, err := lease.DecodeRuleJSON(b)
@@ -396,41 +396,41 @@ func viewFromPB(rep *leasepb.ReadRulesReply) (lease.RuleView, error) {
 	return v, nil
 }
 
-// AddVoter implements leasepb.LeaseGroupServer.
-func (s *rpcServer) AddVoter(ctx context.Context, req *leasepb.AddVoterRequest) (*leasepb.AddVoterReply, error) {
+// AddVoter implements grouppb.LeaseGroupServer.
+func (s *rpcServer) AddVoter(ctx context.Context, req *grouppb.AddVoterRequest) (*grouppb.AddVoterReply, error) {
 	if c := s.caller(ctx); !c.voter {
 		return nil, s.refuse(ctx, c, "AddVoter", "only a voter may change the membership")
 	}
 	if req.GetName() == "" || req.GetAddress() == "" {
-		return &leasepb.AddVoterReply{Code: leasepb.Code_BAD_COMMAND, Message: "lease: AddVoter: empty name or address"}, nil
+		return &grouppb.AddVoterReply{Code: grouppb.Code_BAD_COMMAND, Message: "lease: AddVoter: empty name or address"}, nil
 	}
 	if !s.g.IsLeader() {
-		return &leasepb.AddVoterReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+		return &grouppb.AddVoterReply{Code: grouppb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 	}
 	if _, err := s.g.addVoterLocal(ctx, req.GetName(), req.GetAddress()); err != nil {
-		return &leasepb.AddVoterReply{Code: errorCode(err), Message: err.Error()}, nil
+		return &grouppb.AddVoterReply{Code: errorCode(err), Message: err.Error()}, nil
 	}
-	return &leasepb.AddVoterReply{}, nil
+	return &grouppb.AddVoterReply{}, nil
 }
 
 // errorCode classifies an error for the wire.
-func errorCode(err error) leasepb.Code {
+func errorCode(err error) grouppb.Code {
 	switch {
 	case errors.Is(err, quota.ErrInvalidRule):
-		return leasepb.Code_INVALID_RULE
+		return grouppb.Code_INVALID_RULE
 	case errors.Is(err, lease.ErrRuleNotFound):
-		return leasepb.Code_NOT_FOUND
+		return grouppb.Code_NOT_FOUND
 	case errors.Is(err, lease.ErrUnknownRule):
-		return leasepb.Code_UNKNOWN_RULE
+		return grouppb.Code_UNKNOWN_RULE
 	case errors.Is(err, lease.ErrUnknownRegion):
-		return leasepb.Code_UNKNOWN_REGION
+		return grouppb.Code_UNKNOWN_REGION
 	case errors.Is(err, lease.ErrBadCommand), errors.Is(err, lease.ErrMalformedEntry):
-		return leasepb.Code_BAD_COMMAND
+		return grouppb.Code_BAD_COMMAND
 	case errors.Is(err, ErrNotLeader), errors.Is(err, ErrClosed), errors.Is(err, ErrNoLeader):
 		// A closing leader is, to the caller, one that no longer leads.
-		return leasepb.Code_NOT_LEADER
+		return grouppb.Code_NOT_LEADER
 	}
-	return leasepb.Code_FAILED
+	return grouppb.Code_FAILED
 }
 
 // remoteError is an error the leader returned: its message, and the
@@ -450,12 +450,12 @@ var ErrRemote = errors.New("lease: the leader failed the request")
 // codeError turns a reply's code, message and problems back into an error;
 // retry is true for NOT_LEADER. INVALID_RULE gives the problems back as
 // *quota.Error values.
-func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb.Problem) (retry bool, err error) {
+func codeError(leader string, code grouppb.Code, msg string, problems []*grouppb.Problem) (retry bool, err error) {
 	var sentinel error
 	switch code {
-	case leasepb.Code_OK:
+	case grouppb.Code_OK:
 		return false, nil
-	case leasepb.Code_INVALID_RULE:
+	case grouppb.Code_INVALID_RULE:
 		sentinel = quota.ErrInvalidRule
 		if len(problems) > 0 {
 			errs := make([]error, len(problems))
@@ -464,15 +464,15 @@ func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb
 			}
 			sentinel = errors.Join(errs...)
 		}
-	case leasepb.Code_NOT_FOUND:
+	case grouppb.Code_NOT_FOUND:
 		sentinel = lease.ErrRuleNotFound
-	case leasepb.Code_BAD_COMMAND:
+	case grouppb.Code_BAD_COMMAND:
 		sentinel = lease.ErrBadCommand
-	case leasepb.Code_UNKNOWN_RULE:
+	case grouppb.Code_UNKNOWN_RULE:
 		sentinel = lease.ErrUnknownRule
-	case leasepb.Code_UNKNOWN_REGION:
+	case grouppb.Code_UNKNOWN_REGION:
 		sentinel = lease.ErrUnknownRegion
-	case leasepb.Code_NOT_LEADER:
+	case grouppb.Code_NOT_LEADER:
 		return true, fmt.Errorf("%w: %q answered: %s", ErrNotLeader, leader, msg)
 	default:
 		sentinel = ErrRemote
@@ -490,18 +490,18 @@ func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e lease
 	if err != nil {
 		return lease.ApplyResponse{}, false, err
 	}
-	rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: g.cfg.Name, Command: pc})
+	rep, err := grouppb.NewLeaseGroupClient(cc).Propose(ctx, &grouppb.ProposeRequest{From: g.cfg.Name, Command: pc})
 	if err != nil {
 		return lease.ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}
-	if e.Durable != nil && rep.GetCode() == leasepb.Code_OK && rep.GetDurable() == nil {
+	if e.Durable != nil && rep.GetCode() == grouppb.Code_OK && rep.GetDurable() == nil {
 		return lease.ApplyResponse{}, false, fmt.Errorf("leader %q: %w", leader, errDurableNoDecision)
 	}
 	return replyResponse(leader, rep)
 }
 
 // replyResponse turns a ProposeReply back into a response or an error.
-func replyResponse(from string, rep *leasepb.ProposeReply) (lease.ApplyResponse, bool, error) {
+func replyResponse(from string, rep *grouppb.ProposeReply) (lease.ApplyResponse, bool, error) {
 	if retry, err := codeError(from, rep.GetCode(), rep.GetMessage(), rep.GetProblems()); err != nil {
 		return lease.ApplyResponse{}, retry, err
 	}
@@ -522,7 +522,7 @@ func (g *Group) forwardRead(ctx context.Context, leader, addr string, q readQuer
 	if err != nil {
 		return lease.RuleView{}, false, err
 	}
-	rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(true))
+	rep, err := grouppb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(true))
 	if err != nil {
 		return lease.RuleView{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding a read to the leader %q at %s: %w", leader, addr, err)
 	}
@@ -542,7 +542,7 @@ func (g *Group) forwardAddVoter(ctx context.Context, leader, addr, name, raftAdd
 	if err != nil {
 		return false, err
 	}
-	rep, err := leasepb.NewLeaseGroupClient(cc).AddVoter(ctx, &leasepb.AddVoterRequest{Name: name, Address: raftAddr})
+	rep, err := grouppb.NewLeaseGroupClient(cc).AddVoter(ctx, &grouppb.AddVoterRequest{Name: name, Address: raftAddr})
 	if err != nil {
 		return callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}

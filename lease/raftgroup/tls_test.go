@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/weir-dev/weir/internal/testpki"
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // testCerts makes a CA and one certificate for 127.0.0.1 usable by servers
@@ -55,7 +55,7 @@ func TestGroupMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: "intruder", Command: pc}); err == nil {
+	if _, err := grouppb.NewLeaseGroupClient(cc).Propose(ctx, &grouppb.ProposeRequest{From: "intruder", Command: pc}); err == nil {
 		t.Fatal("a caller with no client certificate was served")
 	}
 	c.checkAll("end")

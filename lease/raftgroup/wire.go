@@ -7,7 +7,7 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease"
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // This file converts the replies of the forwarding service (a proposal's
@@ -19,28 +19,28 @@ import (
 var errDurableNoDecision = errors.New("lease: the reply to a durable command carries no decision")
 
 // decisionToPB and decisionFromPB convert a durable decision.
-func decisionToPB(d bucket.Decision) *leasepb.Decision {
-	return &leasepb.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetIn: int64(d.Reset),
+func decisionToPB(d bucket.Decision) *grouppb.Decision {
+	return &grouppb.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetIn: int64(d.Reset),
 		RetryAfter: int64(d.RetryAfter)}
 }
 
-func decisionFromPB(d *leasepb.Decision) bucket.Decision {
+func decisionFromPB(d *grouppb.Decision) bucket.Decision {
 	return bucket.Decision{Allowed: d.GetAllowed(), Limit: d.GetLimit(), Remaining: d.GetRemaining(),
 		Reset: time.Duration(d.GetResetIn()), RetryAfter: time.Duration(d.GetRetryAfter())}
 }
 
 // resultToPB converts a lease.Result.
-func resultToPB(r lease.Result) *leasepb.Result {
-	pr := &leasepb.Result{Grants: make([]*leasepb.Grant, len(r.Grants))}
+func resultToPB(r lease.Result) *grouppb.Result {
+	pr := &grouppb.Result{Grants: make([]*grouppb.Grant, len(r.Grants))}
 	for i, g := range r.Grants {
-		pr.Grants[i] = &leasepb.Grant{Rule: g.Rule, Identity: []byte(g.Identity), Epoch: g.Epoch, Share: g.Share,
+		pr.Grants[i] = &grouppb.Grant{Rule: g.Rule, Identity: []byte(g.Identity), Epoch: g.Epoch, Share: g.Share,
 			Burst: g.Burst, Lifetime: g.Lifetime}
 	}
 	return pr
 }
 
 // resultFromPB converts a wire Result; nil is an empty Result.
-func resultFromPB(pr *leasepb.Result) (lease.Result, error) {
+func resultFromPB(pr *grouppb.Result) (lease.Result, error) {
 	if len(pr.GetGrants()) == 0 {
 		return lease.Result{}, nil
 	}
