@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/weir-dev/weir/lease"
 	"io"
 	"log/slog"
 	"mime"
@@ -24,6 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/time/rate"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
 

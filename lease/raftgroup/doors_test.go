@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"github.com/weir-dev/weir/lease"
 	"io"
 	"net"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/internal/testpki"
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )

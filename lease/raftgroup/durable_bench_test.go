@@ -3,10 +3,11 @@ package raftgroup
 import (
 	"context"
 	"fmt"
-	"github.com/weir-dev/weir/lease"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // BenchmarkDurable measures a durable decision's latency through a 3-voter

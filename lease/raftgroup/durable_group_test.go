@@ -2,11 +2,12 @@ package raftgroup
 
 import (
 	"context"
-	"github.com/weir-dev/weir/lease"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // decideAll asks for account's trial from every caller at once, several

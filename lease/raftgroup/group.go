@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/weir-dev/weir/lease"
 	"log/slog"
 	"net"
 	"os"
@@ -20,12 +19,14 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // This file is the lease group's thin shell: hashicorp/raft with
-// raft-boltdb under a data directory, around the pure Machine. It owns the
-// goroutines, sockets and clock: it stamps every command with the proposing
-// leader's clock, proposes Takeover when this node becomes leader (before it
+// raft-boltdb under a data directory, around the pure core (lease.Replica).
+// It owns the goroutines, sockets and clock: it stamps every command with
+// the proposing leader's clock, proposes Takeover when this node becomes leader (before it
 // serves a write), then Tick every TickInterval, and forwards a follower's
 // writes to the leader (rpc.go).
 

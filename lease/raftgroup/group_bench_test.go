@@ -2,9 +2,10 @@ package raftgroup
 
 import (
 	"context"
-	"github.com/weir-dev/weir/lease"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // BenchmarkPropose measures one Report's latency through a 3-voter group

@@ -3,11 +3,11 @@ package raftgroup
 import (
 	"context"
 	"fmt"
-	"github.com/weir-dev/weir/lease"
 
 	"google.golang.org/grpc"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 

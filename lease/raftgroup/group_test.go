@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/weir-dev/weir/lease"
 	"net"
 	"reflect"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )

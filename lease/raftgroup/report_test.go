@@ -2,10 +2,11 @@ package raftgroup
 
 import (
 	"context"
-	"github.com/weir-dev/weir/lease"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // TestClientReport: a node that is not a voter reports through

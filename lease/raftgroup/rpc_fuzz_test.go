@@ -2,7 +2,6 @@ package raftgroup
 
 import (
 	"context"
-	"github.com/weir-dev/weir/lease"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )

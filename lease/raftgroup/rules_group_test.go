@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"github.com/weir-dev/weir/lease"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"github.com/weir-dev/weir/lease"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/weir-dev/weir/internal/testpki"
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
