@@ -68,12 +68,17 @@ func durableToPB(c DurableCommand) (*leasepb.Command, error) {
 	return &leasepb.Command{Now: c.Now, Kind: &leasepb.Command_Durable{Durable: DurableToPB(c)}}, nil
 }
 
+// DurableToPB converts a durable command to its wire form, without checking
+// it (DurableCommand.Check does); the forwarding service carries it to a
+// voter in that form.
 func DurableToPB(c DurableCommand) *leasepb.DurableDecide {
 	return &leasepb.DurableDecide{Rule: c.Rule.ID, Limit: c.Rule.Limit, Window: int64(c.Rule.Window), Burst: c.Rule.Burst,
 		Identity: []byte(c.Identity), Cost: c.Cost, RequestId: c.RequestID, LegacyIdentity: []byte(c.Legacy), KeyFormat: c.KeyFormat}
 }
 
-// DurableFromPB converts and checks the form of a wire durable command.
+// DurableFromPB converts and checks the form of a wire durable command,
+// stamping it with now: a missing message is an error, a malformed command
+// one wrapping ErrBadCommand.
 func DurableFromPB(now int64, d *leasepb.DurableDecide) (DurableCommand, error) {
 	if d == nil {
 		return DurableCommand{}, errors.New("durable is missing")
@@ -201,7 +206,9 @@ func ruleChangeToPB(c RuleChange) (*leasepb.Command, error) {
 	return pc, nil
 }
 
-// EntryToPB converts an entry of any kind.
+// EntryToPB converts an entry of any kind to the wire command that a log
+// entry holds and a forwarded proposal carries; it fails, wrapping
+// ErrBadCommand, unless the entry holds exactly one kind.
 func EntryToPB(e Entry) (*leasepb.Command, error) {
 	switch {
 	case e.Command != nil && e.Rule == nil && e.Durable == nil:
@@ -214,7 +221,8 @@ func EntryToPB(e Entry) (*leasepb.Command, error) {
 	return nil, fmt.Errorf("%w: an entry must hold exactly one of a command, a rule change and a durable decision", ErrBadCommand)
 }
 
-// EntryFromPB converts and checks the form of a wire command of any kind.
+// EntryFromPB converts and checks the form of a wire command of any kind
+// (DecodeLogEntry after the format byte, and a forwarded proposal).
 func EntryFromPB(pc *leasepb.Command) (Entry, error) {
 	switch k := pc.GetKind().(type) {
 	case *leasepb.Command_PutRule:

@@ -426,7 +426,8 @@ func ruleErrors(op RuleOp, id string, err error, at int) error {
 	return fmt.Errorf("lease: %s rule %q refused: %w", op, id, errors.Join(out...))
 }
 
-// RelativeField strips a leading "rules[N]" and the dot after it.
+// RelativeField strips a leading "rules[N]" and the dot after it: a field
+// of a set made relative to its rule.
 func RelativeField(f string) string {
 	if !strings.HasPrefix(f, "rules[") {
 		return f
@@ -438,7 +439,8 @@ func RelativeField(f string) string {
 	return strings.TrimPrefix(f[i+1:], ".")
 }
 
-// Problems returns every *quota.Error in err's tree.
+// Problems returns every *quota.Error in err's tree (errors.Join and %w
+// wrapping included), in order; nil when there is none.
 func Problems(err error) []*quota.Error {
 	var out []*quota.Error
 	var walk func(error)
