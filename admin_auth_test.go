@@ -14,6 +14,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 )
 
@@ -46,7 +47,7 @@ func TestAdminDoors(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	reg := prometheus.NewRegistry()
 	n, err := weir.New(weir.Config{Logger: log, Registerer: reg, Lease: &weir.LeaseConfig{
-		Voter: &lease.GroupConfig{Name: "v1", Dir: t.TempDir(), Voters: []lease.Voter{{Name: "v1"}},
+		Voter: &raftgroup.Config{Name: "v1", Dir: t.TempDir(), Voters: []raftgroup.Voter{{Name: "v1"}},
 			RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0", Machine: lease.Config{Regions: []string{"eu"}},
 			HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,
 			LeaderLeaseTimeout: 75 * time.Millisecond},
@@ -156,14 +157,14 @@ func TestAdminDoors(t *testing.T) {
 }
 
 // TestGuardStandalone: a node without a lease group puts its operator
-// handlers behind a lease.Guard of its own.
+// handlers behind a raftgroup.Guard of its own.
 func TestGuardStandalone(t *testing.T) {
 	n, err := weir.New(weir.Config{Rules: parseRules(t, clusterRules)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	g, err := lease.NewGuard(lease.GuardConfig{Tokens: map[string]string{adminToken: "ops"}})
+	g, err := raftgroup.NewGuard(raftgroup.GuardConfig{Tokens: map[string]string{adminToken: "ops"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestGuardStandalone(t *testing.T) {
 	if g.Unauthorized() != 3 {
 		t.Errorf("Unauthorized = %d, want 3", g.Unauthorized())
 	}
-	if _, err := lease.NewGuard(lease.GuardConfig{Tokens: map[string]string{"short": "ops"}}); err == nil {
+	if _, err := raftgroup.NewGuard(raftgroup.GuardConfig{Tokens: map[string]string{"short": "ops"}}); err == nil {
 		t.Error("a short token was accepted")
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/faultnet"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -114,7 +115,7 @@ type chaosCluster struct {
 	t       *testing.T
 	fn      *faultnet.Net
 	specs   []*chaosNodeSpec
-	voters  []lease.Voter
+	voters  []raftgroup.Voter
 	rpc     map[string]string // voter → lease RPC address (fixed across restarts)
 	dirs    map[string]string
 	machine lease.Config
@@ -178,7 +179,7 @@ func (c *chaosCluster) start(name string) {
 			raftLis.Close()
 			c.t.Fatalf("%s: lease RPC address: %v", name, err)
 		}
-		lc.Voter = &lease.GroupConfig{Name: name, Dir: c.dirs[name], Voters: c.voters, RPCPeers: c.rpc,
+		lc.Voter = &raftgroup.Config{Name: name, Dir: c.dirs[name], Voters: c.voters, RPCPeers: c.rpc,
 			Machine: c.machine, RaftListener: raftLis, RPCListener: rpcLis, RaftDialer: h.DialTimeout,
 			DialOptions:      []grpc.DialOption{grpc.WithContextDialer(h.DialContext)},
 			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaderLeaseTimeout: 150 * time.Millisecond}
@@ -336,7 +337,7 @@ func TestChaos(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.voters = append(c.voters, lease.Voter{Name: l.name, Addr: raft.Addr().String()})
+			c.voters = append(c.voters, raftgroup.Voter{Name: l.name, Addr: raft.Addr().String()})
 			c.rpc[l.name] = rpc.Addr().String()
 			c.dirs[l.name] = t.TempDir()
 			raft.Close()

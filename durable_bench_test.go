@@ -11,6 +11,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
@@ -40,7 +41,7 @@ func BenchmarkDurableAllow(b *testing.B) {
 		return r
 	}
 	rules := []quota.Rule{rule("otp-local", "/local", false), rule("otp-durable", "/durable", true)}
-	var voters []lease.Voter
+	var voters []raftgroup.Voter
 	raftLis, rpcLis := map[string]net.Listener{}, map[string]net.Listener{}
 	peers := map[string]string{}
 	listen := func() net.Listener {
@@ -54,7 +55,7 @@ func BenchmarkDurableAllow(b *testing.B) {
 		name := fmt.Sprintf("gw-%d", i)
 		raftLis[name], rpcLis[name] = listen(), listen()
 		peers[name] = rpcLis[name].Addr().String()
-		voters = append(voters, lease.Voter{Name: name, Addr: raftLis[name].Addr().String()})
+		voters = append(voters, raftgroup.Voter{Name: name, Addr: raftLis[name].Addr().String()})
 	}
 	var nodes []*weir.Node
 	defer func() {
@@ -65,7 +66,7 @@ func BenchmarkDurableAllow(b *testing.B) {
 	for i := range 3 {
 		name := fmt.Sprintf("gw-%d", i)
 		n, err := weir.New(weir.Config{Rules: rules, Lease: &weir.LeaseConfig{DurableTimeout: 30 * time.Second,
-			Voter: &lease.GroupConfig{Name: name, Dir: b.TempDir(), Voters: voters, RPCPeers: peers,
+			Voter: &raftgroup.Config{Name: name, Dir: b.TempDir(), Voters: voters, RPCPeers: peers,
 				RaftListener: raftLis[name], RPCListener: rpcLis[name], Machine: lease.Config{Regions: []string{"eu"}},
 				TickInterval: -1, // no background entries in the measurement
 				// Calm timeouts: a leader change would end the run.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
@@ -48,7 +49,7 @@ type durableGroup struct {
 	t      *testing.T
 	mu     sync.Mutex
 	rpc    map[string]string // name → lease RPC address, for forwarding
-	voters []lease.Voter
+	voters []raftgroup.Voter
 	dirs   map[string]string
 	nodes  map[string]*weir.Node
 	names  []string
@@ -93,7 +94,7 @@ func startDurableGroupWith(t *testing.T, n int, rules []quota.Rule, formats map[
 	for i := range n {
 		name := fmt.Sprintf("gw-%d", i)
 		raftLis[name] = listenLocal(t)
-		g.voters = append(g.voters, lease.Voter{Name: name, Addr: raftLis[name].Addr().String()})
+		g.voters = append(g.voters, raftgroup.Voter{Name: name, Addr: raftLis[name].Addr().String()})
 		g.dirs[name] = t.TempDir()
 		g.names = append(g.names, name)
 	}
@@ -127,7 +128,7 @@ func (g *durableGroup) start(name string, lis net.Listener) *weir.Node {
 	if g.rules != nil {
 		rules = g.rules
 	}
-	vc := &lease.GroupConfig{Name: name, Dir: g.dirs[name], Voters: g.voters, LeaderRPC: g.resolve,
+	vc := &raftgroup.Config{Name: name, Dir: g.dirs[name], Voters: g.voters, LeaderRPC: g.resolve,
 		RPCListener: rpcLis, Machine: lease.Config{Regions: []string{"eu"}},
 		HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond, LeaderLeaseTimeout: 75 * time.Millisecond}
 	if lis != nil {

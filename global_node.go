@@ -10,6 +10,7 @@ import (
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -30,7 +31,7 @@ type globalPart struct {
 	mu  sync.Mutex // guards reg
 	reg *lease.Regional
 
-	rep     lease.Reporter
+	rep     raftgroup.Reporter
 	self    string
 	events  *eventLog // the node's, for fallback events on the status page
 	regions int       // the lease machine's regions: a node's slack is a ÷ regions of the limit's (slackAccuracy)

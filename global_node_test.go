@@ -13,6 +13,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 )
 
@@ -82,8 +83,8 @@ func startGlobalRegions(t *testing.T) *globalRegions {
 		g.regs[n] = reg
 		return n
 	}
-	g.a1 = start("gw-a1", "a", &weir.LeaseConfig{Voter: &lease.GroupConfig{Name: "gw-a1", Dir: t.TempDir(),
-		Voters: []lease.Voter{{Name: "gw-a1"}}, RaftListener: raftLis, RPCListener: rpcLis, Machine: machine,
+	g.a1 = start("gw-a1", "a", &weir.LeaseConfig{Voter: &raftgroup.Config{Name: "gw-a1", Dir: t.TempDir(),
+		Voters: []raftgroup.Voter{{Name: "gw-a1"}}, RaftListener: raftLis, RPCListener: rpcLis, Machine: machine,
 		HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond, LeaderLeaseTimeout: 75 * time.Millisecond},
 		AdminTokens: map[string]string{adminToken: "alice"}})
 	voters := []string{weir.LeaseGroupOf(g.a1).RPCAddr()}

@@ -46,9 +46,12 @@ func TestLayout(t *testing.T) {
 
 // TestLayoutCoresAndShells: the cores the simulator runs stay apart from
 // their shells. The cluster core and the request policy reach no shell
-// (cluster/shell, memberlist, gRPC); the request policy imports only the
-// standard library; the simulator runs the cores, never the cluster's
-// shell or memberlist (it models the network and membership itself).
+// (cluster/shell, memberlist, gRPC); the lease core reaches neither the
+// Raft group (lease/raftgroup, hashicorp/raft), gRPC (its log's messages,
+// leasepb, hold no service) nor the cluster's shell; the
+// request policy imports only the standard library; the simulator runs the
+// cores, never a shell, memberlist or Raft (it models the network,
+// membership and the Raft log itself).
 func TestLayoutCoresAndShells(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("the go command is not on PATH")
@@ -63,15 +66,25 @@ func TestLayoutCoresAndShells(t *testing.T) {
 			}
 		}
 	}
+	raftShells := []string{"github.com/weir-dev/weir/lease/raftgroup", "github.com/hashicorp/raft",
+		"github.com/hashicorp/raft-boltdb", "google.golang.org/grpc", "github.com/weir-dev/weir/cluster/shell",
+		"github.com/hashicorp/memberlist"}
+	for _, d := range goList(t, "./lease") {
+		for _, f := range raftShells {
+			if d == f || strings.HasPrefix(d, f+"/") {
+				t.Errorf("lease/ reaches %s: the lease core leaves Raft, gRPC, sockets and locks to lease/raftgroup", d)
+			}
+		}
+	}
 	for _, d := range goList(t, "./internal/policy") {
 		if d != "github.com/weir-dev/weir/internal/policy" && !isStd(t, d) {
 			t.Errorf("internal/policy reaches %s: the request policy imports only the standard library", d)
 		}
 	}
 	for _, d := range goList(t, "./sim/...") {
-		for _, f := range shells[:2] {
+		for _, f := range append(shells[:2:2], raftShells[:3]...) {
 			if d == f || strings.HasPrefix(d, f+"/") {
-				t.Errorf("sim/ reaches %s: the simulator runs the cores and models the network and membership", d)
+				t.Errorf("sim/ reaches %s: the simulator runs the cores and models the network, membership and Raft", d)
 			}
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -22,11 +23,11 @@ import (
 // keeps the rules (versioned and audited), decides durable rules (one Raft
 // commit per decision; docs/durable.md) and leases global limits to
 // regions (docs/global.md). A node is either one of the group's voters (Voter) or a client of
-// them (Voters); see lease.Group and docs/rules-api.md.
+// them (Voters); see raftgroup.Group and docs/rules-api.md.
 type LeaseConfig struct {
 	// Voter makes this node a voter: the group's configuration (data
 	// directory, Raft and RPC addresses, the initial voters).
-	Voter *lease.GroupConfig
+	Voter *raftgroup.Config
 	// Voters are the lease RPC addresses of the voters, for a node that is
 	// not one. Exactly one of Voter and Voters is set.
 	Voters []string
@@ -70,10 +71,10 @@ const DefaultDurableTimeout = 250 * time.Millisecond
 
 // leasePart is a node's connection to the lease group.
 type leasePart struct {
-	group  *lease.Group  // when a voter
-	client *lease.Client // otherwise
-	svc    lease.RuleService
-	admin  *lease.Admin
+	group  *raftgroup.Group  // when a voter
+	client *raftgroup.Client // otherwise
+	svc    raftgroup.RuleService
+	admin  *raftgroup.Admin
 	kick   chan struct{}
 	done   chan struct{}
 	ctx    context.Context // cancelled when the node stops: bounds every call to the group
@@ -82,7 +83,7 @@ type leasePart struct {
 	seen   atomic.Uint64 // the newest rule version heard of (group or gossip)
 	every  time.Duration
 
-	durable        lease.KeyedDurableService // the group or the client
+	durable        raftgroup.KeyedDurableService // the group or the client
 	durableTimeout time.Duration
 	lastLog        atomic.Int64 // unix ns of the last durable fail-open log line
 }
@@ -112,25 +113,25 @@ func (n *Node) startLease(lc *LeaseConfig) error {
 		lp.durableTimeout = DefaultDurableTimeout
 	}
 	if lc.Voter != nil {
-		g, err := lease.StartGroup(*lc.Voter)
+		g, err := raftgroup.Start(*lc.Voter)
 		if err != nil {
 			return fmt.Errorf("weir: Config.Lease.Voter: %w", err)
 		}
 		lp.group, lp.svc, lp.durable = g, g, g
 	} else {
-		ccfg := lease.ClientConfig{Voters: lc.Voters, TLS: lc.ClientTLS}
+		ccfg := raftgroup.ClientConfig{Voters: lc.Voters, TLS: lc.ClientTLS}
 		if cc := n.cfg.Cluster; cc != nil && cc.net != nil {
 			// A test's fault-injecting network (ClusterConfig.net).
 			ccfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(cc.net.dial)}
 		}
-		c, err := lease.NewClient(ccfg)
+		c, err := raftgroup.NewClient(ccfg)
 		if err != nil {
 			return fmt.Errorf("weir: Config.Lease.Voters: %w", err)
 		}
 		lp.client, lp.svc, lp.durable = c, c, c
 	}
 	if len(lc.AdminTokens) > 0 {
-		a, err := lease.AdminHandler(lease.AdminConfig{Store: lp.svc, Tokens: lc.AdminTokens, Logger: n.log})
+		a, err := raftgroup.AdminHandler(raftgroup.AdminConfig{Store: lp.svc, Tokens: lc.AdminTokens, Logger: n.log})
 		if err != nil {
 			lp.close()
 			return fmt.Errorf("weir: Config.Lease.AdminTokens: %w", err)
@@ -298,7 +299,7 @@ func (n *Node) rulesAdminHandler() http.Handler {
 }
 
 // leaseGroup returns the lease group this node is a voter of, or nil.
-func (n *Node) leaseGroup() *lease.Group {
+func (n *Node) leaseGroup() *raftgroup.Group {
 	if n.lease == nil {
 		return nil
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 )
 
@@ -30,14 +31,14 @@ func startLeaseNodes(t *testing.T, n int) []*weir.Node {
 		}
 		return l
 	}
-	var voters []lease.Voter
+	var voters []raftgroup.Voter
 	raftLis, rpcLis := map[string]net.Listener{}, map[string]net.Listener{}
 	peers := map[string]string{}
 	for i := range n {
 		name := fmt.Sprintf("gw-%d", i)
 		raftLis[name], rpcLis[name] = listen(), listen()
 		peers[name] = rpcLis[name].Addr().String()
-		voters = append(voters, lease.Voter{Name: name, Addr: raftLis[name].Addr().String()})
+		voters = append(voters, raftgroup.Voter{Name: name, Addr: raftLis[name].Addr().String()})
 	}
 	var nodes []*weir.Node
 	t.Cleanup(func() {
@@ -53,7 +54,7 @@ func startLeaseNodes(t *testing.T, n int) []*weir.Node {
 			cc.Join = []string{ops.GossipAddr(nodes[0])}
 		}
 		node, err := weir.New(weir.Config{Cluster: cc, Lease: &weir.LeaseConfig{
-			Voter: &lease.GroupConfig{Name: name, Dir: t.TempDir(), Voters: voters, RPCPeers: peers,
+			Voter: &raftgroup.Config{Name: name, Dir: t.TempDir(), Voters: voters, RPCPeers: peers,
 				RaftListener: raftLis[name], RPCListener: rpcLis[name],
 				Machine:          lease.Config{Regions: []string{"eu"}},
 				HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,

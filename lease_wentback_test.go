@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -22,10 +23,10 @@ import (
 func TestRulesFollowGroupThatWentBack(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "voter")
 	raftAddr, rpcAddr := freeLoopback(t), freeLoopback(t)
-	start := func(from string) *lease.Group {
+	start := func(from string) *raftgroup.Group {
 		t.Helper()
-		g, err := lease.StartGroup(lease.GroupConfig{Name: "v1", Dir: from, RaftAddr: raftAddr, RPCAddr: rpcAddr,
-			Voters:           []lease.Voter{{Name: "v1", Addr: raftAddr}},
+		g, err := raftgroup.Start(raftgroup.Config{Name: "v1", Dir: from, RaftAddr: raftAddr, RPCAddr: rpcAddr,
+			Voters:           []raftgroup.Voter{{Name: "v1", Addr: raftAddr}},
 			Machine:          lease.Config{Regions: []string{"eu"}},
 			HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,
 			LeaderLeaseTimeout: 75 * time.Millisecond})
@@ -35,7 +36,7 @@ func TestRulesFollowGroupThatWentBack(t *testing.T) {
 		waitFor(t, g.IsLeader)
 		return g
 	}
-	put := func(g *lease.Group, id string, limit int64) uint64 {
+	put := func(g *raftgroup.Group, id string, limit int64) uint64 {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

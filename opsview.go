@@ -5,7 +5,7 @@ import (
 	"net/http"
 
 	"github.com/weir-dev/weir/internal/nodeops"
-	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 )
 
 // opsView is what package ops reads of a node, handed over through
@@ -34,7 +34,7 @@ func (v opsView) StoreStats() []StoreStats          { return v.n.stores.stats() 
 func (v opsView) RulesAdminHandler() http.Handler   { return v.n.rulesAdminHandler() }
 func (v opsView) AdminUnauthorized() uint64         { return v.n.adminUnauthorized() }
 func (v opsView) Guard(h http.Handler) http.Handler { return v.n.guard(h) }
-func (v opsView) LeaseGroup() *lease.Group          { return v.n.leaseGroup() }
+func (v opsView) LeaseGroup() *raftgroup.Group      { return v.n.leaseGroup() }
 func (v opsView) LookupIdentity(ctx context.Context, id string, q IdentityQuery) (IdentityReport, error) {
 	return v.n.lookupIdentity(ctx, id, q)
 }

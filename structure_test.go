@@ -122,6 +122,10 @@ var pureCores = []pureCore{
 	{dir: "bucket"},
 	// The cluster core: its shell is cluster/shell.
 	{dir: "cluster", noShellImports: true},
+	// The lease core (machine, holder, allocation, regional, durable and
+	// rule stores, codec, snapshots, Replica.Apply): its shell, the Raft
+	// group, is lease/raftgroup.
+	{dir: "lease", noShellImports: true},
 	// Rules as data; reload.go is the file watcher's shell.
 	{dir: "quota", shell: []string{"reload.go"}},
 	// The request policy.
@@ -133,9 +137,10 @@ var clockReads = map[string]bool{"time.Now": true, "time.Since": true, "time.Unt
 
 // shellImports are the packages a core file must not import (with the
 // packages under them): locks, sockets, cancellation, global randomness,
-// gRPC and memberlist belong to the shell.
+// gRPC, memberlist and Raft belong to the shell.
 var shellImports = []string{"sync", "net", "context", "math/rand",
-	"google.golang.org/grpc", "github.com/hashicorp/memberlist"}
+	"google.golang.org/grpc", "github.com/hashicorp/memberlist",
+	"github.com/hashicorp/raft", "github.com/hashicorp/raft-boltdb"}
 
 // TestCoresArePure: the core files of pureCores read no clock (time.Now,
 // time.Since, time.Until) and start no goroutine, and those that must not

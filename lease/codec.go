@@ -7,13 +7,13 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/lease/leasepb"
 )
 
-// This file is the codec of the lease group's Raft log entries, and the
-// conversion between the machine's types and the wire messages of the
-// forwarding service (lease/leasepb).
+// This file is the codec of the lease group's Raft log entries: the
+// conversion between the machine's types and the log's wire messages
+// (lease/leasepb), which the forwarding service (lease/raftgroup) also
+// carries to the leader.
 //
 // An entry is one format byte and a body:
 //
@@ -25,7 +25,7 @@ import (
 //
 // Any other first byte is refused, so a later format can be told apart from
 // this one. A put_rule carries the rule as its canonical JSON
-// (encodeRuleJSON), decoded strictly: an unknown field is a malformed
+// (EncodeRuleJSON), decoded strictly: an unknown field is a malformed
 // entry, not a field silently dropped.
 
 // Entry formats.
@@ -65,16 +65,21 @@ func durableToPB(c DurableCommand) (*leasepb.Command, error) {
 	if _, err := c.check(); err != nil {
 		return nil, err
 	}
-	return &leasepb.Command{Now: c.Now, Kind: &leasepb.Command_Durable{Durable: durableDecideToPB(c)}}, nil
+	return &leasepb.Command{Now: c.Now, Kind: &leasepb.Command_Durable{Durable: DurableToPB(c)}}, nil
 }
 
-func durableDecideToPB(c DurableCommand) *leasepb.DurableDecide {
+// DurableToPB converts a durable command to its wire form, without checking
+// it (DurableCommand.Check does); the forwarding service carries it to a
+// voter in that form.
+func DurableToPB(c DurableCommand) *leasepb.DurableDecide {
 	return &leasepb.DurableDecide{Rule: c.Rule.ID, Limit: c.Rule.Limit, Window: int64(c.Rule.Window), Burst: c.Rule.Burst,
 		Identity: []byte(c.Identity), Cost: c.Cost, RequestId: c.RequestID, LegacyIdentity: []byte(c.Legacy), KeyFormat: c.KeyFormat}
 }
 
-// durableFromPB converts and checks the form of a wire durable command.
-func durableFromPB(now int64, d *leasepb.DurableDecide) (DurableCommand, error) {
+// DurableFromPB converts and checks the form of a wire durable command,
+// stamping it with now: a missing message is an error, a malformed command
+// one wrapping ErrBadCommand.
+func DurableFromPB(now int64, d *leasepb.DurableDecide) (DurableCommand, error) {
 	if d == nil {
 		return DurableCommand{}, errors.New("durable is missing")
 	}
@@ -85,17 +90,6 @@ func durableFromPB(now int64, d *leasepb.DurableDecide) (DurableCommand, error) 
 		return DurableCommand{}, fmt.Errorf("durable: %w", err)
 	}
 	return c, nil
-}
-
-// decisionToPB and decisionFromPB convert a durable decision.
-func decisionToPB(d bucket.Decision) *leasepb.Decision {
-	return &leasepb.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetIn: int64(d.Reset),
-		RetryAfter: int64(d.RetryAfter)}
-}
-
-func decisionFromPB(d *leasepb.Decision) bucket.Decision {
-	return bucket.Decision{Allowed: d.GetAllowed(), Limit: d.GetLimit(), Remaining: d.GetRemaining(),
-		Reset: time.Duration(d.GetResetIn()), RetryAfter: time.Duration(d.GetRetryAfter())}
 }
 
 // EncodeEntry encodes c as a log entry. It fails, wrapping ErrBadCommand, if
@@ -120,15 +114,19 @@ func EncodeRuleChange(c RuleChange) ([]byte, error) {
 	return encodePB(pc)
 }
 
-// encodeLogEntry encodes either kind of entry.
-func encodeLogEntry(e Entry) ([]byte, error) {
+// EncodeLogEntry encodes an entry of any kind (DecodeLogEntry's inverse);
+// the zero Entry is the no-op entry. It fails, wrapping ErrBadCommand, if
+// e holds more than one kind or the one it holds cannot be encoded.
+func EncodeLogEntry(e Entry) ([]byte, error) {
 	switch {
+	case e == (Entry{}):
+		return []byte{entryNoop}, nil
 	case e.Command != nil && e.Rule == nil:
 		return EncodeEntry(*e.Command)
 	case e.Rule != nil && e.Command == nil:
 		return EncodeRuleChange(*e.Rule)
 	}
-	pc, err := entryToPB(e)
+	pc, err := EntryToPB(e)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +180,7 @@ func DecodeLogEntry(b []byte) (Entry, error) {
 	if err := proto.Unmarshal(b[1:], &pc); err != nil {
 		return Entry{}, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
 	}
-	e, err := entryFromPB(&pc)
+	e, err := EntryFromPB(&pc)
 	if err != nil {
 		return Entry{}, fmt.Errorf("%w: %w", ErrMalformedEntry, err)
 	}
@@ -195,7 +193,7 @@ func ruleChangeToPB(c RuleChange) (*leasepb.Command, error) {
 	pc := &leasepb.Command{Now: c.Now}
 	switch {
 	case c.Put != nil && c.Delete == "":
-		b, err := encodeRuleJSON(*c.Put)
+		b, err := EncodeRuleJSON(*c.Put)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadCommand, err)
 		}
@@ -208,8 +206,10 @@ func ruleChangeToPB(c RuleChange) (*leasepb.Command, error) {
 	return pc, nil
 }
 
-// entryToPB converts an entry of any kind.
-func entryToPB(e Entry) (*leasepb.Command, error) {
+// EntryToPB converts an entry of any kind to the wire command that a log
+// entry holds and a forwarded proposal carries; it fails, wrapping
+// ErrBadCommand, unless the entry holds exactly one kind.
+func EntryToPB(e Entry) (*leasepb.Command, error) {
 	switch {
 	case e.Command != nil && e.Rule == nil && e.Durable == nil:
 		return commandToPB(*e.Command)
@@ -221,14 +221,15 @@ func entryToPB(e Entry) (*leasepb.Command, error) {
 	return nil, fmt.Errorf("%w: an entry must hold exactly one of a command, a rule change and a durable decision", ErrBadCommand)
 }
 
-// entryFromPB converts and checks the form of a wire command of any kind.
-func entryFromPB(pc *leasepb.Command) (Entry, error) {
+// EntryFromPB converts and checks the form of a wire command of any kind
+// (DecodeLogEntry after the format byte, and a forwarded proposal).
+func EntryFromPB(pc *leasepb.Command) (Entry, error) {
 	switch k := pc.GetKind().(type) {
 	case *leasepb.Command_PutRule:
 		if k.PutRule == nil {
 			return Entry{}, errors.New("put_rule is missing")
 		}
-		r, err := decodeRuleJSON(k.PutRule.GetRule())
+		r, err := DecodeRuleJSON(k.PutRule.GetRule())
 		if err != nil {
 			return Entry{}, fmt.Errorf("put_rule: %w", err)
 		}
@@ -240,7 +241,7 @@ func entryFromPB(pc *leasepb.Command) (Entry, error) {
 		return Entry{Rule: &RuleChange{Now: pc.GetNow(), Principal: k.DeleteRule.GetPrincipal(), RequestID: k.DeleteRule.GetRequestId(),
 			Delete: k.DeleteRule.GetId()}}, nil
 	case *leasepb.Command_Durable:
-		c, err := durableFromPB(pc.GetNow(), k.Durable)
+		c, err := DurableFromPB(pc.GetNow(), k.Durable)
 		if err != nil {
 			return Entry{}, err
 		}
@@ -333,30 +334,4 @@ func commandFromPB(pc *leasepb.Command) (Command, error) {
 		return Command{}, fmt.Errorf("unknown command kind %T", k)
 	}
 	return c, nil
-}
-
-// resultToPB converts a Result.
-func resultToPB(r Result) *leasepb.Result {
-	pr := &leasepb.Result{Grants: make([]*leasepb.Grant, len(r.Grants))}
-	for i, g := range r.Grants {
-		pr.Grants[i] = &leasepb.Grant{Rule: g.Rule, Identity: []byte(g.Identity), Epoch: g.Epoch, Share: g.Share,
-			Burst: g.Burst, Lifetime: g.Lifetime}
-	}
-	return pr
-}
-
-// resultFromPB converts a wire Result; nil is an empty Result.
-func resultFromPB(pr *leasepb.Result) (Result, error) {
-	if len(pr.GetGrants()) == 0 {
-		return Result{}, nil
-	}
-	r := Result{Grants: make([]Grant, 0, len(pr.GetGrants()))}
-	for i, g := range pr.GetGrants() {
-		if g == nil {
-			return Result{}, fmt.Errorf("grant %d is missing", i)
-		}
-		r.Grants = append(r.Grants, Grant{Rule: g.GetRule(), Identity: string(g.GetIdentity()), Epoch: g.GetEpoch(),
-			Share: g.GetShare(), Burst: g.GetBurst(), Lifetime: g.GetLifetime()})
-	}
-	return r, nil
 }

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"pgregory.net/rapid"
 )
 
@@ -118,7 +116,7 @@ func FuzzDecodeEntry(f *testing.F) {
 			}
 		}
 		m := newTestMachine(t, "ap", "eu", "us")
-		resp := NewFSM(m).Apply(&raft.Log{Data: b}).(ApplyResponse)
+		resp := NewReplica(m).Apply(b)
 		if (err != nil) != (resp.Err != nil && errors.Is(resp.Err, ErrMalformedEntry)) {
 			t.Fatalf("FSM: %v, decoder: %v", resp.Err, err)
 		}
@@ -285,53 +283,4 @@ func machineFor(t *rapid.T, regions ...string) *Machine {
 		t.Fatal(err)
 	}
 	return m
-}
-
-// memSink is a raft.SnapshotSink in memory.
-type memSink struct{ bytes.Buffer }
-
-func (*memSink) ID() string    { return "mem" }
-func (*memSink) Cancel() error { return nil }
-func (*memSink) Close() error  { return nil }
-
-// TestFSMSnapshotRestore: the FSM's snapshot, restored into another FSM,
-// gives the same state; a bad snapshot is refused and changes nothing.
-func TestFSMSnapshotRestore(t *testing.T) {
-	a := NewFSM(newTestMachine(t, "ap", "eu", "us"))
-	for i, r := range []string{"ap", "eu", "us"} {
-		b, err := EncodeEntry(Command{Now: int64(i + 2), Report: &Report{Reporter: r, Seq: 1, Region: r,
-			Items: []ReportItem{{Rule: "global", Identity: "c", Demand: int64(100 * (i + 1))}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp := a.Apply(&raft.Log{Data: b}).(ApplyResponse); resp.Err != nil || len(resp.Result.Grants) != 1 {
-			t.Fatalf("apply: %+v", resp)
-		}
-	}
-	snap, err := a.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-	b := NewFSM(newTestMachine(t, "ap", "eu", "us"))
-	before := b.State()
-	if err := b.Restore(io.NopCloser(bytes.NewReader([]byte("garbage")))); !errors.Is(err, ErrBadState) {
-		t.Fatalf("garbage snapshot: %v", err)
-	}
-	if !bytes.Equal(b.State(), before) || b.Restores() != 0 {
-		t.Fatal("a refused snapshot changed the FSM")
-	}
-	if err := b.Restore(io.NopCloser(&sink)); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(a.State(), b.State()) || b.Restores() != 1 {
-		t.Fatal("restored state differs")
-	}
-	if resp := b.Apply(&raft.Log{Data: []byte{entryNoop}}).(ApplyResponse); resp.Err != nil || len(resp.Result.Grants) != 0 {
-		t.Fatalf("no-op entry: %+v", resp)
-	}
 }

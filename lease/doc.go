@@ -1,14 +1,21 @@
 // Package lease is the lease group's core: how a global limit ("customer X:
 // 10 000/min worldwide") is shared among regions without a cross-region round
-// trip per decision.
+// trip per decision. It is pure: no goroutine, lock, socket, clock or Raft;
+// its shell, the Raft group with its forwarding service, client and rules
+// admin API, is lease/raftgroup.
 //
 // Machine is the replicated state, a pure state machine in the style of
 // etcd-io/raft: every change is a Command carrying the proposing leader's
-// clock, and Apply is deterministic, so the Raft FSM's Apply only decodes a
-// log entry and calls Machine.Apply, and the simulator drives the same code.
-// Holder is a region's side of one lease: the share it enforces at a given
-// time on its own clock. Allocate is the pure allocation (max-min fair with
-// a floor per active region).
+// clock, and Apply is deterministic, so the simulator drives the same code
+// as the group. Replica is a replica's whole state (the Machine, the
+// RuleStore and the DurableStore), and Replica.Apply is what a log entry
+// does to it: the Raft FSM only decodes the entry (DecodeLogEntry, the
+// codec of this package) and calls it. Snapshots are Replica.State and
+// Replica.Restore. Holder is a region's side of one lease: the share it
+// enforces at a given time on its own clock; Regional is a region's
+// enforcement of every lease it holds (the shares, the rescale of a
+// bucket across a change of share, the demand it reports). Allocate is the
+// pure allocation (max-min fair with a floor per active region, Floor).
 //
 // The loop, as the adapter runs it:
 //

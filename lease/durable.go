@@ -3,7 +3,6 @@ package lease
 import (
 	"cmp"
 	"container/heap"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -43,12 +42,12 @@ import (
 // most the skew (for a rule of one per 30 days, half a second of skew is
 // nothing).
 //
-// Retries are idempotent: a command carries a request id (Group and Client
+// Retries are idempotent: a command carries a request id (raftgroup.Group and Client
 // draw one per call, before they retry), and the store remembers the
 // result of every id it applied within DurableRetryWindow of the store's
 // clock, up to MaxDurableRequests of them (the oldest go first). A retry
 // that arrives later than that (or after more than MaxDurableRequests other
-// durable decisions) is charged again: Group.Durable and Client.Durable
+// durable decisions) is charged again: raftgroup.Group.Durable and Client.Durable
 // retry only within their ctx, bounded by ProposeTimeout (5s by default),
 // far inside the window.
 //
@@ -85,7 +84,7 @@ type DurableRule struct {
 // DurableCommand is one decision of a durable rule, an entry of the
 // replicated log.
 type DurableCommand struct {
-	// Now is the proposing leader's clock (unix ns). Group stamps it; a
+	// Now is the proposing leader's clock (unix ns). raftgroup.Group stamps it; a
 	// caller's value is overwritten.
 	Now int64
 	// RequestID names the request across retries (at most
@@ -104,7 +103,16 @@ type DurableCommand struct {
 	KeyFormat uint32
 }
 
-// check checks c's form and returns its GCRA; errors wrap ErrBadCommand.
+// Check checks c's form (a rule id, the size limits, a cost of at least 1,
+// the legacy identity's fields, parameters that make a GCRA), as
+// DurableStore.Apply and the codec do; errors wrap ErrBadCommand. A
+// proposer calls it to refuse a malformed command before a round trip.
+func (c DurableCommand) Check() error {
+	_, err := c.check()
+	return err
+}
+
+// check is Check, returning c's GCRA.
 func (c DurableCommand) check() (bucket.GCRA, error) {
 	switch {
 	case c.Rule.ID == "":
@@ -534,6 +542,3 @@ func (r *stateReader) durableStore(v byte) *DurableStore {
 	}
 	return s
 }
-
-// errDurableNoDecision: a reply to a durable command carried no decision.
-var errDurableNoDecision = errors.New("lease: the reply to a durable command carries no decision")

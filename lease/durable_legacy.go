@@ -2,12 +2,9 @@ package lease
 
 import (
 	"container/heap"
-	"context"
 	"fmt"
 	"maps"
 	"slices"
-
-	"github.com/weir-dev/weir/bucket"
 )
 
 // This file carries durable counters across a change of the embedding
@@ -48,32 +45,6 @@ type DurableKey struct {
 	Legacy string
 	// KeyFormat is the key format the node has in force; 0 means 1.
 	KeyFormat uint32
-}
-
-// KeyedDurableService is a DurableService that names a bucket's identity
-// under both key formats, so that the store can carry spend across the
-// switch. *Group and *Client implement it.
-type KeyedDurableService interface {
-	DurableService
-	// DurableKeyed is Durable for the identity key names.
-	DurableKeyed(ctx context.Context, rule DurableRule, key DurableKey, cost int64) (bucket.Decision, error)
-}
-
-var (
-	_ KeyedDurableService = (*Group)(nil)
-	_ KeyedDurableService = (*Client)(nil)
-)
-
-// DurableKeyed is Durable for the identity key names (DurableKey).
-func (g *Group) DurableKeyed(ctx context.Context, rule DurableRule, key DurableKey, cost int64) (bucket.Decision, error) {
-	return g.durable(ctx, DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: key.Identity,
-		Legacy: key.Legacy, KeyFormat: key.KeyFormat, Cost: cost})
-}
-
-// DurableKeyed is Client.Durable for the identity key names (DurableKey).
-func (c *Client) DurableKeyed(ctx context.Context, rule DurableRule, key DurableKey, cost int64) (bucket.Decision, error) {
-	return c.durableCommand(ctx, DurableCommand{RequestID: newRequestID(), Rule: rule, Identity: key.Identity,
-		Legacy: key.Legacy, KeyFormat: key.KeyFormat, Cost: cost})
 }
 
 // keyFormatNamespaced is the first key format in which sources are

@@ -3,11 +3,8 @@ package lease
 import (
 	"bytes"
 	"errors"
-	"io"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/hashicorp/raft"
 )
 
 // ipTag is a later source's identity as weir tags it under key format 2.
@@ -107,7 +104,7 @@ func TestDurableLegacyRefuses(t *testing.T) {
 // with its legacy state, which restores to the same bytes and decisions;
 // replicas applying a mixed run agree byte for byte.
 func TestDurableLegacySnapshots(t *testing.T) {
-	h := NewFSM(emptyMachine(t))
+	h := NewReplica(emptyMachine(t))
 	mustDecide(t, h.durable, keyedCmd(1e9, "198.51.100.7", "", 0))
 	if v := h.State()[3]; v != 4 {
 		t.Fatalf("an unswitched store is written as version %d, want 4", v)
@@ -117,15 +114,15 @@ func TestDurableLegacySnapshots(t *testing.T) {
 	if v5[3] != 5 {
 		t.Fatalf("a switched store is written as version %d, want 5", v5[3])
 	}
-	g := NewFSM(emptyMachine(t))
-	if err := g.Restore(io.NopCloser(bytes.NewReader(v5))); err != nil || !bytes.Equal(g.State(), v5) {
+	g := NewReplica(emptyMachine(t))
+	if err := g.Restore(v5); err != nil || !bytes.Equal(g.State(), v5) {
 		t.Fatalf("a version-5 state does not restore: %v", err)
 	}
 	if d := mustDecide(t, g.durable, keyedCmd(1e9+2, ipTag+"198.51.100.7", "198.51.100.7", 2)); d.Allowed {
 		t.Fatalf("the restored store granted a second trial: %+v", d)
 	}
 	for cut := 1; cut < 8; cut++ {
-		if err := NewFSM(emptyMachine(t)).Restore(io.NopCloser(bytes.NewReader(v5[:len(v5)-cut]))); !errors.Is(err, ErrBadState) {
+		if err := NewReplica(emptyMachine(t)).Restore(v5[:len(v5)-cut]); !errors.Is(err, ErrBadState) {
 			t.Fatalf("a state cut %d bytes short: %v", cut, err)
 		}
 	}
@@ -143,26 +140,26 @@ func TestDurableLegacySnapshots(t *testing.T) {
 				}
 			}
 		}
-		a, b := NewFSM(emptyMachine(t)), NewFSM(emptyMachine(t))
-		var c *FSM
+		a, b := NewReplica(emptyMachine(t)), NewReplica(emptyMachine(t))
+		var c *Replica
 		for i, e := range run {
-			data, err := encodeLogEntry(e)
+			data, err := EncodeLogEntry(e)
 			if err != nil {
 				t.Fatalf("seed %d entry %d: %v", seed, i, err)
 			}
-			ra := a.Apply(&raft.Log{Data: data}).(ApplyResponse)
-			rb := b.Apply(&raft.Log{Data: data}).(ApplyResponse)
+			ra := a.Apply(data)
+			rb := b.Apply(data)
 			if ra.Err != nil || ra.Durable != rb.Durable {
 				t.Fatalf("seed %d entry %d: %+v vs %+v", seed, i, ra, rb)
 			}
 			if c != nil {
-				if rc := c.Apply(&raft.Log{Data: data}).(ApplyResponse); rc.Durable != ra.Durable {
+				if rc := c.Apply(data); rc.Durable != ra.Durable {
 					t.Fatalf("seed %d entry %d: the restored replica decided %+v, want %+v", seed, i, rc.Durable, ra.Durable)
 				}
 			}
 			if i == len(run)/2 {
-				c = NewFSM(emptyMachine(t))
-				if err := c.Restore(io.NopCloser(bytes.NewReader(a.State()))); err != nil {
+				c = NewReplica(emptyMachine(t))
+				if err := c.Restore(a.State()); err != nil {
 					t.Fatalf("seed %d: restore: %v", seed, err)
 				}
 			}

@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/raft"
 
 	"github.com/weir-dev/weir/bucket"
 )
@@ -247,26 +244,26 @@ func TestDurableDeterministic(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		run := randomDurableRun(rng, 300, 1e9)
-		a, b := NewFSM(emptyMachine(t)), NewFSM(emptyMachine(t))
-		var c *FSM
+		a, b := NewReplica(emptyMachine(t)), NewReplica(emptyMachine(t))
+		var c *Replica
 		for i, e := range run {
-			data, err := encodeLogEntry(e)
+			data, err := EncodeLogEntry(e)
 			if err != nil {
 				t.Fatalf("seed %d entry %d: %v", seed, i, err)
 			}
-			ra := a.Apply(&raft.Log{Data: data}).(ApplyResponse)
-			rb := b.Apply(&raft.Log{Data: data}).(ApplyResponse)
+			ra := a.Apply(data)
+			rb := b.Apply(data)
 			if ra.Err != nil || rb.Err != nil || ra.Durable != rb.Durable {
 				t.Fatalf("seed %d entry %d: %+v vs %+v", seed, i, ra, rb)
 			}
 			if c != nil {
-				if rc := c.Apply(&raft.Log{Data: data}).(ApplyResponse); rc.Durable != ra.Durable {
+				if rc := c.Apply(data); rc.Durable != ra.Durable {
 					t.Fatalf("seed %d entry %d: the restored replica decided %+v, want %+v", seed, i, rc.Durable, ra.Durable)
 				}
 			}
 			if i == len(run)/2 {
-				c = NewFSM(emptyMachine(t))
-				if err := c.Restore(io.NopCloser(bytes.NewReader(a.State()))); err != nil {
+				c = NewReplica(emptyMachine(t))
+				if err := c.Restore(a.State()); err != nil {
 					t.Fatalf("seed %d: restore: %v", seed, err)
 				}
 			}
@@ -284,21 +281,21 @@ func TestDurableDeterministic(t *testing.T) {
 // machine alone refuses a state with durable buckets; a cut state is
 // refused.
 func TestDurableSnapshotVersions(t *testing.T) {
-	v2 := NewFSM(emptyMachine(t)).State()
+	v2 := NewReplica(emptyMachine(t)).State()
 	if v2[3] != 2 {
 		t.Fatalf("a state with an empty durable store is written as version %d, want 2", v2[3])
 	}
-	h := NewFSM(emptyMachine(t))
+	h := NewReplica(emptyMachine(t))
 	mustDecide(t, h.durable, durableCmd(1e9, "x", "acct"))
 	v4 := h.State()
 	if v4[3] != 4 {
 		t.Fatalf("a state with durable buckets is written as version %d, want 4", v4[3])
 	}
-	g := NewFSM(emptyMachine(t))
-	if err := g.Restore(io.NopCloser(bytes.NewReader(v4))); err != nil || !bytes.Equal(g.State(), v4) {
+	g := NewReplica(emptyMachine(t))
+	if err := g.Restore(v4); err != nil || !bytes.Equal(g.State(), v4) {
 		t.Fatalf("a version-4 state: %v", err)
 	}
-	if err := g.Restore(io.NopCloser(bytes.NewReader(v2))); err != nil {
+	if err := g.Restore(v2); err != nil {
 		t.Fatalf("a version-2 state: %v", err)
 	}
 	if n, r := g.DurableLen(); n != 0 || r != 0 {
@@ -308,7 +305,7 @@ func TestDurableSnapshotVersions(t *testing.T) {
 		t.Fatalf("Machine.RestoreState of a state with durable buckets: %v", err)
 	}
 	for cut := 1; cut < 12; cut++ {
-		if err := NewFSM(emptyMachine(t)).Restore(io.NopCloser(bytes.NewReader(v4[:len(v4)-cut]))); !errors.Is(err, ErrBadState) {
+		if err := NewReplica(emptyMachine(t)).Restore(v4[:len(v4)-cut]); !errors.Is(err, ErrBadState) {
 			t.Fatalf("a state cut %d bytes short: %v", cut, err)
 		}
 	}
@@ -327,8 +324,8 @@ func TestDurableSnapshotVersions(t *testing.T) {
 	w.int(now + 12*sec)
 	w.uint(0) // requests
 	v3 = append(v3, w.buf.Bytes()...)
-	f := NewFSM(emptyMachine(t))
-	if err := f.Restore(io.NopCloser(bytes.NewReader(v3))); err != nil {
+	f := NewReplica(emptyMachine(t))
+	if err := f.Restore(v3); err != nil {
 		t.Fatalf("a version-3 state: %v", err)
 	}
 	if tat, ok := f.DurableTAT("otp", "u"); !ok || tat != now+12*sec {
@@ -351,17 +348,17 @@ func TestDurableSnapshotVersions(t *testing.T) {
 // travel in the snapshot.
 func TestDurableSnapshotCarriesParameters(t *testing.T) {
 	const t0 = int64(1_700_000_000) * sec
-	a := NewFSM(emptyMachine(t))
+	a := NewReplica(emptyMachine(t))
 	admitted(t, a.durable, t0, otpRule, "u", 3)
 	raised := otpRule
 	raised.Limit = 50
 	admitted(t, a.durable, t0+sec, raised, "v", 1) // the change reaches the store: u is not converted yet
 	st := a.State()
-	b := NewFSM(emptyMachine(t))
-	if err := b.Restore(io.NopCloser(bytes.NewReader(st))); err != nil || !bytes.Equal(b.State(), st) {
+	b := NewReplica(emptyMachine(t))
+	if err := b.Restore(st); err != nil || !bytes.Equal(b.State(), st) {
 		t.Fatalf("restore: %v", err)
 	}
-	for i, f := range []*FSM{a, b} {
+	for i, f := range []*Replica{a, b} {
 		// At the change u owed 35 s at 12 s a token, converted to 3.5 s at
 		// 1.2 s a token; 3 s later it owes 0.5 s: 4 whole tokens. (Read
 		// only then, the 32 s it owed under the old interval would be
@@ -419,12 +416,12 @@ func FuzzDecodeDurableEntry(f *testing.F) {
 				t.Fatalf("re-encoded %+v decodes to %+v, %v", *e.Durable, e2.Durable, err)
 			}
 		}
-		fsm := NewFSM(emptyMachine(t))
-		fsm.Apply(&raft.Log{Data: b})
-		fsm.Apply(&raft.Log{Data: b}) // a retry
+		fsm := NewReplica(emptyMachine(t))
+		fsm.Apply(b)
+		fsm.Apply(b) // a retry
 		st := fsm.State()
-		g := NewFSM(emptyMachine(t))
-		if err := g.Restore(io.NopCloser(bytes.NewReader(st))); err != nil || !bytes.Equal(g.State(), st) {
+		g := NewReplica(emptyMachine(t))
+		if err := g.Restore(st); err != nil || !bytes.Equal(g.State(), st) {
 			t.Fatalf("snapshot does not restore: %v", err)
 		}
 	})
@@ -433,13 +430,13 @@ func FuzzDecodeDurableEntry(f *testing.F) {
 // FuzzRestoreDurableState: the state decoder never panics on states with a
 // durable store; a state it accepts re-encodes stably and decides on.
 func FuzzRestoreDurableState(f *testing.F) {
-	fsm := NewFSM(emptyMachine(f))
-	for i, e := range randomDurableRun(rand.New(rand.NewPCG(1, 2)), 40, 1e9) {
-		data, err := encodeLogEntry(e)
+	fsm := NewReplica(emptyMachine(f))
+	for _, e := range randomDurableRun(rand.New(rand.NewPCG(1, 2)), 40, 1e9) {
+		data, err := EncodeLogEntry(e)
 		if err != nil {
 			f.Fatal(err)
 		}
-		fsm.Apply(&raft.Log{Index: uint64(i + 1), Data: data})
+		fsm.Apply(data)
 	}
 	st := fsm.State()
 	f.Add(st)
@@ -453,13 +450,13 @@ func FuzzRestoreDurableState(f *testing.F) {
 	f.Add(st)
 	f.Add(st[:len(st)-1])
 	f.Fuzz(func(t *testing.T, b []byte) {
-		g := NewFSM(emptyMachine(t))
-		if err := g.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+		g := NewReplica(emptyMachine(t))
+		if err := g.Restore(b); err != nil {
 			return
 		}
 		once := g.State()
-		h := NewFSM(emptyMachine(t))
-		if err := h.Restore(io.NopCloser(bytes.NewReader(once))); err != nil || !bytes.Equal(h.State(), once) {
+		h := NewReplica(emptyMachine(t))
+		if err := h.Restore(once); err != nil || !bytes.Equal(h.State(), once) {
 			t.Fatalf("re-encoding is not stable: %v", err)
 		}
 		if _, err := g.durable.Apply(durableCmd(1<<61, "again", "acct")); err != nil {

@@ -11,8 +11,8 @@ import (
 )
 
 // This file is the lease group's replicated state: a pure, deterministic
-// state machine. The Raft FSM's Apply decodes a Command and calls
-// Machine.Apply, nothing else; every time the machine uses comes in the
+// state machine. The Raft FSM's Apply (lease/raftgroup) decodes an entry
+// and calls Replica.ApplyEntry, which calls Machine.Apply, nothing else; every time the machine uses comes in the
 // command (the leader's clock when it proposed it), so every replica reaches
 // the same state.
 //
@@ -260,9 +260,12 @@ func (m *Machine) ValidateRule(r Rule) error {
 // safe is the safe share of every region.
 func (m *Machine) safe(r Rule) int64 { return r.Limit / int64(len(m.cfg.Regions)) }
 
-// floor is the least nonzero share: the floor fraction of L, raised so that
-// ⌊B·floor ÷ L⌋ ≥ MaxCost, and never above the safe share.
-func (m *Machine) floor(r Rule) int64 {
+// Floor is the least nonzero share the machine allocates an active region
+// under rule r (tokens per window): the floor fraction of L
+// (Config.FloorFraction), raised so that the share's burst ⌊B·floor ÷ L⌋
+// covers MaxCost, and never above the safe share L ÷ regions. Allocate is
+// called with it.
+func (m *Machine) Floor(r Rule) int64 {
 	f := int64(math.Ceil(m.cfg.FloorFraction * float64(r.Limit)))
 	need := (r.MaxCost*r.Limit + r.Burst - 1) / r.Burst
 	return min(max(f, need, 1), m.safe(r))
@@ -477,7 +480,7 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 		}
 		active[i] = l.seen != 0 && now-since < m.active && l.demand > 0
 	}
-	target := Allocate(r.Limit, m.floor(r), demand, active)
+	target := Allocate(r.Limit, m.Floor(r), demand, active)
 	for i := range ks.regions {
 		l := &ks.regions[i]
 		if target[i] < l.share {
@@ -508,7 +511,7 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 		// A share below the floor would have a burst below the largest
 		// cost; a hold above what is free cannot be renewed (settle keeps
 		// that from happening).
-		if share <= l.share || share < m.floor(r) || l.hold > most {
+		if share <= l.share || share < m.Floor(r) || l.hold > most {
 			continue
 		}
 		hold := max(l.hold, share)

@@ -369,3 +369,25 @@ func invariantUnderFaults(t *testing.T) {
 		}
 	})
 }
+
+// TestFloor: the floor is the floor fraction of L, raised until the share's
+// burst covers the largest cost, and never above the safe share.
+func TestFloor(t *testing.T) {
+	m := newTestMachine(t, "ap", "eu", "us")
+	for _, c := range []struct {
+		r    Rule
+		want int64
+	}{
+		{Rule{ID: "a", Limit: 1000, Window: time.Minute, Burst: 100, MaxCost: 1}, 50},   // 5 % of L
+		{Rule{ID: "b", Limit: 1000, Window: time.Minute, Burst: 100, MaxCost: 10}, 100}, // ⌊100·f ÷ 1000⌋ ≥ 10
+		{Rule{ID: "c", Limit: 1000, Window: time.Minute, Burst: 100, MaxCost: 50}, 333}, // capped at the safe share
+		{Rule{ID: "d", Limit: 3, Window: time.Minute, Burst: 3, MaxCost: 1}, 1},         // at least 1
+	} {
+		if got := m.Floor(c.r); got != c.want {
+			t.Errorf("Floor(%+v) = %d, want %d", c.r, got, c.want)
+		}
+		if f := m.Floor(c.r); f < m.safe(c.r) && burst(c.r, f) < c.r.MaxCost {
+			t.Errorf("Floor(%+v) = %d: its burst %d is below the cost", c.r, f, burst(c.r, f))
+		}
+	}
+}

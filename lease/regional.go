@@ -241,6 +241,19 @@ func (r *Regional) Expired(now int64, rule, identity string) bool {
 	return fb
 }
 
+// Lease returns the share and burst the key of rule and identity enforces
+// at now (its Holder's At: tokens per window) and whether that is the
+// fallback; ok is false for a key not tracked (never decided here, or
+// dropped by Report), which holds nothing.
+func (r *Regional) Lease(now int64, rule, identity string) (share, burst int64, fallback, ok bool) {
+	k := r.keys[key{rule, identity}]
+	if k == nil {
+		return 0, 0, false, false
+	}
+	share, burst, fallback = k.holder.At(now)
+	return share, burst, fallback, true
+}
+
 // Observe records what the owner was asked for a key (cost tokens, allowed
 // or not) and its bucket's TAT after it.
 func (r *Regional) Observe(now int64, rule, identity string, cost int64, allowed bool, tat bucket.TAT) {
@@ -395,14 +408,16 @@ func demand(rule Rule, k *regKey, share, period int64) int64 {
 }
 
 // Accept takes the grants that answer rep, sent at sentAt (this node's
-// clock, before the first attempt). Grants for keys no longer tracked are
-// ignored, and so are older epochs (the Holder's fencing).
-func (r *Regional) Accept(sentAt int64, res Result) {
+// clock, before the first attempt), and returns how many a Holder took.
+// Grants for keys no longer tracked are ignored, and so are older epochs
+// (the Holder's fencing).
+func (r *Regional) Accept(sentAt int64, res Result) (accepted int) {
 	for _, g := range res.Grants {
-		if k := r.keys[key{g.Rule, g.Identity}]; k != nil {
-			k.holder.Accept(sentAt, g)
+		if k := r.keys[key{g.Rule, g.Identity}]; k != nil && k.holder.Accept(sentAt, g) {
+			accepted++
 		}
 	}
+	return accepted
 }
 
 // RuleStatus is one global rule's state on this node.

@@ -366,3 +366,35 @@ func TestRegionalWindowChangeWithMachine(t *testing.T) {
 		t.Fatal("key dropped")
 	}
 }
+
+// TestRegionalLease: Lease reads a key's Holder (nothing for a key not
+// tracked, the fallback before the first grant, the share while the lease
+// runs, the fallback again after it), and Accept counts the grants a Holder
+// took (not an older epoch, not a key not tracked).
+func TestRegionalLease(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	if _, _, _, ok := r.Lease(0, "g", "x"); ok {
+		t.Fatal("a key never decided is tracked")
+	}
+	var tat bucket.TAT
+	r.Share(0, "g", "x", &tat)
+	if share, _, fb, ok := r.Lease(0, "g", "x"); !ok || share != 0 || !fb {
+		t.Fatalf("before the first grant: share %d fallback %v ok %v, want 0 true true", share, fb, ok)
+	}
+	res := Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 2, Share: 300, Burst: 30, Lifetime: 10 * sec},
+		{Rule: "g", Identity: "untracked", Epoch: 2, Share: 300, Burst: 30, Lifetime: 10 * sec}}}
+	if n := r.Accept(sec, res); n != 1 {
+		t.Fatalf("accepted %d grants, want 1 (the untracked key's is ignored)", n)
+	}
+	if n := r.Accept(sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 900, Burst: 90, Lifetime: 10 * sec}}}); n != 0 {
+		t.Fatalf("an older epoch was accepted (%d)", n)
+	}
+	if share, burst, fb, _ := r.Lease(2*sec, "g", "x"); share != 300 || burst != 30 || fb {
+		t.Fatalf("during the lease: %d/%d fallback %v, want 300/30 false", share, burst, fb)
+	}
+	// Lifetime 10s from 1s, less the 100ms skew margin: the fallback is
+	// min(safe 500, last 300) from 10.9s on.
+	if share, _, fb, _ := r.Lease(11*sec, "g", "x"); share != 300 || !fb {
+		t.Fatalf("after the lease: %d fallback %v, want 300 true", share, fb)
+	}
+}

@@ -62,8 +62,8 @@ func (o RuleOp) String() string {
 	return fmt.Sprintf("RuleOp(%d)", uint8(o))
 }
 
-// parseRuleOp is String's inverse.
-func parseRuleOp(s string) (RuleOp, bool) {
+// ParseRuleOp is String's inverse.
+func ParseRuleOp(s string) (RuleOp, bool) {
 	switch s {
 	case "put":
 		return OpPut, true
@@ -77,7 +77,7 @@ func parseRuleOp(s string) (RuleOp, bool) {
 // log: exactly one of Put and Delete is set.
 type RuleChange struct {
 	// Now is the proposing leader's clock (unix ns): the change's audit
-	// time. Group stamps it; a caller's value is overwritten.
+	// time. raftgroup.Group stamps it; a caller's value is overwritten.
 	Now int64
 	// Principal names who asked for the change (a token's principal, a
 	// client certificate's subject); required, at most MaxPrincipalBytes.
@@ -85,7 +85,7 @@ type RuleChange struct {
 	// RequestID names the request across retries (at most
 	// MaxRequestIDBytes; empty: none). A change whose RequestID is already
 	// in the history is a retry of that change: it is not applied again,
-	// and Apply returns that entry's version. Group and Client draw one
+	// and Apply returns that entry's version. raftgroup.Group and Client draw one
 	// per call, before they retry.
 	RequestID string
 	// Put creates the rule Put.ID or replaces it.
@@ -121,7 +121,7 @@ func (e AuditEntry) Rules() (before, after *quota.Rule, err error) {
 		if b == nil {
 			return nil, nil
 		}
-		r, err := decodeRuleJSON(b)
+		r, err := DecodeRuleJSON(b)
 		if err != nil {
 			return nil, err
 		}
@@ -177,7 +177,7 @@ func (s *RuleStore) Rule(id string) (quota.Rule, bool) {
 	if !ok {
 		return quota.Rule{}, false
 	}
-	r, err := decodeRuleJSON(s.raw[i])
+	r, err := DecodeRuleJSON(s.raw[i])
 	if err != nil {
 		panic("lease: a stored rule does not decode: " + err.Error())
 	}
@@ -258,7 +258,7 @@ func leaseRule(r quota.Rule) Rule {
 // whose reply was lost (a leader change, a forward that timed out) is
 // harmless, a delete included, for as long as the history holds the entry.
 func (s *RuleStore) Apply(m *Machine, c RuleChange) (uint64, error) {
-	if err := checkChange(c); err != nil {
+	if err := c.Check(); err != nil {
 		return s.version, err
 	}
 	if c.RequestID != "" {
@@ -300,7 +300,7 @@ func (s *RuleStore) Apply(m *Machine, c RuleChange) (uint64, error) {
 	}
 	raw := make([][]byte, next.Len())
 	for i := range raw {
-		if raw[i], err = encodeRuleJSON(*next.Rule(i)); err != nil {
+		if raw[i], err = EncodeRuleJSON(*next.Rule(i)); err != nil {
 			return s.version, fmt.Errorf("lease: rule %q: %w", next.Rule(i).ID, err)
 		}
 	}
@@ -336,8 +336,10 @@ func (s *RuleStore) Apply(m *Machine, c RuleChange) (uint64, error) {
 	return s.version, nil
 }
 
-// checkChange checks a change's form.
-func checkChange(c RuleChange) error {
+// Check checks a change's form: exactly one of Put and Delete, a principal,
+// valid UTF-8 and the size limits. Errors wrap ErrBadCommand. It does not
+// validate the rule itself (Validate does).
+func (c RuleChange) Check() error {
 	switch {
 	case (c.Put == nil) == (c.Delete == ""):
 		return fmt.Errorf("%w: a rule change must set exactly one of put and delete", ErrBadCommand)
@@ -351,6 +353,23 @@ func checkChange(c RuleChange) error {
 		return fmt.Errorf("%w: the rule id to delete is not valid UTF-8", ErrBadCommand)
 	case len(c.RequestID) > MaxRequestIDBytes:
 		return fmt.Errorf("%w: request id of %d bytes, over %d", ErrBadCommand, len(c.RequestID), MaxRequestIDBytes)
+	}
+	return nil
+}
+
+// Validate checks a change's form (Check) and, for a put, the rule on its
+// own (quota.Validate, with fields relative to the rule), which is what a
+// proposer checks before a round trip; RuleStore.Apply checks the rule
+// again within the set, and whether the Machine can lease it.
+func (c RuleChange) Validate() error {
+	if err := c.Check(); err != nil {
+		return err
+	}
+	if c.Put == nil {
+		return nil
+	}
+	if err := quota.Validate([]quota.Rule{*c.Put}); err != nil {
+		return ruleErrors(OpPut, c.Put.ID, err, 0)
 	}
 	return nil
 }
@@ -391,14 +410,14 @@ func leasable(m *Machine, r quota.Rule) error {
 // by RuleID), and wraps them, joined, with the change. An err with no
 // *quota.Error inside is wrapped as it is.
 func ruleErrors(op RuleOp, id string, err error, at int) error {
-	probs := quotaProblems(err)
+	probs := Problems(err)
 	if len(probs) == 0 {
 		return fmt.Errorf("lease: %s rule %q refused: %w", op, id, err)
 	}
 	out := make([]error, len(probs))
 	for i, qe := range probs {
 		cp := *qe
-		cp.Field, cp.Line = relativeField(qe.Field), 0
+		cp.Field, cp.Line = RelativeField(qe.Field), 0
 		if cp.RuleID == "" && at >= 0 && strings.HasPrefix(qe.Field, fmt.Sprintf("rules[%d]", at)) {
 			cp.RuleID = id
 		}
@@ -407,8 +426,9 @@ func ruleErrors(op RuleOp, id string, err error, at int) error {
 	return fmt.Errorf("lease: %s rule %q refused: %w", op, id, errors.Join(out...))
 }
 
-// relativeField strips a leading "rules[N]" and the dot after it.
-func relativeField(f string) string {
+// RelativeField strips a leading "rules[N]" and the dot after it: a field
+// of a set made relative to its rule.
+func RelativeField(f string) string {
 	if !strings.HasPrefix(f, "rules[") {
 		return f
 	}
@@ -419,8 +439,9 @@ func relativeField(f string) string {
 	return strings.TrimPrefix(f[i+1:], ".")
 }
 
-// quotaProblems returns every *quota.Error in err's tree.
-func quotaProblems(err error) []*quota.Error {
+// Problems returns every *quota.Error in err's tree (errors.Join and %w
+// wrapping included), in order; nil when there is none.
+func Problems(err error) []*quota.Error {
 	var out []*quota.Error
 	var walk func(error)
 	walk = func(err error) {
@@ -440,9 +461,9 @@ func quotaProblems(err error) []*quota.Error {
 	return out
 }
 
-// encodeRuleJSON is a rule's canonical JSON: encoding/json of the Go
+// EncodeRuleJSON is a rule's canonical JSON: encoding/json of the Go
 // struct (map keys sorted), the form quota's digest hashes.
-func encodeRuleJSON(r quota.Rule) ([]byte, error) {
+func EncodeRuleJSON(r quota.Rule) ([]byte, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, fmt.Errorf("encoding rule %q: %w", r.ID, err)
@@ -450,9 +471,9 @@ func encodeRuleJSON(r quota.Rule) ([]byte, error) {
 	return b, nil
 }
 
-// decodeRuleJSON reads encodeRuleJSON's form strictly: one JSON object,
+// DecodeRuleJSON reads EncodeRuleJSON's form strictly: one JSON object,
 // no unknown fields, nothing after it.
-func decodeRuleJSON(b []byte) (quota.Rule, error) {
+func DecodeRuleJSON(b []byte) (quota.Rule, error) {
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return quota.Rule{}, errors.New("a rule must be a JSON object")
 	}
@@ -466,32 +487,4 @@ func decodeRuleJSON(b []byte) (quota.Rule, error) {
 		return quota.Rule{}, errors.New("decoding a rule: data after the object")
 	}
 	return r, nil
-}
-
-// applyEntry applies one decoded log entry to the replicated state: the
-// lease Machine, the rule store and the durable store beside it. It is what
-// FSM.Apply calls after decoding, and is as pure as Machine.Apply. Once the
-// rule store has a version, it owns the machine's rules: a Command{Rules}
-// from elsewhere is refused, so the two cannot disagree. A Tick also ticks
-// the durable store (dropping its full buckets).
-func applyEntry(m *Machine, rs *RuleStore, ds *DurableStore, e Entry) ApplyResponse {
-	switch {
-	case e.Rule != nil:
-		v, err := rs.Apply(m, *e.Rule)
-		return ApplyResponse{RuleVersion: v, Err: err}
-	case e.Durable != nil:
-		d, err := ds.Apply(*e.Durable)
-		return ApplyResponse{Durable: d, Err: err}
-	case e.Command != nil:
-		if e.Command.Rules != nil && rs.Version() > 0 {
-			return ApplyResponse{Err: fmt.Errorf("%w: the rule store (version %d) manages the lease rules: change them with PutRule and DeleteRule",
-				ErrBadCommand, rs.Version())}
-		}
-		res, err := m.Apply(*e.Command)
-		if e.Command.Tick {
-			ds.Tick(e.Command.Now)
-		}
-		return ApplyResponse{Result: res, Err: err}
-	}
-	return ApplyResponse{}
 }

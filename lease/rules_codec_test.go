@@ -3,11 +3,8 @@ package lease
 import (
 	"bytes"
 	"errors"
-	"io"
 	"strings"
 	"testing"
-
-	"github.com/hashicorp/raft"
 
 	"github.com/weir-dev/weir/quota"
 )
@@ -53,7 +50,7 @@ func TestRuleChangeRoundTrip(t *testing.T) {
 func showChange(c RuleChange) string {
 	s := c.Principal + "|" + c.RequestID + "|" + c.Delete
 	if c.Put != nil {
-		b, _ := encodeRuleJSON(*c.Put)
+		b, _ := EncodeRuleJSON(*c.Put)
 		s += "|" + string(b)
 	}
 	return s
@@ -115,8 +112,8 @@ func FuzzDecodeLogEntry(f *testing.F) {
 				t.Fatalf("re-encoded %s decodes to %+v, %v", showChange(*e.Rule), e2, err)
 			}
 		}
-		fsm := NewFSM(newTestMachine(t, "ap", "eu", "us"))
-		resp := fsm.Apply(&raft.Log{Data: b}).(ApplyResponse)
+		fsm := NewReplica(newTestMachine(t, "ap", "eu", "us"))
+		resp := fsm.Apply(b)
 		if (err != nil) != (resp.Err != nil && errors.Is(resp.Err, ErrMalformedEntry)) {
 			t.Fatalf("FSM: %v, decoder: %v", resp.Err, err)
 		}
@@ -124,16 +121,16 @@ func FuzzDecodeLogEntry(f *testing.F) {
 			t.Fatal(err)
 		}
 		st := fsm.State()
-		if err := NewFSM(newTestMachine(t, "ap", "eu", "us")).Restore(io.NopCloser(bytes.NewReader(st))); err != nil {
+		if err := NewReplica(newTestMachine(t, "ap", "eu", "us")).Restore(st); err != nil {
 			t.Fatalf("the state after the entry does not restore: %v", err)
 		}
 	})
 }
 
 // storeFixture is an FSM whose store has rules and history.
-func storeFixture(t testing.TB) *FSM {
+func storeFixture(t testing.TB) *Replica {
 	t.Helper()
-	f := NewFSM(emptyMachine(t))
+	f := NewReplica(emptyMachine(t))
 	for i, c := range []RuleChange{
 		{Now: 10, Principal: "alice", Put: &searchRule},
 		{Now: 20, Principal: "alice", Put: &globalRule},
@@ -154,8 +151,8 @@ func storeFixture(t testing.TB) *FSM {
 func TestRestoreRuleStore(t *testing.T) {
 	f := storeFixture(t)
 	good := f.State()
-	g := NewFSM(emptyMachine(t))
-	if err := g.Restore(io.NopCloser(bytes.NewReader(good))); err != nil {
+	g := NewReplica(emptyMachine(t))
+	if err := g.Restore(good); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(g.State(), good) || g.rules.Version() != 4 || len(g.rules.History(0, 0)) != 4 {
@@ -179,7 +176,7 @@ func TestRestoreRuleStore(t *testing.T) {
 		"delete with after": func(_ *Machine, s *RuleStore) { s.history[2].After = s.history[2].Before },
 		"put of another id": func(_ *Machine, s *RuleStore) { s.history[0].After = s.raw[0] },
 		"not canonical": func(_ *Machine, s *RuleStore) {
-			s.raw[1], _ = encodeRuleJSON(searchRule) // burst and defaults not filled in
+			s.raw[1], _ = EncodeRuleJSON(searchRule) // burst and defaults not filled in
 		},
 		"out of order":   func(_ *Machine, s *RuleStore) { s.raw[0], s.raw[1] = s.raw[1], s.raw[0] },
 		"version 0":      func(_ *Machine, s *RuleStore) { s.version, s.history = 0, nil },
@@ -194,41 +191,41 @@ func TestRestoreRuleStore(t *testing.T) {
 		f := storeFixture(t)
 		edit(f.m, f.rules)
 		bad := f.State()
-		h := NewFSM(emptyMachine(t))
+		h := NewReplica(emptyMachine(t))
 		before := h.State()
-		if err := h.Restore(io.NopCloser(bytes.NewReader(bad))); !errors.Is(err, ErrBadState) {
+		if err := h.Restore(bad); !errors.Is(err, ErrBadState) {
 			t.Errorf("%s: %v, want ErrBadState", name, err)
 		}
-		if !bytes.Equal(h.State(), before) || h.Restores() != 0 {
-			t.Fatalf("%s: a refused state changed the FSM", name)
+		if !bytes.Equal(h.State(), before) {
+			t.Fatalf("%s: a refused state changed the replica", name)
 		}
 	}
 	// A version 1 state (the machine alone) is still read.
 	v1 := newTestMachine(t, "ap", "eu", "us").MarshalState()
 	v1 = append([]byte(stateMagic+"\x01"), v1[len(stateMagic)+1:len(v1)-3]...) // no store section
-	h := NewFSM(newTestMachine(t, "ap", "eu", "us"))
-	if err := h.Restore(io.NopCloser(bytes.NewReader(v1))); err != nil || h.rules.Version() != 0 {
+	h := NewReplica(newTestMachine(t, "ap", "eu", "us"))
+	if err := h.Restore(v1); err != nil || h.rules.Version() != 0 {
 		t.Fatalf("a version 1 state: %v", err)
 	}
 }
 
 // FuzzRestoreFSMState: the state decoder with a rule store never panics;
-// a state it accepts re-encodes stably and leaves an FSM that applies rule
+// a state it accepts re-encodes stably and leaves a replica that applies rule
 // changes without panicking.
 func FuzzRestoreFSMState(f *testing.F) {
 	good := storeFixture(f).State()
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add(good[:len(good)-1])
-	f.Add(NewFSM(emptyMachine(f)).State())
+	f.Add(NewReplica(emptyMachine(f)).State())
 	f.Fuzz(func(t *testing.T, b []byte) {
-		g := NewFSM(emptyMachine(t))
-		if err := g.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+		g := NewReplica(emptyMachine(t))
+		if err := g.Restore(b); err != nil {
 			return
 		}
 		once := g.State()
-		h := NewFSM(emptyMachine(t))
-		if err := h.Restore(io.NopCloser(bytes.NewReader(once))); err != nil || !bytes.Equal(h.State(), once) {
+		h := NewReplica(emptyMachine(t))
+		if err := h.Restore(once); err != nil || !bytes.Equal(h.State(), once) {
 			t.Fatalf("re-encoding is not stable: %v", err)
 		}
 		r := quota.Rule{ID: "fuzz", Limit: 10, Window: 1e9, Scope: quota.ScopeGlobal}

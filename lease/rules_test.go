@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"pgregory.net/rapid"
 
 	"github.com/weir-dev/weir/quota"
@@ -46,7 +44,7 @@ func mustApply(t testing.TB, s *RuleStore, m *Machine, c RuleChange) uint64 {
 // fields lists the Field of every *quota.Error in err.
 func fields(err error) []string {
 	var out []string
-	for _, q := range quotaProblems(err) {
+	for _, q := range Problems(err) {
 		out = append(out, q.Field)
 	}
 	return out
@@ -171,7 +169,7 @@ func TestRuleStoreRefusals(t *testing.T) {
 		if got := fields(err); strings.Join(got, ",") != strings.Join(tc.fields, ",") {
 			t.Errorf("%s: fields %q, want %q (%v)", tc.name, got, tc.fields, err)
 		}
-		for _, q := range quotaProblems(err) {
+		for _, q := range Problems(err) {
 			if q.RuleID == "" || q.Line != 0 {
 				t.Errorf("%s: problem %+v does not name its rule", tc.name, q)
 			}
@@ -223,7 +221,7 @@ func TestRuleStoreRetries(t *testing.T) {
 // reach it; and once the store has a version, a raw Command{Rules} is
 // refused so the two cannot disagree.
 func TestRuleStoreFeedsMachine(t *testing.T) {
-	f := NewFSM(emptyMachine(t))
+	f := NewReplica(emptyMachine(t))
 	apply := func(e Entry) ApplyResponse {
 		t.Helper()
 		var b []byte
@@ -236,7 +234,7 @@ func TestRuleStoreFeedsMachine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return f.Apply(&raft.Log{Data: b}).(ApplyResponse)
+		return f.Apply(b)
 	}
 	// Before the store is used, a raw rule set is accepted (the machine's
 	// rules may come from elsewhere).
@@ -322,15 +320,15 @@ func genRuleChange(t *rapid.T) RuleChange {
 // global rules.
 func TestRuleStoreDeterministic(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		a, b := NewFSM(machineFor(t, "ap", "eu", "us")), NewFSM(machineFor(t, "ap", "eu", "us"))
+		a, b := NewReplica(machineFor(t, "ap", "eu", "us")), NewReplica(machineFor(t, "ap", "eu", "us"))
 		for range rapid.IntRange(1, 30).Draw(t, "changes") {
 			c := genRuleChange(t)
 			data, err := EncodeRuleChange(c)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ra := a.Apply(&raft.Log{Data: data}).(ApplyResponse)
-			rb := b.Apply(&raft.Log{Data: data}).(ApplyResponse)
+			ra := a.Apply(data)
+			rb := b.Apply(data)
 			if fmt.Sprint(ra) != fmt.Sprint(rb) {
 				t.Fatalf("diverged: %v, %v", ra, rb)
 			}
@@ -346,8 +344,8 @@ func TestRuleStoreDeterministic(t *testing.T) {
 				t.Fatalf("machine rules %s, store's global rules %s", got, want)
 			}
 		}
-		c := NewFSM(machineFor(t, "ap", "eu", "us"))
-		if err := c.Restore(io.NopCloser(bytes.NewReader(a.State()))); err != nil {
+		c := NewReplica(machineFor(t, "ap", "eu", "us"))
+		if err := c.Restore(a.State()); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(c.State(), a.State()) {

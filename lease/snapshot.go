@@ -79,7 +79,7 @@ var ErrBadState = errors.New("lease: malformed state")
 // MarshalState encodes the machine's replicated state (not its Config) in a
 // versioned, deterministic form: two machines in the same state give the
 // same bytes. The rule store section is empty and there is no durable store
-// (so it is version 2): FSM.State encodes a machine with its stores.
+// (so it is version 2): Replica.State encodes a machine with its stores.
 func (m *Machine) MarshalState() []byte { return marshalState(m, nil) }
 
 // marshalState encodes m and rs (nil: an empty store) with an empty durable
@@ -127,14 +127,30 @@ func marshalFullState(m *Machine, rs *RuleStore, ds *DurableStore) []byte {
 		w.str(name)
 		w.uint(m.seqs[name])
 	}
-	keys := slices.SortedFunc(maps.Keys(m.keys), func(a, b key) int {
+	writeKeys(&w, m.keys)
+	if rs == nil {
+		rs = NewRuleStore()
+	}
+	rs.marshal(&w)
+	if version >= 3 {
+		ds.marshal(&w)
+	}
+	if version >= 5 {
+		ds.marshalLegacy(&w)
+	}
+	return w.buf.Bytes()
+}
+
+// writeKeys appends the keys section: the lease table, sorted.
+func writeKeys(w *stateWriter, keys map[key]*keyState) {
+	sorted := slices.SortedFunc(maps.Keys(keys), func(a, b key) int {
 		return cmp.Or(cmp.Compare(a.rule, b.rule), cmp.Compare(a.identity, b.identity))
 	})
-	w.uint(uint64(len(keys)))
-	for _, k := range keys {
+	w.uint(uint64(len(sorted)))
+	for _, k := range sorted {
 		w.str(k.rule)
 		w.str(k.identity)
-		for _, l := range m.keys[k].regions {
+		for _, l := range keys[k].regions {
 			w.int(l.share)
 			w.uint(l.epoch)
 			w.int(l.expiry)
@@ -146,9 +162,10 @@ func marshalFullState(m *Machine, rs *RuleStore, ds *DurableStore) []byte {
 			w.int(l.seen)
 		}
 	}
-	if rs == nil {
-		rs = NewRuleStore()
-	}
+}
+
+// marshal appends the rule store section.
+func (rs *RuleStore) marshal(w *stateWriter) {
 	w.uint(rs.version)
 	w.uint(uint64(len(rs.raw)))
 	for _, b := range rs.raw {
@@ -166,19 +183,51 @@ func marshalFullState(m *Machine, rs *RuleStore, ds *DurableStore) []byte {
 		w.bytes(e.After)
 		w.str(e.Digest)
 	}
-	if version >= 3 {
-		ds.marshal(&w)
+}
+
+// StateInfo is what an encoded state (Replica.State, Machine.MarshalState)
+// holds, read without restoring it: for an operator's or a test's look at
+// a replica.
+type StateInfo struct {
+	// Now and Guard are the machine's time and takeover guard (unix ns on
+	// the leaders' clocks); Epoch is the newest epoch it issued.
+	Now, Guard int64
+	Epoch      uint64
+	// Rules are the machine's rules by id; Seqs the newest report sequence
+	// applied per reporter.
+	Rules map[string]Rule
+	Seqs  map[string]uint64
+	// Keys is the number of (rule, identity) entries of the lease table;
+	// Leases is the table's canonical encoding: two states hold the same
+	// leases exactly when their Leases are equal, whatever their times.
+	Keys   int
+	Leases []byte
+	// RuleVersion is the rule store's version; RuleStore its canonical
+	// encoding (rules and audit history), equal for equal stores.
+	RuleVersion uint64
+	RuleStore   []byte
+	// DurableBuckets is the number of durable buckets held (not full).
+	DurableBuckets int
+}
+
+// ReadState decodes an encoded state into its StateInfo. It fails,
+// wrapping ErrBadState, where Restore would; it never panics.
+func ReadState(b []byte) (StateInfo, error) {
+	s, err := decodeState(b)
+	if err != nil {
+		return StateInfo{}, err
 	}
-	if version >= 5 {
-		ds.marshalLegacy(&w)
-	}
-	return w.buf.Bytes()
+	var keys, store stateWriter
+	writeKeys(&keys, s.keys)
+	s.store.marshal(&store)
+	return StateInfo{Now: s.now, Guard: s.guard, Epoch: s.epoch, Rules: s.rules, Seqs: s.seqs, Keys: len(s.keys),
+		Leases: keys.buf.Bytes(), RuleVersion: s.store.version, RuleStore: store.buf.Bytes(), DurableBuckets: s.durable.Len()}, nil
 }
 
 // RestoreState replaces the machine's replicated state with one that
 // MarshalState encoded. The machine's Config must name the same regions as
 // the encoder's. A state whose rule store or durable store is not empty is
-// refused (restore it with its stores, through FSM.Restore). On error
+// refused (restore it with its stores, through Replica.Restore). On error
 // (wrapping ErrBadState) the machine is unchanged.
 func (m *Machine) RestoreState(b []byte) error { return restoreState(m, nil, nil, b) }
 
@@ -200,7 +249,7 @@ func restoreState(m *Machine, rs *RuleStore, ds *DurableStore, b []byte) error {
 	}
 	if s.store.version > 0 {
 		if rs == nil {
-			return fmt.Errorf("%w: the state holds a rule store (version %d): restore it through FSM.Restore", ErrBadState, s.store.version)
+			return fmt.Errorf("%w: the state holds a rule store (version %d): restore it through Replica.Restore", ErrBadState, s.store.version)
 		}
 		want := map[string]Rule{}
 		for _, r := range s.store.LeaseRules() {
@@ -211,7 +260,7 @@ func restoreState(m *Machine, rs *RuleStore, ds *DurableStore, b []byte) error {
 		}
 	}
 	if ds == nil && (s.durable.Len() > 0 || s.durable.Requests() > 0) {
-		return fmt.Errorf("%w: the state holds durable buckets: restore it through FSM.Restore", ErrBadState)
+		return fmt.Errorf("%w: the state holds durable buckets: restore it through Replica.Restore", ErrBadState)
 	}
 	m.now, m.guard, m.epoch, m.rules, m.seqs, m.keys = s.now, s.guard, s.epoch, s.rules, s.seqs, s.keys
 	if rs != nil {
@@ -398,7 +447,7 @@ func (r *stateReader) ruleStore() *RuleStore {
 		if r.err != nil {
 			return empty
 		}
-		rule, err := decodeRuleJSON(b)
+		rule, err := DecodeRuleJSON(b)
 		if err != nil {
 			r.fail(fmt.Sprintf("rule %d: %v", len(rules), err))
 			return empty
@@ -415,7 +464,7 @@ func (r *stateReader) ruleStore() *RuleStore {
 		return empty
 	}
 	for i := range raw {
-		canon, err := encodeRuleJSON(*set.Rule(i))
+		canon, err := EncodeRuleJSON(*set.Rule(i))
 		if err != nil || !bytes.Equal(canon, raw[i]) {
 			r.fail(fmt.Sprintf("rule %q is not in canonical form", rules[i].ID))
 			return empty
@@ -477,7 +526,7 @@ func checkAudit(e AuditEntry, op uint64, prev []AuditEntry) string {
 	if e.Version == 0 {
 		return "version 0"
 	}
-	if err := checkChange(RuleChange{Principal: e.Principal, RequestID: e.RequestID, Delete: "x"}); err != nil {
+	if err := (RuleChange{Principal: e.Principal, RequestID: e.RequestID, Delete: "x"}).Check(); err != nil {
 		return err.Error()
 	}
 	if e.RuleID == "" {
@@ -499,7 +548,7 @@ func checkAudit(e AuditEntry, op uint64, prev []AuditEntry) string {
 		if b == nil {
 			continue
 		}
-		rule, err := decodeRuleJSON(b)
+		rule, err := DecodeRuleJSON(b)
 		if err != nil {
 			return err.Error()
 		}

@@ -76,7 +76,7 @@ type adminReport struct {
 // identities: on a node with weir.LeaseConfig.AdminTokens it authenticates
 // every request as RulesAdminHandler does (401 otherwise, logged and
 // counted with the rules API's refusals); elsewhere mount it behind a
-// lease.Guard, or where only operators reach it (docs/security.md).
+// raftgroup.Guard, or where only operators reach it (docs/security.md).
 func AdminHandler(n *weir.Node) http.Handler {
 	v := of(n)
 	return v.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -95,15 +95,16 @@ func AdminHandler(n *weir.Node) http.Handler {
 	}))
 }
 
-// IdentityHandler serves GET /v1/identities/{id} (the identity's rules)
-// as the JSON of LookupIdentity. Query parameters: method and path (keep
-// only rules matching such a request), key (keep only rules keyed on that
+// IdentityHandler serves GET /v1/identities/{id} (the whole remaining
+// path is the identity, URL-escaped; empty means the "" identity of global
+// rules) as the JSON of LookupIdentity. Query parameters: method and path
+// (keep only rules matching such a request), key (keep only rules keyed on that
 // source: ip, user, header:NAME, and read that source's namespace; a top
 // list's Hitter.Source), tier, raw ("true": the identity is the bucket key
 // as weir.Node.CheckKeys charges it, see weir.IdentityQuery.Raw). Like
 // AdminHandler it names identities, and like it it authenticates every
 // request on a node with weir.LeaseConfig.AdminTokens (elsewhere: a
-// lease.Guard, or a place only operators reach). UIHandler serves the
+// raftgroup.Guard, or a place only operators reach). UIHandler serves the
 // lookup too, unauthenticated.
 func IdentityHandler(n *weir.Node) http.Handler {
 	v := of(n)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates cluster/peerpb from cluster/peerpb/peer.proto and lease/leasepb
-# from lease/leasepb/lease.proto. The generated code is committed: the normal
+# Regenerates cluster/peerpb from cluster/peerpb/peer.proto, lease/leasepb
+# from lease/leasepb/lease.proto (the log's commands, messages only) and
+# lease/raftgroup/grouppb from its group.proto (the forwarding service, which
+# imports lease.proto). The generated code is committed: the normal
 # build and `go test ./...` need no protoc.
 #
 # The plugins are installed with pinned versions into a temporary GOBIN, so
@@ -31,15 +33,17 @@ trap 'rm -rf "$gobin"' EXIT
 	GOBIN="$gobin" GOFLAGS= go install "google.golang.org/protobuf/cmd/protoc-gen-go@${PROTOC_GEN_GO_VERSION}" &&
 	GOBIN="$gobin" GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@${PROTOC_GEN_GO_GRPC_VERSION}")
 
-# gen DIR FILE: regenerates DIR from DIR/FILE.
+# gen DIR FILE [IMPORTDIR]: regenerates DIR from DIR/FILE, finding the files
+# it imports in IMPORTDIR.
 gen() {
 	PATH="$gobin:$PATH" protoc \
-		--proto_path="$1" \
+		--proto_path="$1" ${3:+--proto_path="$3"} \
 		--go_out="$1" --go_opt=paths=source_relative \
 		--go-grpc_out="$1" --go-grpc_opt=paths=source_relative \
 		"$2"
 }
 gen cluster/peerpb peer.proto
 gen lease/leasepb lease.proto
+gen lease/raftgroup/grouppb group.proto lease/leasepb
 
-echo "regenerated cluster/peerpb and lease/leasepb ($(protoc --version), protoc-gen-go ${PROTOC_GEN_GO_VERSION}, protoc-gen-go-grpc ${PROTOC_GEN_GO_GRPC_VERSION})"
+echo "regenerated cluster/peerpb, lease/leasepb and lease/raftgroup/grouppb ($(protoc --version), protoc-gen-go ${PROTOC_GEN_GO_VERSION}, protoc-gen-go-grpc ${PROTOC_GEN_GO_GRPC_VERSION})"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 )
 
@@ -64,7 +65,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func cluster(t *testing.T) ([]*weir.Node, []string) {
 	t.Helper()
 	raftL, rpcL := listen(t), listen(t)
-	voters := []lease.Voter{{Name: "gw-0", Addr: raftL.Addr().String()}}
+	voters := []raftgroup.Voter{{Name: "gw-0", Addr: raftL.Addr().String()}}
 	var nodes []*weir.Node
 	var urls []string
 	t.Cleanup(func() {
@@ -80,7 +81,7 @@ func cluster(t *testing.T) ([]*weir.Node, []string) {
 			AdminTokens: map[string]string{token: "browser-test"}}
 		if i == 0 {
 			lc.Voters = nil
-			lc.Voter = &lease.GroupConfig{Name: name, Dir: t.TempDir(), Voters: voters,
+			lc.Voter = &raftgroup.Config{Name: name, Dir: t.TempDir(), Voters: voters,
 				RPCPeers:     map[string]string{name: rpcL.Addr().String()},
 				RaftListener: raftL, RPCListener: rpcL, Machine: lease.Config{Regions: []string{"eu"}},
 				HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond,

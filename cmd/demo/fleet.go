@@ -20,6 +20,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/nodeops"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 )
@@ -91,7 +92,7 @@ type fleet struct {
 	token     string // the admin API's bearer token
 	dataDir   string // the voters' raft-boltdb directories live under it
 
-	voters  []lease.Voter     // Raft ServerID and address
+	voters  []raftgroup.Voter // Raft ServerID and address
 	rpc     map[string]string // voter → lease forwarding (gRPC) address
 	raftLis map[string]net.Listener
 	rpcLis  map[string]net.Listener
@@ -160,7 +161,7 @@ func newFleet(host string, regions, perRegion int, rules []quota.Rule, upstream 
 		}
 		f.raftLis[name], f.rpcLis[name] = raftLn, rpcLn
 		f.rpc[name] = rpcLn.Addr().String()
-		f.voters = append(f.voters, lease.Voter{Name: name, Addr: raftLn.Addr().String()})
+		f.voters = append(f.voters, raftgroup.Voter{Name: name, Addr: raftLn.Addr().String()})
 	}
 	return f, nil
 }
@@ -177,7 +178,7 @@ func (f *fleet) closeListeners() {
 
 // isVoter reports whether name is one of the lease group's voters.
 func (f *fleet) isVoter(name string) bool {
-	return slices.ContainsFunc(f.voters, func(v lease.Voter) bool { return v.Name == name })
+	return slices.ContainsFunc(f.voters, func(v raftgroup.Voter) bool { return v.Name == name })
 }
 
 // nodeNames returns every node's name, region by region.
@@ -239,7 +240,7 @@ func (f *fleet) start(name string) (*gateway, error) {
 		lc := &weir.LeaseConfig{Rules: true, CheckInterval: ruleCheck, RefreshInterval: leaseRefresh,
 			Machine: f.machine, AdminTokens: map[string]string{f.token: adminName}}
 		if g.voter {
-			vc := &lease.GroupConfig{Name: name, Dir: filepath.Join(f.dataDir, name), Voters: f.voters,
+			vc := &raftgroup.Config{Name: name, Dir: filepath.Join(f.dataDir, name), Voters: f.voters,
 				RPCPeers: f.rpc, Machine: f.machine, HeartbeatTimeout: raftTimeout, ElectionTimeout: raftTimeout,
 				LeaderLeaseTimeout: raftLeaderTTL}
 			// First start: the listeners bound in newFleet; a restart
@@ -463,7 +464,7 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 // (PutRule forwards to the leader) and waits until every node runs them and
 // leases its global rules.
 func (f *fleet) seed(limit time.Duration) (uint64, error) {
-	var lg *lease.Group
+	var lg *raftgroup.Group
 	for _, g := range f.gateways() {
 		if lg = leaseGroup(g.node); lg != nil {
 			break
@@ -586,6 +587,6 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 // rules into the group and watches its leader, which a gateway never does,
 // so it reads the node through the operator's passage (internal/nodeops)
 // rather than through weir.Node's API.
-func leaseGroup(n *weir.Node) *lease.Group {
-	return nodeops.Of(n).(interface{ LeaseGroup() *lease.Group }).LeaseGroup()
+func leaseGroup(n *weir.Node) *raftgroup.Group {
+	return nodeops.Of(n).(interface{ LeaseGroup() *raftgroup.Group }).LeaseGroup()
 }

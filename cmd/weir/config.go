@@ -577,7 +577,7 @@ func (c *Config) tokens(getenv func(string) string) (map[string]string, error) {
 	return out, nil
 }
 
-// minTokenBytes is the shortest bearer token accepted (lease.AdminHandler
+// minTokenBytes is the shortest bearer token accepted (raftgroup.AdminHandler
 // refuses shorter ones too).
 const minTokenBytes = 16
 

@@ -12,11 +12,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 )
 
 // The load of the process fault harness (faults_test.go): RLS callers on
-// every gateway and durable callers through a lease.Client, every decision
+// every gateway and durable callers through a raftgroup.Client, every decision
 // recorded.
 
 // rlsRec is one Envoy decision through a gateway: call and return (ns since
@@ -29,7 +29,7 @@ type rlsRec struct {
 }
 
 // load is the client side: RLS callers on every gateway, durable callers
-// through a lease.Client, and a slow rules PUT loop.
+// through a raftgroup.Client, and a slow rules PUT loop.
 type load struct {
 	mu                       sync.Mutex
 	rls                      []rlsRec
@@ -84,7 +84,7 @@ func (h *harness) runLoad(ctx context.Context, l *load) *sync.WaitGroup {
 	for _, v := range h.voters {
 		rpcs = append(rpcs, v.current().addrs.LeaseRPC)
 	}
-	lc, err := lease.NewClient(lease.ClientConfig{Voters: rpcs, Name: "faults-load"})
+	lc, err := raftgroup.NewClient(raftgroup.ClientConfig{Voters: rpcs, Name: "faults-load"})
 	if err != nil {
 		h.t.Fatal(err)
 	}

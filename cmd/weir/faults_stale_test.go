@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 )
 
 // TestStaleVoterDir restarts a voter of a three-voter lease group from a
@@ -48,7 +48,7 @@ func TestStaleVoterDir(t *testing.T) {
 	if !h.recovered(60 * time.Second) {
 		t.Fatal("the voters did not elect a leader within 60s")
 	}
-	lc, err := lease.NewClient(lease.ClientConfig{Voters: rpcs, Name: "stale-load"})
+	lc, err := raftgroup.NewClient(raftgroup.ClientConfig{Voters: rpcs, Name: "stale-load"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestStaleVoterDir(t *testing.T) {
 // the phase it was made in.
 type staleRun struct {
 	h     *harness
-	lc    *lease.Client
+	lc    *raftgroup.Client
 	n     int
 	phase map[int]string // PUT seq -> phase
 	spent []string       // durable identities spent to the burst, acknowledged

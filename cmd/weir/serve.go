@@ -29,6 +29,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/rls"
 )
@@ -268,7 +269,7 @@ func (d *daemon) leaseConfig(st *startup, tokens map[string]string) (*weir.Lease
 // lease group config: the initial voters (this node alone when none are
 // listed), each voter's lease RPC address, and the voters' mutual TLS,
 // whose client side is lc's.
-func (d *daemon) voterGroup(st *startup, v *VoterSection, lc *weir.LeaseConfig) (*lease.GroupConfig, error) {
+func (d *daemon) voterGroup(st *startup, v *VoterSection, lc *weir.LeaseConfig) (*raftgroup.Config, error) {
 	cfg := d.cfg
 	raftLn, err := st.listen("lease.voter.raft", v.Raft)
 	if err != nil {
@@ -279,14 +280,14 @@ func (d *daemon) voterGroup(st *startup, v *VoterSection, lc *weir.LeaseConfig) 
 		return nil, err
 	}
 	d.addrs.LeaseRaft, d.addrs.LeaseRPC = raftLn.Addr().String(), rpcLn.Addr().String()
-	gc := &lease.GroupConfig{Name: cfg.Node.Name, Dir: v.DataDir, RaftListener: raftLn, RPCListener: rpcLn,
+	gc := &raftgroup.Config{Name: cfg.Node.Name, Dir: v.DataDir, RaftListener: raftLn, RPCListener: rpcLn,
 		Machine: lc.Machine, RPCPeers: map[string]string{}, Logger: d.log}
 	if len(v.Voters) == 0 {
-		gc.Voters = []lease.Voter{{Name: cfg.Node.Name}}
+		gc.Voters = []raftgroup.Voter{{Name: cfg.Node.Name}}
 		gc.RPCPeers[cfg.Node.Name] = d.addrs.LeaseRPC
 	}
 	for _, va := range v.Voters {
-		gc.Voters = append(gc.Voters, lease.Voter{Name: va.Name, Addr: va.Raft})
+		gc.Voters = append(gc.Voters, raftgroup.Voter{Name: va.Name, Addr: va.Raft})
 		gc.RPCPeers[va.Name] = va.RPC
 	}
 	if t := cfg.Lease.TLS; t != nil {

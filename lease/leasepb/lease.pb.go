@@ -1,11 +1,11 @@
-// The lease group's protocol: the commands of its replicated log, and the
-// RPC service through which a follower forwards a write to the leader and a
-// client that is not a voter reads and changes the rule store. It mirrors
-// lease.Command, lease.RuleChange, lease.Result, lease.Grant and
-// lease.AuditEntry field for field; lease/codec.go converts and validates.
-// Times and durations are nanoseconds. A rule travels as the canonical JSON
-// of a quota.Rule (encoding/json of the Go struct: Go field names,
-// durations in nanoseconds), the form lease/codec.go writes.
+// The lease group's replicated log: the commands of its entries. It mirrors
+// lease.Command, lease.RuleChange and lease.DurableCommand field for field;
+// lease/codec.go converts and validates. Times and durations are
+// nanoseconds. A rule travels as the canonical JSON of a quota.Rule
+// (encoding/json of the Go struct: Go field names, durations in
+// nanoseconds), the form lease/codec.go writes. The forwarding service that
+// carries these commands to the leader is group.proto
+// (lease/raftgroup/grouppb), in the same protobuf package.
 //
 // Regenerate with scripts/gen-proto.sh; the generated code is committed.
 
@@ -31,78 +31,6 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
-
-// Code classifies a refused proposal so that the caller gets the same
-// sentinel error as a local Propose.
-type Code int32
-
-const (
-	Code_OK Code = 0
-	// The machine refused the command (lease.ErrBadCommand).
-	Code_BAD_COMMAND    Code = 1
-	Code_UNKNOWN_RULE   Code = 2
-	Code_UNKNOWN_REGION Code = 3
-	// The receiver is not the leader (any more); the caller may retry.
-	Code_NOT_LEADER Code = 4
-	// Any other failure; message says what.
-	Code_FAILED Code = 5
-	// The rule store refused an invalid rule (quota.ErrInvalidRule); the
-	// reply's problems name the fields.
-	Code_INVALID_RULE Code = 6
-	// The rule store has no rule with that id (lease.ErrRuleNotFound).
-	Code_NOT_FOUND Code = 7
-)
-
-// Enum value maps for Code.
-var (
-	Code_name = map[int32]string{
-		0: "OK",
-		1: "BAD_COMMAND",
-		2: "UNKNOWN_RULE",
-		3: "UNKNOWN_REGION",
-		4: "NOT_LEADER",
-		5: "FAILED",
-		6: "INVALID_RULE",
-		7: "NOT_FOUND",
-	}
-	Code_value = map[string]int32{
-		"OK":             0,
-		"BAD_COMMAND":    1,
-		"UNKNOWN_RULE":   2,
-		"UNKNOWN_REGION": 3,
-		"NOT_LEADER":     4,
-		"FAILED":         5,
-		"INVALID_RULE":   6,
-		"NOT_FOUND":      7,
-	}
-)
-
-func (x Code) Enum() *Code {
-	p := new(Code)
-	*p = x
-	return p
-}
-
-func (x Code) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_lease_proto_enumTypes[0].Descriptor()
-}
-
-func (Code) Type() protoreflect.EnumType {
-	return &file_lease_proto_enumTypes[0]
-}
-
-func (x Code) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use Code.Descriptor instead.
-func (Code) EnumDescriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{0}
-}
 
 // Command is lease.Command: exactly one kind is set. now is ignored in a
 // ProposeRequest (the leader sets it from its own clock).
@@ -397,83 +325,6 @@ func (x *DurableDecide) GetKeyFormat() uint32 {
 	return 0
 }
 
-// Decision is a bucket.Decision; durations are ns.
-type Decision struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Allowed       bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
-	Remaining     int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	ResetIn       int64                  `protobuf:"varint,4,opt,name=reset_in,json=resetIn,proto3" json:"reset_in,omitempty"`
-	RetryAfter    int64                  `protobuf:"varint,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Decision) Reset() {
-	*x = Decision{}
-	mi := &file_lease_proto_msgTypes[2]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Decision) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Decision) ProtoMessage() {}
-
-func (x *Decision) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[2]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Decision.ProtoReflect.Descriptor instead.
-func (*Decision) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{2}
-}
-
-func (x *Decision) GetAllowed() bool {
-	if x != nil {
-		return x.Allowed
-	}
-	return false
-}
-
-func (x *Decision) GetLimit() int64 {
-	if x != nil {
-		return x.Limit
-	}
-	return 0
-}
-
-func (x *Decision) GetRemaining() int64 {
-	if x != nil {
-		return x.Remaining
-	}
-	return 0
-}
-
-func (x *Decision) GetResetIn() int64 {
-	if x != nil {
-		return x.ResetIn
-	}
-	return 0
-}
-
-func (x *Decision) GetRetryAfter() int64 {
-	if x != nil {
-		return x.RetryAfter
-	}
-	return 0
-}
-
 // RulePut creates or replaces the rule rule.ID of the rule store.
 // principal is who asked (an authenticated name); rule is a quota.Rule's
 // canonical JSON; request_id names the request across retries (a change
@@ -489,7 +340,7 @@ type RulePut struct {
 
 func (x *RulePut) Reset() {
 	*x = RulePut{}
-	mi := &file_lease_proto_msgTypes[3]
+	mi := &file_lease_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +352,7 @@ func (x *RulePut) String() string {
 func (*RulePut) ProtoMessage() {}
 
 func (x *RulePut) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[3]
+	mi := &file_lease_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +365,7 @@ func (x *RulePut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RulePut.ProtoReflect.Descriptor instead.
 func (*RulePut) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{3}
+	return file_lease_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RulePut) GetPrincipal() string {
@@ -550,7 +401,7 @@ type RuleDelete struct {
 
 func (x *RuleDelete) Reset() {
 	*x = RuleDelete{}
-	mi := &file_lease_proto_msgTypes[4]
+	mi := &file_lease_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +413,7 @@ func (x *RuleDelete) String() string {
 func (*RuleDelete) ProtoMessage() {}
 
 func (x *RuleDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[4]
+	mi := &file_lease_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +426,7 @@ func (x *RuleDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleDelete.ProtoReflect.Descriptor instead.
 func (*RuleDelete) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{4}
+	return file_lease_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RuleDelete) GetPrincipal() string {
@@ -612,7 +463,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_lease_proto_msgTypes[5]
+	mi := &file_lease_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +475,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[5]
+	mi := &file_lease_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +488,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{5}
+	return file_lease_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Report) GetReporter() string {
@@ -682,7 +533,7 @@ type ReportItem struct {
 
 func (x *ReportItem) Reset() {
 	*x = ReportItem{}
-	mi := &file_lease_proto_msgTypes[6]
+	mi := &file_lease_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +545,7 @@ func (x *ReportItem) String() string {
 func (*ReportItem) ProtoMessage() {}
 
 func (x *ReportItem) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[6]
+	mi := &file_lease_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +558,7 @@ func (x *ReportItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportItem.ProtoReflect.Descriptor instead.
 func (*ReportItem) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{6}
+	return file_lease_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReportItem) GetRule() string {
@@ -755,7 +606,7 @@ type RuleSet struct {
 
 func (x *RuleSet) Reset() {
 	*x = RuleSet{}
-	mi := &file_lease_proto_msgTypes[7]
+	mi := &file_lease_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +618,7 @@ func (x *RuleSet) String() string {
 func (*RuleSet) ProtoMessage() {}
 
 func (x *RuleSet) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[7]
+	mi := &file_lease_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +631,7 @@ func (x *RuleSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleSet.ProtoReflect.Descriptor instead.
 func (*RuleSet) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{7}
+	return file_lease_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RuleSet) GetRules() []*Rule {
@@ -804,7 +655,7 @@ type Rule struct {
 
 func (x *Rule) Reset() {
 	*x = Rule{}
-	mi := &file_lease_proto_msgTypes[8]
+	mi := &file_lease_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +667,7 @@ func (x *Rule) String() string {
 func (*Rule) ProtoMessage() {}
 
 func (x *Rule) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[8]
+	mi := &file_lease_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +680,7 @@ func (x *Rule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rule.ProtoReflect.Descriptor instead.
 func (*Rule) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{8}
+	return file_lease_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Rule) GetId() string {
@@ -867,881 +718,6 @@ func (x *Rule) GetMaxCost() int64 {
 	return 0
 }
 
-// Grant is lease.Grant; lifetime is ns, counted by the region from when it
-// sent its report.
-type Grant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Share         int64                  `protobuf:"varint,4,opt,name=share,proto3" json:"share,omitempty"`
-	Burst         int64                  `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
-	Lifetime      int64                  `protobuf:"varint,6,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Grant) Reset() {
-	*x = Grant{}
-	mi := &file_lease_proto_msgTypes[9]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Grant) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Grant) ProtoMessage() {}
-
-func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[9]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
-func (*Grant) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{9}
-}
-
-func (x *Grant) GetRule() string {
-	if x != nil {
-		return x.Rule
-	}
-	return ""
-}
-
-func (x *Grant) GetIdentity() []byte {
-	if x != nil {
-		return x.Identity
-	}
-	return nil
-}
-
-func (x *Grant) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *Grant) GetShare() int64 {
-	if x != nil {
-		return x.Share
-	}
-	return 0
-}
-
-func (x *Grant) GetBurst() int64 {
-	if x != nil {
-		return x.Burst
-	}
-	return 0
-}
-
-func (x *Grant) GetLifetime() int64 {
-	if x != nil {
-		return x.Lifetime
-	}
-	return 0
-}
-
-// Result is lease.Result.
-type Result struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Grants        []*Grant               `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Result) Reset() {
-	*x = Result{}
-	mi := &file_lease_proto_msgTypes[10]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Result) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Result) ProtoMessage() {}
-
-func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[10]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Result.ProtoReflect.Descriptor instead.
-func (*Result) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{10}
-}
-
-func (x *Result) GetGrants() []*Grant {
-	if x != nil {
-		return x.Grants
-	}
-	return nil
-}
-
-// ProposeRequest carries a command from a follower; from is its ServerID.
-type ProposeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Command       *Command               `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ProposeRequest) Reset() {
-	*x = ProposeRequest{}
-	mi := &file_lease_proto_msgTypes[11]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ProposeRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ProposeRequest) ProtoMessage() {}
-
-func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[11]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
-func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{11}
-}
-
-func (x *ProposeRequest) GetFrom() string {
-	if x != nil {
-		return x.From
-	}
-	return ""
-}
-
-func (x *ProposeRequest) GetCommand() *Command {
-	if x != nil {
-		return x.Command
-	}
-	return nil
-}
-
-// Problem is one validation problem of a rule (a quota.Error): field is
-// the path within the rule in the rules file's names ("window",
-// "overrides[0].burst"), message what is wrong, rule_id the rule.
-type Problem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Field         string                 `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	RuleId        string                 `protobuf:"bytes,3,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Problem) Reset() {
-	*x = Problem{}
-	mi := &file_lease_proto_msgTypes[12]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Problem) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Problem) ProtoMessage() {}
-
-func (x *Problem) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[12]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Problem.ProtoReflect.Descriptor instead.
-func (*Problem) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{12}
-}
-
-func (x *Problem) GetField() string {
-	if x != nil {
-		return x.Field
-	}
-	return ""
-}
-
-func (x *Problem) GetMessage() string {
-	if x != nil {
-		return x.Message
-	}
-	return ""
-}
-
-func (x *Problem) GetRuleId() string {
-	if x != nil {
-		return x.RuleId
-	}
-	return ""
-}
-
-// ProposeReply is the command's result, or code and message.
-// rule_version is the rule store's version after a rule change; problems
-// come with INVALID_RULE.
-type ProposeReply struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Result      *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
-	Code        Code                   `protobuf:"varint,2,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
-	Message     string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	RuleVersion uint64                 `protobuf:"varint,4,opt,name=rule_version,json=ruleVersion,proto3" json:"rule_version,omitempty"`
-	Problems    []*Problem             `protobuf:"bytes,5,rep,name=problems,proto3" json:"problems,omitempty"`
-	// The decision of a durable command.
-	Durable       *Decision `protobuf:"bytes,6,opt,name=durable,proto3" json:"durable,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ProposeReply) Reset() {
-	*x = ProposeReply{}
-	mi := &file_lease_proto_msgTypes[13]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ProposeReply) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ProposeReply) ProtoMessage() {}
-
-func (x *ProposeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[13]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ProposeReply.ProtoReflect.Descriptor instead.
-func (*ProposeReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{13}
-}
-
-func (x *ProposeReply) GetResult() *Result {
-	if x != nil {
-		return x.Result
-	}
-	return nil
-}
-
-func (x *ProposeReply) GetCode() Code {
-	if x != nil {
-		return x.Code
-	}
-	return Code_OK
-}
-
-func (x *ProposeReply) GetMessage() string {
-	if x != nil {
-		return x.Message
-	}
-	return ""
-}
-
-func (x *ProposeReply) GetRuleVersion() uint64 {
-	if x != nil {
-		return x.RuleVersion
-	}
-	return 0
-}
-
-func (x *ProposeReply) GetProblems() []*Problem {
-	if x != nil {
-		return x.Problems
-	}
-	return nil
-}
-
-func (x *ProposeReply) GetDurable() *Decision {
-	if x != nil {
-		return x.Durable
-	}
-	return nil
-}
-
-// DurableRequest carries a durable decision from a client to any voter;
-// from names the caller, for logs.
-type DurableRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Decide        *DurableDecide         `protobuf:"bytes,2,opt,name=decide,proto3" json:"decide,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DurableRequest) Reset() {
-	*x = DurableRequest{}
-	mi := &file_lease_proto_msgTypes[14]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DurableRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DurableRequest) ProtoMessage() {}
-
-func (x *DurableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[14]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DurableRequest.ProtoReflect.Descriptor instead.
-func (*DurableRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{14}
-}
-
-func (x *DurableRequest) GetFrom() string {
-	if x != nil {
-		return x.From
-	}
-	return ""
-}
-
-func (x *DurableRequest) GetDecide() *DurableDecide {
-	if x != nil {
-		return x.Decide
-	}
-	return nil
-}
-
-// ChangeRuleRequest carries one rule change from a client; from names the
-// caller, for logs.
-type ChangeRuleRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	From  string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	// Types that are valid to be assigned to Change:
-	//
-	//	*ChangeRuleRequest_Put
-	//	*ChangeRuleRequest_Delete
-	Change        isChangeRuleRequest_Change `protobuf_oneof:"change"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ChangeRuleRequest) Reset() {
-	*x = ChangeRuleRequest{}
-	mi := &file_lease_proto_msgTypes[15]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ChangeRuleRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ChangeRuleRequest) ProtoMessage() {}
-
-func (x *ChangeRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[15]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ChangeRuleRequest.ProtoReflect.Descriptor instead.
-func (*ChangeRuleRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{15}
-}
-
-func (x *ChangeRuleRequest) GetFrom() string {
-	if x != nil {
-		return x.From
-	}
-	return ""
-}
-
-func (x *ChangeRuleRequest) GetChange() isChangeRuleRequest_Change {
-	if x != nil {
-		return x.Change
-	}
-	return nil
-}
-
-func (x *ChangeRuleRequest) GetPut() *RulePut {
-	if x != nil {
-		if x, ok := x.Change.(*ChangeRuleRequest_Put); ok {
-			return x.Put
-		}
-	}
-	return nil
-}
-
-func (x *ChangeRuleRequest) GetDelete() *RuleDelete {
-	if x != nil {
-		if x, ok := x.Change.(*ChangeRuleRequest_Delete); ok {
-			return x.Delete
-		}
-	}
-	return nil
-}
-
-type isChangeRuleRequest_Change interface {
-	isChangeRuleRequest_Change()
-}
-
-type ChangeRuleRequest_Put struct {
-	Put *RulePut `protobuf:"bytes,2,opt,name=put,proto3,oneof"`
-}
-
-type ChangeRuleRequest_Delete struct {
-	Delete *RuleDelete `protobuf:"bytes,3,opt,name=delete,proto3,oneof"`
-}
-
-func (*ChangeRuleRequest_Put) isChangeRuleRequest_Change() {}
-
-func (*ChangeRuleRequest_Delete) isChangeRuleRequest_Change() {}
-
-// ReadRulesRequest asks for the rule set (with_rules) and audit entries
-// newer than since, at most limit of them (with_history; limit 0 means the
-// server's default). forwarded marks a read a voter forwarded to the
-// leader: the receiver answers it or says NOT_LEADER, never forwards it
-// again.
-type ReadRulesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Linearizable  bool                   `protobuf:"varint,1,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
-	WithRules     bool                   `protobuf:"varint,2,opt,name=with_rules,json=withRules,proto3" json:"with_rules,omitempty"`
-	WithHistory   bool                   `protobuf:"varint,3,opt,name=with_history,json=withHistory,proto3" json:"with_history,omitempty"`
-	Since         uint64                 `protobuf:"varint,4,opt,name=since,proto3" json:"since,omitempty"`
-	Limit         uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
-	Forwarded     bool                   `protobuf:"varint,6,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ReadRulesRequest) Reset() {
-	*x = ReadRulesRequest{}
-	mi := &file_lease_proto_msgTypes[16]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ReadRulesRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ReadRulesRequest) ProtoMessage() {}
-
-func (x *ReadRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[16]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ReadRulesRequest.ProtoReflect.Descriptor instead.
-func (*ReadRulesRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{16}
-}
-
-func (x *ReadRulesRequest) GetLinearizable() bool {
-	if x != nil {
-		return x.Linearizable
-	}
-	return false
-}
-
-func (x *ReadRulesRequest) GetWithRules() bool {
-	if x != nil {
-		return x.WithRules
-	}
-	return false
-}
-
-func (x *ReadRulesRequest) GetWithHistory() bool {
-	if x != nil {
-		return x.WithHistory
-	}
-	return false
-}
-
-func (x *ReadRulesRequest) GetSince() uint64 {
-	if x != nil {
-		return x.Since
-	}
-	return 0
-}
-
-func (x *ReadRulesRequest) GetLimit() uint32 {
-	if x != nil {
-		return x.Limit
-	}
-	return 0
-}
-
-func (x *ReadRulesRequest) GetForwarded() bool {
-	if x != nil {
-		return x.Forwarded
-	}
-	return false
-}
-
-// ReadRulesReply is one consistent view of the rule store: its version,
-// its rules (each a quota.Rule's canonical JSON, ordered by id), the audit
-// entries asked for (oldest first), and the oldest version the history
-// still holds (0: none). On failure, code and message.
-type ReadRulesReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          Code                   `protobuf:"varint,1,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
-	Rules         [][]byte               `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
-	History       []*AuditEntry          `protobuf:"bytes,5,rep,name=history,proto3" json:"history,omitempty"`
-	Oldest        uint64                 `protobuf:"varint,6,opt,name=oldest,proto3" json:"oldest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ReadRulesReply) Reset() {
-	*x = ReadRulesReply{}
-	mi := &file_lease_proto_msgTypes[17]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ReadRulesReply) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ReadRulesReply) ProtoMessage() {}
-
-func (x *ReadRulesReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[17]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ReadRulesReply.ProtoReflect.Descriptor instead.
-func (*ReadRulesReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{17}
-}
-
-func (x *ReadRulesReply) GetCode() Code {
-	if x != nil {
-		return x.Code
-	}
-	return Code_OK
-}
-
-func (x *ReadRulesReply) GetMessage() string {
-	if x != nil {
-		return x.Message
-	}
-	return ""
-}
-
-func (x *ReadRulesReply) GetVersion() uint64 {
-	if x != nil {
-		return x.Version
-	}
-	return 0
-}
-
-func (x *ReadRulesReply) GetRules() [][]byte {
-	if x != nil {
-		return x.Rules
-	}
-	return nil
-}
-
-func (x *ReadRulesReply) GetHistory() []*AuditEntry {
-	if x != nil {
-		return x.History
-	}
-	return nil
-}
-
-func (x *ReadRulesReply) GetOldest() uint64 {
-	if x != nil {
-		return x.Oldest
-	}
-	return 0
-}
-
-// AuditEntry is lease.AuditEntry: at is the leader's clock (unix ns), op
-// "put" or "delete", before and after the rule's canonical JSON (empty:
-// none), digest the rule set's digest after the change.
-type AuditEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	At            int64                  `protobuf:"varint,2,opt,name=at,proto3" json:"at,omitempty"`
-	Principal     string                 `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
-	Op            string                 `protobuf:"bytes,4,opt,name=op,proto3" json:"op,omitempty"`
-	RuleId        string                 `protobuf:"bytes,5,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
-	Before        []byte                 `protobuf:"bytes,6,opt,name=before,proto3" json:"before,omitempty"`
-	After         []byte                 `protobuf:"bytes,7,opt,name=after,proto3" json:"after,omitempty"`
-	Digest        string                 `protobuf:"bytes,8,opt,name=digest,proto3" json:"digest,omitempty"`
-	RequestId     string                 `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AuditEntry) Reset() {
-	*x = AuditEntry{}
-	mi := &file_lease_proto_msgTypes[18]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AuditEntry) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AuditEntry) ProtoMessage() {}
-
-func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[18]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
-func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{18}
-}
-
-func (x *AuditEntry) GetVersion() uint64 {
-	if x != nil {
-		return x.Version
-	}
-	return 0
-}
-
-func (x *AuditEntry) GetAt() int64 {
-	if x != nil {
-		return x.At
-	}
-	return 0
-}
-
-func (x *AuditEntry) GetPrincipal() string {
-	if x != nil {
-		return x.Principal
-	}
-	return ""
-}
-
-func (x *AuditEntry) GetOp() string {
-	if x != nil {
-		return x.Op
-	}
-	return ""
-}
-
-func (x *AuditEntry) GetRuleId() string {
-	if x != nil {
-		return x.RuleId
-	}
-	return ""
-}
-
-func (x *AuditEntry) GetBefore() []byte {
-	if x != nil {
-		return x.Before
-	}
-	return nil
-}
-
-func (x *AuditEntry) GetAfter() []byte {
-	if x != nil {
-		return x.After
-	}
-	return nil
-}
-
-func (x *AuditEntry) GetDigest() string {
-	if x != nil {
-		return x.Digest
-	}
-	return ""
-}
-
-func (x *AuditEntry) GetRequestId() string {
-	if x != nil {
-		return x.RequestId
-	}
-	return ""
-}
-
-// AddVoterRequest names the new voter (its ServerID) and its Raft address.
-type AddVoterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AddVoterRequest) Reset() {
-	*x = AddVoterRequest{}
-	mi := &file_lease_proto_msgTypes[19]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AddVoterRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AddVoterRequest) ProtoMessage() {}
-
-func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[19]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
-func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{19}
-}
-
-func (x *AddVoterRequest) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *AddVoterRequest) GetAddress() string {
-	if x != nil {
-		return x.Address
-	}
-	return ""
-}
-
-// AddVoterReply is empty on success, or code and message.
-type AddVoterReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          Code                   `protobuf:"varint,1,opt,name=code,proto3,enum=weir.lease.v1.Code" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AddVoterReply) Reset() {
-	*x = AddVoterReply{}
-	mi := &file_lease_proto_msgTypes[20]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AddVoterReply) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AddVoterReply) ProtoMessage() {}
-
-func (x *AddVoterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lease_proto_msgTypes[20]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AddVoterReply.ProtoReflect.Descriptor instead.
-func (*AddVoterReply) Descriptor() ([]byte, []int) {
-	return file_lease_proto_rawDescGZIP(), []int{20}
-}
-
-func (x *AddVoterReply) GetCode() Code {
-	if x != nil {
-		return x.Code
-	}
-	return Code_OK
-}
-
-func (x *AddVoterReply) GetMessage() string {
-	if x != nil {
-		return x.Message
-	}
-	return ""
-}
-
 var File_lease_proto protoreflect.FileDescriptor
 
 const file_lease_proto_rawDesc = "" +
@@ -1769,14 +745,7 @@ const file_lease_proto_rawDesc = "" +
 	"request_id\x18\a \x01(\tR\trequestId\x12'\n" +
 	"\x0flegacy_identity\x18\b \x01(\fR\x0elegacyIdentity\x12\x1d\n" +
 	"\n" +
-	"key_format\x18\t \x01(\rR\tkeyFormat\"\x94\x01\n" +
-	"\bDecision\x12\x18\n" +
-	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
-	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12\x19\n" +
-	"\breset_in\x18\x04 \x01(\x03R\aresetIn\x12\x1f\n" +
-	"\vretry_after\x18\x05 \x01(\x03R\n" +
-	"retryAfter\"Z\n" +
+	"key_format\x18\t \x01(\rR\tkeyFormat\"Z\n" +
 	"\aRulePut\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\fR\x04rule\x12\x1d\n" +
@@ -1807,90 +776,7 @@ const file_lease_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x16\n" +
 	"\x06window\x18\x03 \x01(\x03R\x06window\x12\x14\n" +
 	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12\x19\n" +
-	"\bmax_cost\x18\x05 \x01(\x03R\amaxCost\"\x95\x01\n" +
-	"\x05Grant\x12\x12\n" +
-	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
-	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05share\x18\x04 \x01(\x03R\x05share\x12\x14\n" +
-	"\x05burst\x18\x05 \x01(\x03R\x05burst\x12\x1a\n" +
-	"\blifetime\x18\x06 \x01(\x03R\blifetime\"6\n" +
-	"\x06Result\x12,\n" +
-	"\x06grants\x18\x01 \x03(\v2\x14.weir.lease.v1.GrantR\x06grants\"V\n" +
-	"\x0eProposeRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\tR\x04from\x120\n" +
-	"\acommand\x18\x02 \x01(\v2\x16.weir.lease.v1.CommandR\acommand\"R\n" +
-	"\aProblem\x12\x14\n" +
-	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\x12\x17\n" +
-	"\arule_id\x18\x03 \x01(\tR\x06ruleId\"\x8a\x02\n" +
-	"\fProposeReply\x12-\n" +
-	"\x06result\x18\x01 \x01(\v2\x15.weir.lease.v1.ResultR\x06result\x12'\n" +
-	"\x04code\x18\x02 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\x12!\n" +
-	"\frule_version\x18\x04 \x01(\x04R\vruleVersion\x122\n" +
-	"\bproblems\x18\x05 \x03(\v2\x16.weir.lease.v1.ProblemR\bproblems\x121\n" +
-	"\adurable\x18\x06 \x01(\v2\x17.weir.lease.v1.DecisionR\adurable\"Z\n" +
-	"\x0eDurableRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\tR\x04from\x124\n" +
-	"\x06decide\x18\x02 \x01(\v2\x1c.weir.lease.v1.DurableDecideR\x06decide\"\x92\x01\n" +
-	"\x11ChangeRuleRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\tR\x04from\x12*\n" +
-	"\x03put\x18\x02 \x01(\v2\x16.weir.lease.v1.RulePutH\x00R\x03put\x123\n" +
-	"\x06delete\x18\x03 \x01(\v2\x19.weir.lease.v1.RuleDeleteH\x00R\x06deleteB\b\n" +
-	"\x06change\"\xc2\x01\n" +
-	"\x10ReadRulesRequest\x12\"\n" +
-	"\flinearizable\x18\x01 \x01(\bR\flinearizable\x12\x1d\n" +
-	"\n" +
-	"with_rules\x18\x02 \x01(\bR\twithRules\x12!\n" +
-	"\fwith_history\x18\x03 \x01(\bR\vwithHistory\x12\x14\n" +
-	"\x05since\x18\x04 \x01(\x04R\x05since\x12\x14\n" +
-	"\x05limit\x18\x05 \x01(\rR\x05limit\x12\x1c\n" +
-	"\tforwarded\x18\x06 \x01(\bR\tforwarded\"\xd0\x01\n" +
-	"\x0eReadRulesReply\x12'\n" +
-	"\x04code\x18\x01 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x14\n" +
-	"\x05rules\x18\x04 \x03(\fR\x05rules\x123\n" +
-	"\ahistory\x18\x05 \x03(\v2\x19.weir.lease.v1.AuditEntryR\ahistory\x12\x16\n" +
-	"\x06oldest\x18\x06 \x01(\x04R\x06oldest\"\xe2\x01\n" +
-	"\n" +
-	"AuditEntry\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x0e\n" +
-	"\x02at\x18\x02 \x01(\x03R\x02at\x12\x1c\n" +
-	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12\x0e\n" +
-	"\x02op\x18\x04 \x01(\tR\x02op\x12\x17\n" +
-	"\arule_id\x18\x05 \x01(\tR\x06ruleId\x12\x16\n" +
-	"\x06before\x18\x06 \x01(\fR\x06before\x12\x14\n" +
-	"\x05after\x18\a \x01(\fR\x05after\x12\x16\n" +
-	"\x06digest\x18\b \x01(\tR\x06digest\x12\x1d\n" +
-	"\n" +
-	"request_id\x18\t \x01(\tR\trequestId\"?\n" +
-	"\x0fAddVoterRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"R\n" +
-	"\rAddVoterReply\x12'\n" +
-	"\x04code\x18\x01 \x01(\x0e2\x13.weir.lease.v1.CodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage*\x82\x01\n" +
-	"\x04Code\x12\x06\n" +
-	"\x02OK\x10\x00\x12\x0f\n" +
-	"\vBAD_COMMAND\x10\x01\x12\x10\n" +
-	"\fUNKNOWN_RULE\x10\x02\x12\x12\n" +
-	"\x0eUNKNOWN_REGION\x10\x03\x12\x0e\n" +
-	"\n" +
-	"NOT_LEADER\x10\x04\x12\n" +
-	"\n" +
-	"\x06FAILED\x10\x05\x12\x10\n" +
-	"\fINVALID_RULE\x10\x06\x12\r\n" +
-	"\tNOT_FOUND\x10\a2\xfe\x02\n" +
-	"\n" +
-	"LeaseGroup\x12E\n" +
-	"\aPropose\x12\x1d.weir.lease.v1.ProposeRequest\x1a\x1b.weir.lease.v1.ProposeReply\x12H\n" +
-	"\bAddVoter\x12\x1e.weir.lease.v1.AddVoterRequest\x1a\x1c.weir.lease.v1.AddVoterReply\x12K\n" +
-	"\n" +
-	"ChangeRule\x12 .weir.lease.v1.ChangeRuleRequest\x1a\x1b.weir.lease.v1.ProposeReply\x12K\n" +
-	"\tReadRules\x12\x1f.weir.lease.v1.ReadRulesRequest\x1a\x1d.weir.lease.v1.ReadRulesReply\x12E\n" +
-	"\aDurable\x12\x1d.weir.lease.v1.DurableRequest\x1a\x1b.weir.lease.v1.ProposeReplyB(Z&github.com/weir-dev/weir/lease/leasepbb\x06proto3"
+	"\bmax_cost\x18\x05 \x01(\x03R\amaxCostB(Z&github.com/weir-dev/weir/lease/leasepbb\x06proto3"
 
 var (
 	file_lease_proto_rawDescOnce sync.Once
@@ -1904,67 +790,30 @@ func file_lease_proto_rawDescGZIP() []byte {
 	return file_lease_proto_rawDescData
 }
 
-var file_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_lease_proto_goTypes = []any{
-	(Code)(0),                 // 0: weir.lease.v1.Code
-	(*Command)(nil),           // 1: weir.lease.v1.Command
-	(*DurableDecide)(nil),     // 2: weir.lease.v1.DurableDecide
-	(*Decision)(nil),          // 3: weir.lease.v1.Decision
-	(*RulePut)(nil),           // 4: weir.lease.v1.RulePut
-	(*RuleDelete)(nil),        // 5: weir.lease.v1.RuleDelete
-	(*Report)(nil),            // 6: weir.lease.v1.Report
-	(*ReportItem)(nil),        // 7: weir.lease.v1.ReportItem
-	(*RuleSet)(nil),           // 8: weir.lease.v1.RuleSet
-	(*Rule)(nil),              // 9: weir.lease.v1.Rule
-	(*Grant)(nil),             // 10: weir.lease.v1.Grant
-	(*Result)(nil),            // 11: weir.lease.v1.Result
-	(*ProposeRequest)(nil),    // 12: weir.lease.v1.ProposeRequest
-	(*Problem)(nil),           // 13: weir.lease.v1.Problem
-	(*ProposeReply)(nil),      // 14: weir.lease.v1.ProposeReply
-	(*DurableRequest)(nil),    // 15: weir.lease.v1.DurableRequest
-	(*ChangeRuleRequest)(nil), // 16: weir.lease.v1.ChangeRuleRequest
-	(*ReadRulesRequest)(nil),  // 17: weir.lease.v1.ReadRulesRequest
-	(*ReadRulesReply)(nil),    // 18: weir.lease.v1.ReadRulesReply
-	(*AuditEntry)(nil),        // 19: weir.lease.v1.AuditEntry
-	(*AddVoterRequest)(nil),   // 20: weir.lease.v1.AddVoterRequest
-	(*AddVoterReply)(nil),     // 21: weir.lease.v1.AddVoterReply
+	(*Command)(nil),       // 0: weir.lease.v1.Command
+	(*DurableDecide)(nil), // 1: weir.lease.v1.DurableDecide
+	(*RulePut)(nil),       // 2: weir.lease.v1.RulePut
+	(*RuleDelete)(nil),    // 3: weir.lease.v1.RuleDelete
+	(*Report)(nil),        // 4: weir.lease.v1.Report
+	(*ReportItem)(nil),    // 5: weir.lease.v1.ReportItem
+	(*RuleSet)(nil),       // 6: weir.lease.v1.RuleSet
+	(*Rule)(nil),          // 7: weir.lease.v1.Rule
 }
 var file_lease_proto_depIdxs = []int32{
-	6,  // 0: weir.lease.v1.Command.report:type_name -> weir.lease.v1.Report
-	8,  // 1: weir.lease.v1.Command.rules:type_name -> weir.lease.v1.RuleSet
-	4,  // 2: weir.lease.v1.Command.put_rule:type_name -> weir.lease.v1.RulePut
-	5,  // 3: weir.lease.v1.Command.delete_rule:type_name -> weir.lease.v1.RuleDelete
-	2,  // 4: weir.lease.v1.Command.durable:type_name -> weir.lease.v1.DurableDecide
-	7,  // 5: weir.lease.v1.Report.items:type_name -> weir.lease.v1.ReportItem
-	9,  // 6: weir.lease.v1.RuleSet.rules:type_name -> weir.lease.v1.Rule
-	10, // 7: weir.lease.v1.Result.grants:type_name -> weir.lease.v1.Grant
-	1,  // 8: weir.lease.v1.ProposeRequest.command:type_name -> weir.lease.v1.Command
-	11, // 9: weir.lease.v1.ProposeReply.result:type_name -> weir.lease.v1.Result
-	0,  // 10: weir.lease.v1.ProposeReply.code:type_name -> weir.lease.v1.Code
-	13, // 11: weir.lease.v1.ProposeReply.problems:type_name -> weir.lease.v1.Problem
-	3,  // 12: weir.lease.v1.ProposeReply.durable:type_name -> weir.lease.v1.Decision
-	2,  // 13: weir.lease.v1.DurableRequest.decide:type_name -> weir.lease.v1.DurableDecide
-	4,  // 14: weir.lease.v1.ChangeRuleRequest.put:type_name -> weir.lease.v1.RulePut
-	5,  // 15: weir.lease.v1.ChangeRuleRequest.delete:type_name -> weir.lease.v1.RuleDelete
-	0,  // 16: weir.lease.v1.ReadRulesReply.code:type_name -> weir.lease.v1.Code
-	19, // 17: weir.lease.v1.ReadRulesReply.history:type_name -> weir.lease.v1.AuditEntry
-	0,  // 18: weir.lease.v1.AddVoterReply.code:type_name -> weir.lease.v1.Code
-	12, // 19: weir.lease.v1.LeaseGroup.Propose:input_type -> weir.lease.v1.ProposeRequest
-	20, // 20: weir.lease.v1.LeaseGroup.AddVoter:input_type -> weir.lease.v1.AddVoterRequest
-	16, // 21: weir.lease.v1.LeaseGroup.ChangeRule:input_type -> weir.lease.v1.ChangeRuleRequest
-	17, // 22: weir.lease.v1.LeaseGroup.ReadRules:input_type -> weir.lease.v1.ReadRulesRequest
-	15, // 23: weir.lease.v1.LeaseGroup.Durable:input_type -> weir.lease.v1.DurableRequest
-	14, // 24: weir.lease.v1.LeaseGroup.Propose:output_type -> weir.lease.v1.ProposeReply
-	21, // 25: weir.lease.v1.LeaseGroup.AddVoter:output_type -> weir.lease.v1.AddVoterReply
-	14, // 26: weir.lease.v1.LeaseGroup.ChangeRule:output_type -> weir.lease.v1.ProposeReply
-	18, // 27: weir.lease.v1.LeaseGroup.ReadRules:output_type -> weir.lease.v1.ReadRulesReply
-	14, // 28: weir.lease.v1.LeaseGroup.Durable:output_type -> weir.lease.v1.ProposeReply
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	4, // 0: weir.lease.v1.Command.report:type_name -> weir.lease.v1.Report
+	6, // 1: weir.lease.v1.Command.rules:type_name -> weir.lease.v1.RuleSet
+	2, // 2: weir.lease.v1.Command.put_rule:type_name -> weir.lease.v1.RulePut
+	3, // 3: weir.lease.v1.Command.delete_rule:type_name -> weir.lease.v1.RuleDelete
+	1, // 4: weir.lease.v1.Command.durable:type_name -> weir.lease.v1.DurableDecide
+	5, // 5: weir.lease.v1.Report.items:type_name -> weir.lease.v1.ReportItem
+	7, // 6: weir.lease.v1.RuleSet.rules:type_name -> weir.lease.v1.Rule
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_lease_proto_init() }
@@ -1981,23 +830,18 @@ func file_lease_proto_init() {
 		(*Command_DeleteRule)(nil),
 		(*Command_Durable)(nil),
 	}
-	file_lease_proto_msgTypes[15].OneofWrappers = []any{
-		(*ChangeRuleRequest_Put)(nil),
-		(*ChangeRuleRequest_Delete)(nil),
-	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lease_proto_rawDesc), len(file_lease_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   21,
+			NumEnums:      0,
+			NumMessages:   8,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   0,
 		},
 		GoTypes:           file_lease_proto_goTypes,
 		DependencyIndexes: file_lease_proto_depIdxs,
-		EnumInfos:         file_lease_proto_enumTypes,
 		MessageInfos:      file_lease_proto_msgTypes,
 	}.Build()
 	File_lease_proto = out.File

@@ -117,7 +117,9 @@ type Config struct {
 	Seed uint64
 
 	// probe, for tests, is called at every sample with the time since the
-	// start and identity 0's share and fallback in each region.
+	// start and, in each region, identity 0's share and whether it enforces
+	// its fallback because a lease it held expired (Regional.Expired; a
+	// region waiting for its first grant has not fallen back).
 	probe func(at time.Duration, share []int64, fallback []bool)
 }
 

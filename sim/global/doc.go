@@ -1,8 +1,10 @@
 // Package global simulates global limits across regions on the engine of
 // sim/engine: the lease group's pure state machine (lease.Machine, the very
-// code the Raft FSM calls) leases each region a share of a global limit,
-// each region enforces its lease.Holder's share with a GCRA bucket, and
-// every run checks docs/global.md's invariant at every event, Machine.Check
+// code the Raft FSM calls through lease.Replica) leases each region a share
+// of a global limit, and each region's owner runs the gateways' own
+// lease.Regional (its Holders, the rescale of the owner's bucket across a
+// change of share, the demand and debt it reports), enforcing the share
+// with the owner's GCRA bucket as the coordinator does. Every run checks docs/global.md's invariant at every event, Machine.Check
 // after every Apply, and the global envelope of docs/overshoot.md
 // ("Global limits across regions") over every interval. `go run ./sim
 // -global` is its command line; `go run ./sim -global -doorman` runs
@@ -26,28 +28,33 @@
 //     Config.Tick. Of three voters one leads; a crash stops it, and after
 //     Config.Election the next voter applies Takeover on its own clock.
 //     Regions find the new leader at once (discovery is not modelled).
-//   - Regions: region r's owner reports every Config.Refresh with the next
-//     sequence number (one reporter per region: in-region ring changes are
-//     the region simulator's part), the tokens asked for since its last
-//     report scaled to a window (admitted and rejected), the newest epoch
-//     it enforces and its bucket's debt, after charging its slack spend. A
+//   - Regions: region r's owner is one lease.Regional (one reporter per
+//     region: in-region ring changes are the region simulator's part). It
+//     tracks an identity from the region's first request for it, and its
+//     Report carries Regional's demand (what the owner was asked, scaled to
+//     a window, raised while throttled), the newest epoch enforced and its
+//     debt. The report loop is the gateway's: every Config.Refresh, and
+//     early when Regional has a new identity, no sooner than a tenth of the
+//     refresh after the last report; the slack spend is charged first. A
 //     report with no reply after half a refresh is resent once with the
-//     same sequence number. Each grant goes to the Holder with the region's
-//     own send time, echoed by the reply.
-//   - The in-region cluster is one GCRA bucket per (region, identity)
-//     enforcing Holder.At(now) as rate share/W and burst, plus an
-//     in-region slack S_r = ⌊a·share⌋: a request the bucket rejects is
-//     admitted while the unconfirmed spend plus its cost fits in S_r and
-//     the bucket is not in debt, and the spend is charged to the bucket
-//     every Config.Sync. This is a simplification of the two-tier
-//     coordinator with its worst case kept (the region simulator covers
-//     the in-region part with real coordinators). A share change rebuilds
-//     the bucket: tokens clamped to the new burst on a shrink, kept on a
-//     grow, debt kept.
-//   - Fallback: while the Holder reports the fallback (no lease yet, or an
-//     expired one) the region enforces min(safe, last share), or admits
-//     everything (open, counted as degraded and kept out of the envelope),
-//     or nothing (closed).
+//     same sequence number. Each grant goes to Regional.Accept with the
+//     region's own send time, echoed by the reply.
+//   - The in-region cluster is the owner's bucket per (region, identity),
+//     stepped at Regional.Share's parameters and observed as the
+//     coordinator does (Share, step, Observe), plus an in-region slack
+//     S_r = ⌊a·share⌋ that stands for the region's other nodes: a request
+//     the bucket rejects is admitted while the unconfirmed spend plus its
+//     cost fits in S_r and the bucket is not in debt, and the spend is
+//     charged to the bucket (and observed) every Config.Sync, as the owner
+//     charges the spend a sync reports. This is a simplification of the
+//     two-tier coordinator with its worst case kept (the region simulator
+//     covers the in-region part with real coordinators); it leaves out the
+//     non-owners' slack while the region holds no share (the Z term of
+//     docs/overshoot.md's envelope as built).
+//   - Fallback: Regional's: while the Holder reports the fallback (no lease
+//     yet, or an expired one) the owner enforces min(safe, last share), or
+//     admits everything (open, counted as degraded and kept out of the
+//     envelope), or nothing (closed).
 //   - Network: one latency distribution for every cross-region link
 //     (independent draws, so messages reorder), loss per message,
 //     partitions that cut a region off from everyone. No bandwidth.

@@ -51,23 +51,6 @@ type run struct {
 	shareN     int
 }
 
-// region is one region: its owner's reporting loop, its Holders and its
-// buckets, one per identity.
-type region struct {
-	r       *run
-	i       int
-	name    string
-	off     int64 // clock = virtual time + off
-	seq     uint64
-	replied uint64
-	h       []lease.Holder
-	b       []regionBucket
-	asked   []int64 // tokens requested since the last report
-	lastRep int64   // own clock at the last report
-}
-
-func (g *region) now() int64 { return g.r.s.Now() + g.off }
-
 // Run simulates cfg and returns what it measured.
 func Run(cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
@@ -89,10 +72,9 @@ func Run(cfg Config) (*Result, error) {
 	if _, err := m.Apply(lease.Command{Now: start, Rules: []lease.Rule{r.rule}}); err != nil {
 		return nil, err
 	}
-	// The machine's floor (lease.Machine.floor, not exported): the floor
-	// fraction of L, raised so that a share's burst covers the cost, at
-	// most the safe share.
-	r.floor = min(max(int64(math.Ceil(lease.DefaultFloorFraction*float64(cfg.Limit))), (cfg.Cost*cfg.Limit+cfg.Burst-1)/cfg.Burst, 1), cfg.Limit/int64(R))
+	// The machine's own floor, what its allocation gives an active region
+	// at least.
+	r.floor = m.Floor(r.rule)
 	r.nw = engine.NewNetwork(r.s, R+voters, cfg.Latency)
 	r.end = start + int64(cfg.Duration)
 	rng := r.s.Rand()
@@ -117,13 +99,10 @@ func Run(cfg Config) (*Result, error) {
 		r.win[i].start = start
 	}
 	for i := range R {
-		g := &region{r: r, i: i, name: names[i], off: skew()}
-		for range cfg.IDs {
-			g.h = append(g.h, lease.NewHolder(r.rule, R, int64(cfg.MaxSkew)))
-			g.b = append(g.b, regionBucket{})
+		g, err := newRegion(r, i, names[i], skew())
+		if err != nil {
+			return nil, err
 		}
-		g.asked = make([]int64, cfg.IDs)
-		g.lastRep = g.now()
 		r.regions = append(r.regions, g)
 	}
 	r.leader, r.leaderUp, r.leaderOff = R, true, skew()
@@ -168,13 +147,13 @@ func (r *run) applied(what string) {
 }
 
 // checkInvariant is docs/global.md's invariant as the regions enforce it: for
-// every identity, Σ over regions of Holder.At on each region's own clock
-// ≤ L, at every event.
+// every identity, Σ over regions of the share each region's Regional
+// enforces on the region's own clock (its Holder's At) ≤ L, at every event.
 func (r *run) checkInvariant() {
 	for id := range r.ids {
 		var sum int64
 		for _, g := range r.regions {
-			s, _, _ := g.h[id].At(g.now())
+			s, _ := g.share(id)
 			sum += s
 		}
 		if sum > r.cfg.Limit {
@@ -184,143 +163,6 @@ func (r *run) checkInvariant() {
 			r.res.SharesPeak = f
 		}
 	}
-}
-
-// ---- the region's side ----
-
-// refresh rebuilds identity id's bucket from the Holder at the region's
-// clock. A fall back to a smaller share leaves debt and unconfirmed
-// spend that the leader, which hands the difference on after the expiry,
-// no longer counts: that is the partition fault term (see Result.FaultTerm).
-func (g *region) refresh(id int) *regionBucket {
-	now := g.now()
-	b := &g.b[id]
-	share, burst, fb := g.h[id].At(now)
-	was, wasFB := b.share, b.fallback
-	if g.r.cfg.Fallback != FallbackShare && fb {
-		// open and closed do not use the bucket in fallback.
-		b.fallback = true
-		return b
-	}
-	if fb && !wasFB && share < was {
-		owed := b.owed(now) - float64(int64(g.r.cfg.Accuracy*float64(share)))
-		if owed > 0 {
-			g.r.res.FaultTerm += owed
-		}
-		g.r.res.Fallbacks++
-	}
-	b.set(share, burst, fb, now, g.r.cfg.Window, g.r.cfg.Accuracy)
-	return b
-}
-
-// request is one request of cost tokens for identity id arriving at the
-// region.
-func (g *region) request(id int, cost int64) {
-	r := g.r
-	g.asked[id] += cost
-	r.res.Requested += cost
-	r.win[id].add(r.s.Now(), cost, 0, r)
-	b := g.refresh(id)
-	now := g.now()
-	if b.fallback {
-		r.res.FallbackDecisions++
-		switch r.cfg.Fallback {
-		case FallbackOpen:
-			r.res.Degraded += cost
-			return
-		case FallbackClosed:
-			return
-		}
-	}
-	switch {
-	case b.step(now, cost):
-	case b.slackOK(now, cost):
-		b.unconf += cost
-		r.res.SlackAdmitted += cost
-	default:
-		return
-	}
-	r.res.Admitted += cost
-	r.win[id].add(r.s.Now(), 0, cost, r)
-	r.env[id].admit(r, id, r.s.Now(), cost)
-}
-
-// report builds and sends the region's report: demand per identity over
-// the time since the last report, the newest epoch enforced and the debt.
-func (g *region) report() {
-	r := g.r
-	now := g.now()
-	el := now - g.lastRep
-	g.lastRep = now
-	g.seq++
-	rep := lease.Report{Reporter: g.name + "-owner", Seq: g.seq, Region: g.name, Items: make([]lease.ReportItem, len(r.ids))}
-	for id := range r.ids {
-		b := g.refresh(id)
-		b.charge(now)
-		var d int64
-		if el > 0 {
-			d = int64(math.Round(float64(g.asked[id]) * float64(r.cfg.Window) / float64(el)))
-		}
-		g.asked[id] = 0
-		rep.Items[id] = lease.ReportItem{Rule: rulID, Identity: r.ids[id], Demand: d, AckEpoch: g.h[id].Epoch(), Debt: b.debt(now)}
-	}
-	r.res.Reports++
-	g.send(rep)
-	r.s.After(int64(r.cfg.Refresh)/2, &retry{g: g, rep: rep})
-}
-
-func (g *region) send(rep lease.Report) {
-	g.r.nw.Send(g.i, g.r.leader, &reportMsg{g: g, to: g.r.leader, rep: rep, sentAt: g.now()})
-}
-
-// onReply hands the grants to the Holders, with the time the report they
-// answer left (the region's own clock).
-func (g *region) onReply(sentAt int64, seq uint64, grants []lease.Grant) {
-	r := g.r
-	g.replied = max(g.replied, seq)
-	for _, gr := range grants {
-		id, ok := r.idx[gr.Identity]
-		if !ok {
-			continue
-		}
-		if g.h[id].Accept(sentAt, gr) {
-			r.res.Grants++
-		}
-		g.refresh(id)
-	}
-	r.checkFollow(g)
-}
-
-type reportTick struct{ g *region }
-
-func (e *reportTick) Fire(s *engine.Sim) {
-	e.g.report()
-	s.After(int64(e.g.r.cfg.Refresh), e)
-}
-
-type syncTick struct{ g *region }
-
-func (e *syncTick) Fire(s *engine.Sim) {
-	now := e.g.now()
-	for id := range e.g.b {
-		e.g.refresh(id).charge(now)
-	}
-	s.After(int64(e.g.r.cfg.Sync), e)
-}
-
-// retry resends a report that got no reply in half a refresh interval,
-// with the same sequence number (the machine applies it once).
-type retry struct {
-	g   *region
-	rep lease.Report
-}
-
-func (e *retry) Fire(*engine.Sim) {
-	if e.g.replied >= e.rep.Seq || e.g.seq != e.rep.Seq {
-		return
-	}
-	e.g.r.res.Retries++
-	e.g.send(e.rep)
 }
 
 // ---- the leader's side ----
@@ -524,7 +366,8 @@ func (e *sampleTick) Fire(s *engine.Sim) {
 	if r.cfg.probe != nil {
 		share, fb := make([]int64, len(r.regions)), make([]bool, len(r.regions))
 		for i, g := range r.regions {
-			share[i], _, fb[i] = g.h[0].At(g.now())
+			share[i], _ = g.share(0)
+			fb[i] = g.reg.Expired(g.now(), rulID, r.ids[0])
 		}
 		r.cfg.probe(time.Duration(s.Now()-start), share, fb)
 	}
@@ -532,7 +375,7 @@ func (e *sampleTick) Fire(s *engine.Sim) {
 		for id := range r.ids {
 			var sum int64
 			for _, g := range r.regions {
-				sh, _, _ := g.h[id].At(g.now())
+				sh, _ := g.share(id)
 				sum += sh
 			}
 			r.shareSum += float64(sum) / float64(r.cfg.Limit)
@@ -581,7 +424,7 @@ func (r *run) shifted(id int) {
 	}
 	target := lease.Allocate(r.cfg.Limit, r.floor, demand, active)
 	for i, g := range r.regions {
-		sh, _, _ := g.h[id].At(g.now())
+		sh, _ := g.share(id)
 		if float64(sh) < followFraction*float64(target[i]) {
 			r.pending = append(r.pending, follow{id: id, region: i, target: target[i], since: now})
 		}
@@ -598,7 +441,7 @@ func (r *run) checkFollow(g *region) {
 			r.res.ShiftsInFaults++
 			return true
 		}
-		sh, _, _ := g.h[f.id].At(g.now())
+		sh, _ := g.share(f.id)
 		if float64(sh) >= followFraction*float64(f.target) {
 			r.res.Follow = append(r.res.Follow, time.Duration(now-f.since))
 			return true

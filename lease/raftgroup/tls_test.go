@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -11,7 +11,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/weir-dev/weir/internal/testpki"
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // testCerts makes a CA and one certificate for 127.0.0.1 usable by servers
@@ -19,7 +20,7 @@ import (
 func testCerts(t *testing.T) (*x509.CertPool, tls.Certificate) {
 	t.Helper()
 	ca := testpki.NewCA(t, "lease test CA")
-	// The voters' names (GroupConfig.VoterNames).
+	// The voters' names (Config.VoterNames).
 	return ca.Pool(), ca.Leaf(t, "lease voter", time.Now().Add(time.Hour), "n1", "n2", "n3", "n4", "n5")
 }
 
@@ -28,7 +29,7 @@ func testCerts(t *testing.T) (*x509.CertPool, tls.Certificate) {
 // TLS; a caller with no certificate is refused by the leader's service.
 func TestGroupMutualTLS(t *testing.T) {
 	pool, cert := testCerts(t)
-	c := newCluster(t, 3, func(cfg *GroupConfig) {
+	c := newCluster(t, 3, func(cfg *Config) {
 		cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool,
 			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
 		cfg.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS13}
@@ -36,8 +37,8 @@ func TestGroupMutualTLS(t *testing.T) {
 	l := c.leader()
 	f := c.follower(l)
 	propose(t, f, rulesCmd)
-	res := propose(t, f, Command{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu",
-		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}})
+	res := propose(t, f, lease.Command{Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}})
 	if len(res.Grants) != 1 || res.Grants[0].Share != 100 {
 		t.Fatalf("grants over mTLS %+v", res.Grants)
 	}
@@ -50,11 +51,11 @@ func TestGroupMutualTLS(t *testing.T) {
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
-	pc, err := commandToPB(Command{Tick: true})
+	pc, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Tick: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: "intruder", Command: pc}); err == nil {
+	if _, err := grouppb.NewLeaseGroupClient(cc).Propose(ctx, &grouppb.ProposeRequest{From: "intruder", Command: pc}); err == nil {
 		t.Fatal("a caller with no client certificate was served")
 	}
 	c.checkAll("end")

@@ -1,4 +1,4 @@
-package lease_test
+package raftgroup_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 )
 
 // A one-voter lease group on loopback: it bootstraps, becomes leader,
@@ -14,16 +15,16 @@ import (
 // The region gets its lease; it may grow past its safe share (⌊1000 ÷ 3⌋)
 // only by what the other regions' implicit leases leave free until they
 // acknowledge smaller ones.
-func ExampleStartGroup() {
+func ExampleStart() {
 	dir, err := os.MkdirTemp("", "lease-example")
 	if err != nil {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	g, err := lease.StartGroup(lease.GroupConfig{
+	g, err := raftgroup.Start(raftgroup.Config{
 		Name: "n1", Dir: dir, RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
 		// One voter; its empty address means the one RaftAddr bound.
-		Voters:  []lease.Voter{{Name: "n1"}},
+		Voters:  []raftgroup.Voter{{Name: "n1"}},
 		Machine: lease.Config{Regions: []string{"ap", "eu", "us"}},
 		// Short timeouts for loopback (elections in tens of milliseconds).
 		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,

@@ -1,11 +1,10 @@
-// The lease group's protocol: the commands of its replicated log, and the
-// RPC service through which a follower forwards a write to the leader and a
-// client that is not a voter reads and changes the rule store. It mirrors
-// lease.Command, lease.RuleChange, lease.Result, lease.Grant and
-// lease.AuditEntry field for field; lease/codec.go converts and validates.
-// Times and durations are nanoseconds. A rule travels as the canonical JSON
-// of a quota.Rule (encoding/json of the Go struct: Go field names,
-// durations in nanoseconds), the form lease/codec.go writes.
+// The lease group's forwarding service: through it a follower forwards a
+// write to the leader, and a client that is not a voter reports, decides
+// durable requests and reads and changes the rule store. Its messages
+// mirror lease.Result, lease.Grant, bucket.Decision and lease.AuditEntry
+// field for field; lease/raftgroup converts and validates. The commands it
+// carries are the log's (lease.proto), in the same protobuf package, so the
+// service's name and its messages' names are those of one protocol.
 //
 // Regenerate with scripts/gen-proto.sh; the generated code is committed.
 
@@ -13,9 +12,9 @@
 // versions:
 // - protoc-gen-go-grpc v1.6.2
 // - protoc             v3.21.12
-// source: lease.proto
+// source: group.proto
 
-package leasepb
+package grouppb
 
 import (
 	context "context"
@@ -306,5 +305,5 @@ var LeaseGroup_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "lease.proto",
+	Metadata: "group.proto",
 }

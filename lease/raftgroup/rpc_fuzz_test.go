@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -9,7 +9,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // FuzzLeaseRPC unmarshals hostile bytes into each request the forwarding
@@ -33,31 +35,31 @@ func FuzzLeaseRPC(f *testing.F) {
 		}
 		f.Add(kind, b)
 	}
-	for _, cmd := range []Command{rulesCmd, {Tick: true}, {Takeover: true},
-		{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu", Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}}} {
-		pc, err := commandToPB(cmd)
+	for _, cmd := range []lease.Command{rulesCmd, {Tick: true}, {Takeover: true},
+		{Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu", Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 100}}}}} {
+		pc, err := lease.EntryToPB(lease.Entry{Command: &cmd})
 		if err != nil {
 			f.Fatal(err)
 		}
-		add(0, &leasepb.ProposeRequest{From: "n2", Command: pc})
+		add(0, &grouppb.ProposeRequest{From: "n2", Command: pc})
 	}
 	rule, err := DecodeRuleBody("login", []byte(`{"limit": 5, "window": "1m"}`))
 	if err != nil {
 		f.Fatal(err)
 	}
-	rb, err := encodeRuleJSON(rule)
+	rb, err := lease.EncodeRuleJSON(rule)
 	if err != nil {
 		f.Fatal(err)
 	}
-	add(1, &leasepb.ChangeRuleRequest{From: "gw", Change: &leasepb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: "alice", Rule: rb, RequestId: "r1"}}})
-	add(1, &leasepb.ChangeRuleRequest{From: "gw", Change: &leasepb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: "alice", Id: "login"}}})
-	add(2, &leasepb.ReadRulesRequest{Linearizable: true, WithRules: true, WithHistory: true, Limit: 10})
-	add(2, &leasepb.ReadRulesRequest{Linearizable: true, Forwarded: true, Since: 1 << 62, Limit: ^uint32(0)})
-	add(3, &leasepb.DurableRequest{From: "gw", Decide: &leasepb.DurableDecide{Rule: "d", Limit: 10, Window: int64(time.Second),
+	add(1, &grouppb.ChangeRuleRequest{From: "gw", Change: &grouppb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: "alice", Rule: rb, RequestId: "r1"}}})
+	add(1, &grouppb.ChangeRuleRequest{From: "gw", Change: &grouppb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: "alice", Id: "login"}}})
+	add(2, &grouppb.ReadRulesRequest{Linearizable: true, WithRules: true, WithHistory: true, Limit: 10})
+	add(2, &grouppb.ReadRulesRequest{Linearizable: true, Forwarded: true, Since: 1 << 62, Limit: ^uint32(0)})
+	add(3, &grouppb.DurableRequest{From: "gw", Decide: &leasepb.DurableDecide{Rule: "d", Limit: 10, Window: int64(time.Second),
 		Burst: 10, Identity: []byte("a"), Cost: 1, RequestId: "q1"}})
-	add(3, &leasepb.DurableRequest{From: "gw", Decide: &leasepb.DurableDecide{Rule: "d", Limit: -1, Window: -1, Cost: -5}})
-	add(4, &leasepb.AddVoterRequest{Name: "n9", Address: "127.0.0.1:1"})
-	add(4, &leasepb.AddVoterRequest{})
+	add(3, &grouppb.DurableRequest{From: "gw", Decide: &leasepb.DurableDecide{Rule: "d", Limit: -1, Window: -1, Cost: -5}})
+	add(4, &grouppb.AddVoterRequest{Name: "n9", Address: "127.0.0.1:1"})
+	add(4, &grouppb.AddVoterRequest{})
 
 	f.Fuzz(func(t *testing.T, kind uint8, b []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -65,31 +67,31 @@ func FuzzLeaseRPC(f *testing.F) {
 		var err error
 		switch kind % 5 {
 		case 0:
-			var req leasepb.ProposeRequest
+			var req grouppb.ProposeRequest
 			if proto.Unmarshal(b, &req) != nil {
 				return
 			}
 			_, err = l.rpc.Propose(ctx, &req)
 		case 1:
-			var req leasepb.ChangeRuleRequest
+			var req grouppb.ChangeRuleRequest
 			if proto.Unmarshal(b, &req) != nil {
 				return
 			}
 			_, err = l.rpc.ChangeRule(ctx, &req)
 		case 2:
-			var req leasepb.ReadRulesRequest
+			var req grouppb.ReadRulesRequest
 			if proto.Unmarshal(b, &req) != nil {
 				return
 			}
 			_, err = l.rpc.ReadRules(ctx, &req)
 		case 3:
-			var req leasepb.DurableRequest
+			var req grouppb.DurableRequest
 			if proto.Unmarshal(b, &req) != nil {
 				return
 			}
 			_, err = l.rpc.Durable(ctx, &req)
 		case 4:
-			var req leasepb.AddVoterRequest
+			var req grouppb.AddVoterRequest
 			if proto.Unmarshal(b, &req) != nil {
 				return
 			}

@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/time/rate"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -149,7 +150,7 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		case len(tok) < MinAdminTokenBytes:
 			return nil, fmt.Errorf("lease: AdminConfig.Tokens: the token of %q is shorter than %d bytes", principal, MinAdminTokenBytes)
 		}
-		if err := checkChange(RuleChange{Principal: principal, Delete: "x"}); err != nil {
+		if err := (lease.RuleChange{Principal: principal, Delete: "x"}).Check(); err != nil {
 			return nil, fmt.Errorf("lease: AdminConfig.Tokens: principal %q: %w", principal, err)
 		}
 		g.tokens = append(g.tokens, adminToken{sum: sha256.Sum256([]byte(tok)), principal: principal})
@@ -294,7 +295,7 @@ func (g *Guard) Authenticate(r *http.Request) (string, bool) {
 	}
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
 		cn := r.TLS.VerifiedChains[0][0].Subject.CommonName
-		if cn != "" && checkChange(RuleChange{Principal: cn, Delete: "x"}) == nil {
+		if cn != "" && (lease.RuleChange{Principal: cn, Delete: "x"}).Check() == nil {
 			return cn, true
 		}
 	}
@@ -535,9 +536,9 @@ func (a *Admin) storeError(w http.ResponseWriter, err error, id string) {
 	case errors.Is(err, quota.ErrInvalidRule):
 		p.Errors = fieldProblems(err)
 		writeProblem(w, http.StatusUnprocessableEntity, p)
-	case errors.Is(err, ErrRuleNotFound):
+	case errors.Is(err, lease.ErrRuleNotFound):
 		writeProblem(w, http.StatusNotFound, p)
-	case errors.Is(err, ErrBadCommand):
+	case errors.Is(err, lease.ErrBadCommand):
 		writeProblem(w, http.StatusBadRequest, p)
 	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrNotLeader), errors.Is(err, ErrClosed),
 		errors.Is(err, context.DeadlineExceeded):
@@ -568,7 +569,7 @@ type fieldProblem struct {
 
 func fieldProblems(err error) []fieldProblem {
 	var out []fieldProblem
-	for _, q := range quotaProblems(err) {
+	for _, q := range lease.Problems(err) {
 		out = append(out, fieldProblem{Field: q.Field, Message: q.Msg, RuleID: q.RuleID})
 	}
 	return out
@@ -610,14 +611,14 @@ func DecodeRuleBody(id string, body []byte) (quota.Rule, error) {
 	}
 	rules, err := quota.Parse("", doc)
 	if err != nil {
-		probs := quotaProblems(err)
+		probs := lease.Problems(err)
 		if len(probs) == 0 {
 			return quota.Rule{}, err
 		}
 		out := make([]error, len(probs))
 		for i, q := range probs {
 			cp := *q
-			cp.Field, cp.Line = relativeField(q.Field), 0
+			cp.Field, cp.Line = lease.RelativeField(q.Field), 0
 			cp.Msg = lineRef.ReplaceAllString(cp.Msg, "")
 			out[i] = &cp
 		}

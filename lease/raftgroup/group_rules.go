@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -6,7 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -69,7 +70,7 @@ type HistoryPage struct {
 	// Oldest have been dropped (MaxHistory).
 	Version, Oldest uint64
 	// Entries are oldest first; read on from the last one's Version.
-	Entries []AuditEntry
+	Entries []lease.AuditEntry
 }
 
 // historyLimit applies the default and the cap.
@@ -100,14 +101,11 @@ func (g *Group) putRule(ctx context.Context, principal string, r quota.Rule, req
 	if reqID == "" {
 		reqID = newRequestID()
 	}
-	c := RuleChange{Principal: principal, RequestID: reqID, Put: &r}
-	if err := checkChange(c); err != nil {
+	c := lease.RuleChange{Principal: principal, RequestID: reqID, Put: &r}
+	if err := c.Validate(); err != nil {
 		return 0, err
 	}
-	if err := quota.Validate([]quota.Rule{r}); err != nil {
-		return 0, ruleErrors(OpPut, r.ID, err, 0)
-	}
-	resp, err := g.propose(ctx, Entry{Rule: &c})
+	resp, err := g.propose(ctx, lease.Entry{Rule: &c})
 	if err != nil {
 		return 0, err
 	}
@@ -126,16 +124,16 @@ func (g *Group) DeleteRule(ctx context.Context, principal, id string) (uint64, e
 // deleteRule is DeleteRule under a caller's request id; "" draws one.
 func (g *Group) deleteRule(ctx context.Context, principal, id, reqID string) (uint64, error) {
 	if id == "" {
-		return 0, fmt.Errorf("%w: DeleteRule with an empty id", ErrBadCommand)
+		return 0, fmt.Errorf("%w: DeleteRule with an empty id", lease.ErrBadCommand)
 	}
 	if reqID == "" {
 		reqID = newRequestID()
 	}
-	c := RuleChange{Principal: principal, RequestID: reqID, Delete: id}
-	if err := checkChange(c); err != nil {
+	c := lease.RuleChange{Principal: principal, RequestID: reqID, Delete: id}
+	if err := c.Check(); err != nil {
 		return 0, err
 	}
-	resp, err := g.propose(ctx, Entry{Rule: &c})
+	resp, err := g.propose(ctx, lease.Entry{Rule: &c})
 	if err != nil {
 		return 0, err
 	}
@@ -159,7 +157,7 @@ func (g *Group) Rules() (uint64, []quota.Rule) {
 
 // History returns every audit entry the local replica keeps newer than
 // sinceVersion, oldest first.
-func (g *Group) History(sinceVersion uint64) []AuditEntry {
+func (g *Group) History(sinceVersion uint64) []lease.AuditEntry {
 	return g.fsm.ReadRules(false, true, sinceVersion, 0).History
 }
 
@@ -190,17 +188,17 @@ type readQuery struct {
 	limit          int
 }
 
-func (q readQuery) toPB(forwarded bool) *leasepb.ReadRulesRequest {
-	return &leasepb.ReadRulesRequest{Linearizable: q.linearizable, WithRules: q.rules, WithHistory: q.history,
+func (q readQuery) toPB(forwarded bool) *grouppb.ReadRulesRequest {
+	return &grouppb.ReadRulesRequest{Linearizable: q.linearizable, WithRules: q.rules, WithHistory: q.history,
 		Since: q.since, Limit: uint32(min(max(q.limit, 0), MaxHistoryLimit)), Forwarded: forwarded}
 }
 
 // read serves q from the local replica or through the leader.
-func (g *Group) read(ctx context.Context, q readQuery) (RuleView, error) {
+func (g *Group) read(ctx context.Context, q readQuery) (lease.RuleView, error) {
 	if !q.linearizable {
 		return g.readLocal(q), nil
 	}
-	var v RuleView
+	var v lease.RuleView
 	err := g.retry(ctx, "linearizable read", func(ctx context.Context) (bool, error) {
 		var err error
 		var retry bool
@@ -221,9 +219,9 @@ func (g *Group) read(ctx context.Context, q readQuery) (RuleView, error) {
 // readLeader serves a linearizable read on this leader: once its Takeover
 // is applied and VerifyLeader confirms it still leads (see the top of the
 // file).
-func (g *Group) readLeader(ctx context.Context, l *leadership, q readQuery) (RuleView, bool, error) {
+func (g *Group) readLeader(ctx context.Context, l *leadership, q readQuery) (lease.RuleView, bool, error) {
 	if retry, err := g.waitReady(ctx, l); err != nil {
-		return RuleView{}, retry, err
+		return lease.RuleView{}, retry, err
 	}
 	// VerifyLeader's future is not answered if Raft shuts down while the
 	// request waits in its queue: wait for it beside ctx and Close.
@@ -233,16 +231,16 @@ func (g *Group) readLeader(ctx context.Context, l *leadership, q readQuery) (Rul
 	select {
 	case err := <-errc:
 		if err != nil {
-			return RuleView{}, raftRetryable(err), g.raftError(err)
+			return lease.RuleView{}, raftRetryable(err), g.raftError(err)
 		}
 	case <-ctx.Done():
-		return RuleView{}, true, fmt.Errorf("lease: confirming leadership: %w", ctx.Err())
+		return lease.RuleView{}, true, fmt.Errorf("lease: confirming leadership: %w", ctx.Err())
 	case <-g.done:
-		return RuleView{}, false, ErrClosed
+		return lease.RuleView{}, false, ErrClosed
 	}
 	return g.readLocal(q), false, nil
 }
 
-func (g *Group) readLocal(q readQuery) RuleView {
+func (g *Group) readLocal(q readQuery) lease.RuleView {
 	return g.fsm.ReadRules(q.rules, q.history, q.since, historyLimit(q.limit))
 }

@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // decideAll asks for account's trial from every caller at once, several
@@ -118,8 +120,8 @@ func TestDurableGroupRetry(t *testing.T) {
 	f := c.follower(l)
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
-	r := DurableRule{ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 5}
-	cmd := DurableCommand{RequestID: "the-request", Rule: r, Identity: "user", Cost: 1}
+	r := lease.DurableRule{ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 5}
+	cmd := lease.DurableCommand{RequestID: "the-request", Rule: r, Identity: "user", Cost: 1}
 	first, err := f.durable(ctx, cmd)
 	if err != nil || !first.Allowed || first.Remaining != 4 {
 		t.Fatalf("first: %+v, %v", first, err)
@@ -172,7 +174,7 @@ func TestDurableGroupRuleChange(t *testing.T) {
 	f := c.follower(l)
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
-	decide := func(g *Group, r DurableRule, identity string, n int) int {
+	decide := func(g *Group, r lease.DurableRule, identity string, n int) int {
 		t.Helper()
 		got := 0
 		for range n {
@@ -186,7 +188,7 @@ func TestDurableGroupRuleChange(t *testing.T) {
 		}
 		return got
 	}
-	r := DurableRule{ID: "otp", Limit: 5, Window: time.Minute, Burst: 5}
+	r := lease.DurableRule{ID: "otp", Limit: 5, Window: time.Minute, Burst: 5}
 	if decide(l, r, "raise", 1) != 1 || decide(f, r, "lower", 1) != 1 {
 		t.Fatal("first request refused")
 	}
@@ -195,7 +197,7 @@ func TestDurableGroupRuleChange(t *testing.T) {
 	if got := decide(f, raised, "raise", 4); got != 4 {
 		t.Fatalf("raised to 50/min: %d of the next 4 admitted, want 4", got)
 	}
-	lowered := DurableRule{ID: "otp", Limit: 2, Window: time.Hour, Burst: 2}
+	lowered := lease.DurableRule{ID: "otp", Limit: 2, Window: time.Hour, Burst: 2}
 	if got := decide(l, lowered, "lower", 5); got != 2 {
 		t.Fatalf("lowered to 2/h burst 2: %d of the next 5 admitted, want 2", got)
 	}

@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -19,16 +19,18 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // This file is the lease group's thin shell: hashicorp/raft with
-// raft-boltdb under a data directory, around the pure Machine. It owns the
-// goroutines, sockets and clock: it stamps every command with the proposing
-// leader's clock, proposes Takeover when this node becomes leader (before it
+// raft-boltdb under a data directory, around the pure core (lease.Replica).
+// It owns the goroutines, sockets and clock: it stamps every command with
+// the proposing leader's clock, proposes Takeover when this node becomes leader (before it
 // serves a write), then Tick every TickInterval, and forwards a follower's
 // writes to the leader (rpc.go).
 
-// Defaults of GroupConfig.
+// Defaults of Config.
 const (
 	DefaultTickInterval   = time.Second
 	DefaultProposeTimeout = 5 * time.Second
@@ -52,15 +54,15 @@ var (
 
 // Voter is a member of the group's initial configuration.
 type Voter struct {
-	// Name is the voter's ServerID (GroupConfig.Name on that node).
+	// Name is the voter's ServerID (Config.Name on that node).
 	Name string
 	// Addr is its Raft address, host:port.
 	Addr string
 }
 
-// GroupConfig configures a Group. Name, Dir, Machine, a Raft address, and
+// Config configures a Group. Name, Dir, Machine, a Raft address, and
 // Voters (or Join) are required; the zero value of every other field works.
-type GroupConfig struct {
+type Config struct {
 	// Name is this node's Raft ServerID; a gateway node uses its member
 	// name, so that a follower finds the leader's RPC address from it.
 	Name string
@@ -71,7 +73,7 @@ type GroupConfig struct {
 	RaftAddr string
 	// RaftListener, when set, is the listener the Raft transport uses
 	// instead of binding RaftAddr (so that the address is known before the
-	// group starts). The Group owns it from StartGroup on.
+	// group starts). The Group owns it from Start on.
 	RaftListener net.Listener
 	// Dir is the data directory: raft.db (raft-boltdb: the log and stable
 	// store) and the snapshots live there. It is created if missing.
@@ -86,7 +88,7 @@ type GroupConfig struct {
 	// AddVoter; Voters must then be empty.
 	Join bool
 	// Machine configures the lease machine; every voter must use the same.
-	Machine Config
+	Machine lease.Config
 	// Clock returns the time, unix ns; nil means the system clock. Every
 	// command this node proposes as leader carries it.
 	Clock func() int64
@@ -120,7 +122,7 @@ type GroupConfig struct {
 	// 0 picks a free one). Ignored when RPCListener is set.
 	RPCAddr string
 	// RPCListener, when set, is the forwarding service's listener. The
-	// Group owns it from StartGroup on.
+	// Group owns it from Start on.
 	RPCListener net.Listener
 	// LeaderRPC resolves a ServerID to that node's forwarding address
 	// (RPCAddr), e.g. from gossip metadata. It is asked first; RPCPeers
@@ -158,20 +160,20 @@ type GroupConfig struct {
 }
 
 // validate checks c and fills in defaults; errors name the field.
-func (c *GroupConfig) validate() error {
+func (c *Config) validate() error {
 	switch {
 	case c.Name == "":
-		return errors.New("lease: GroupConfig.Name is empty")
+		return errors.New("lease: Config.Name is empty")
 	case c.Dir == "":
-		return errors.New("lease: GroupConfig.Dir is empty")
+		return errors.New("lease: Config.Dir is empty")
 	case c.RaftAddr == "" && c.RaftListener == nil:
-		return errors.New("lease: GroupConfig.RaftAddr is empty (and no RaftListener)")
+		return errors.New("lease: Config.RaftAddr is empty (and no RaftListener)")
 	case c.RPCAddr == "" && c.RPCListener == nil:
-		return errors.New("lease: GroupConfig.RPCAddr is empty (and no RPCListener)")
+		return errors.New("lease: Config.RPCAddr is empty (and no RPCListener)")
 	case c.Join && len(c.Voters) > 0:
-		return errors.New("lease: GroupConfig.Voters must be empty when Join is set")
+		return errors.New("lease: Config.Voters must be empty when Join is set")
 	case !c.Join && len(c.Voters) != 1 && len(c.Voters) != 3 && len(c.Voters) != 5:
-		return fmt.Errorf("lease: GroupConfig.Voters has %d voters, want 1, 3 or 5", len(c.Voters))
+		return fmt.Errorf("lease: Config.Voters has %d voters, want 1, 3 or 5", len(c.Voters))
 	}
 	for _, d := range []struct {
 		name string
@@ -181,7 +183,7 @@ func (c *GroupConfig) validate() error {
 		{"SnapshotInterval", c.SnapshotInterval}, {"ProposeTimeout", c.ProposeTimeout},
 		{"BoltTimeout", c.BoltTimeout}, {"ShutdownGrace", c.ShutdownGrace}} {
 		if d.v < 0 {
-			return fmt.Errorf("lease: GroupConfig.%s is negative (%v)", d.name, d.v)
+			return fmt.Errorf("lease: Config.%s is negative (%v)", d.name, d.v)
 		}
 	}
 	names := map[string]bool{}
@@ -189,17 +191,17 @@ func (c *GroupConfig) validate() error {
 	for i, v := range c.Voters {
 		switch {
 		case v.Name == "":
-			return fmt.Errorf("lease: GroupConfig.Voters[%d].Name is empty", i)
+			return fmt.Errorf("lease: Config.Voters[%d].Name is empty", i)
 		case v.Addr == "" && v.Name != c.Name:
-			return fmt.Errorf("lease: GroupConfig.Voters[%d].Addr is empty", i)
+			return fmt.Errorf("lease: Config.Voters[%d].Addr is empty", i)
 		case names[v.Name]:
-			return fmt.Errorf("lease: GroupConfig.Voters[%d]: %q appears twice", i, v.Name)
+			return fmt.Errorf("lease: Config.Voters[%d]: %q appears twice", i, v.Name)
 		}
 		names[v.Name] = true
 		self = self || v.Name == c.Name
 	}
 	if !c.Join && !self {
-		return fmt.Errorf("lease: GroupConfig.Voters does not include this node %q (set Join to join an existing group)", c.Name)
+		return fmt.Errorf("lease: Config.Voters does not include this node %q (set Join to join an existing group)", c.Name)
 	}
 	if c.Clock == nil {
 		c.Clock = func() int64 { return time.Now().UnixNano() }
@@ -225,7 +227,7 @@ func (c *GroupConfig) validate() error {
 // Group is one voter (or joining node) of the lease group. Its methods are
 // safe for concurrent use.
 type Group struct {
-	cfg  GroupConfig
+	cfg  Config
 	log  *slog.Logger
 	fsm  *FSM
 	raft *raft.Raft
@@ -255,18 +257,18 @@ type leadership struct {
 	stop  chan struct{} // closed when it ends
 }
 
-// StartGroup opens the data directory, starts Raft and the forwarding
+// Start opens the data directory, starts Raft and the forwarding
 // service, and bootstraps the group on first start. It does not wait for a
 // leader: Propose does.
-func StartGroup(cfg GroupConfig) (_ *Group, err error) {
+func Start(cfg Config) (_ *Group, err error) {
 	if err := cfg.validate(); err != nil {
 		closeListeners(cfg)
 		return nil, err
 	}
-	m, err := NewMachine(cfg.Machine)
+	m, err := lease.NewMachine(cfg.Machine)
 	if err != nil {
 		closeListeners(cfg)
-		return nil, fmt.Errorf("lease: GroupConfig.Machine: %w", err)
+		return nil, fmt.Errorf("lease: Config.Machine: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -292,18 +294,18 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 	g.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db"),
 		BoltOptions: &bbolt.Options{Timeout: cfg.BoltTimeout}})
 	if err != nil {
-		return nil, fmt.Errorf("lease: GroupConfig.Dir: opening raft.db: %w", err)
+		return nil, fmt.Errorf("lease: Config.Dir: opening raft.db: %w", err)
 	}
 	undo = append(undo, func() { _ = g.store.Close() })
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, cfg.RaftLogger)
 	if err != nil {
-		return nil, fmt.Errorf("lease: GroupConfig.Dir: snapshot store: %w", err)
+		return nil, fmt.Errorf("lease: Config.Dir: snapshot store: %w", err)
 	}
 
 	lis := cfg.RaftListener
 	if lis == nil {
 		if lis, err = net.Listen("tcp", cfg.RaftAddr); err != nil {
-			return nil, fmt.Errorf("lease: GroupConfig.RaftAddr: %w", err)
+			return nil, fmt.Errorf("lease: Config.RaftAddr: %w", err)
 		}
 	}
 	g.cfg.RaftListener = nil // owned by the transport now
@@ -327,7 +329,7 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 		rc.TrailingLogs = cfg.TrailingLogs
 	}
 	if err := raft.ValidateConfig(rc); err != nil {
-		return nil, fmt.Errorf("lease: GroupConfig (Raft timeouts): %w", err)
+		return nil, fmt.Errorf("lease: Config (Raft timeouts): %w", err)
 	}
 
 	if !cfg.Join {
@@ -364,9 +366,9 @@ func StartGroup(cfg GroupConfig) (_ *Group, err error) {
 	return g, nil
 }
 
-// closeListeners closes the caller's listeners when StartGroup fails before
+// closeListeners closes the caller's listeners when Start fails before
 // it took them over (closing one twice is harmless).
-func closeListeners(cfg GroupConfig) {
+func closeListeners(cfg Config) {
 	if cfg.RaftListener != nil {
 		_ = cfg.RaftListener.Close()
 	}
@@ -487,18 +489,18 @@ func (g *Group) FSM() *FSM { return g.fsm }
 // when Propose fails (the reply was lost). Once the rule store has a
 // version (PutRule, DeleteRule), it owns the machine's rules and a
 // Command{Rules} is refused with ErrBadCommand.
-func (g *Group) Propose(ctx context.Context, c Command) (Result, error) {
-	resp, err := g.propose(ctx, Entry{Command: &c})
+func (g *Group) Propose(ctx context.Context, c lease.Command) (lease.Result, error) {
+	resp, err := g.propose(ctx, lease.Entry{Command: &c})
 	return resp.Result, err
 }
 
 // propose applies a log entry of either kind through the leader, retrying
 // as Propose describes.
-func (g *Group) propose(ctx context.Context, e Entry) (ApplyResponse, error) {
-	if _, err := entryToPB(e); err != nil {
-		return ApplyResponse{}, err
+func (g *Group) propose(ctx context.Context, e lease.Entry) (lease.ApplyResponse, error) {
+	if _, err := lease.EntryToPB(e); err != nil {
+		return lease.ApplyResponse{}, err
 	}
-	var resp ApplyResponse
+	var resp lease.ApplyResponse
 	err := g.retry(ctx, "propose", func(ctx context.Context) (bool, error) {
 		var err error
 		var retry bool
@@ -569,9 +571,9 @@ func (g *Group) retry(ctx context.Context, what string, once func(context.Contex
 }
 
 // proposeLocal applies e on this leader once its Takeover is applied.
-func (g *Group) proposeLocal(ctx context.Context, l *leadership, e Entry) (ApplyResponse, bool, error) {
+func (g *Group) proposeLocal(ctx context.Context, l *leadership, e lease.Entry) (lease.ApplyResponse, bool, error) {
 	if retry, err := g.waitReady(ctx, l); err != nil {
-		return ApplyResponse{}, retry, err
+		return lease.ApplyResponse{}, retry, err
 	}
 	return g.apply(ctx, e)
 }
@@ -594,7 +596,7 @@ func (g *Group) waitReady(ctx context.Context, l *leadership) (retry bool, err e
 // is true for failures another attempt may cure (leadership lost). The
 // response's Err, the machine's or the rule store's refusal, is returned
 // as the error too.
-func (g *Group) apply(ctx context.Context, e Entry) (ApplyResponse, bool, error) {
+func (g *Group) apply(ctx context.Context, e lease.Entry) (lease.ApplyResponse, bool, error) {
 	now := g.cfg.Clock()
 	if e.Command != nil {
 		c := *e.Command
@@ -611,9 +613,9 @@ func (g *Group) apply(ctx context.Context, e Entry) (ApplyResponse, bool, error)
 		dc.Now = now
 		e.Durable = &dc
 	}
-	data, err := encodeLogEntry(e)
+	data, err := lease.EncodeLogEntry(e)
 	if err != nil {
-		return ApplyResponse{}, false, err
+		return lease.ApplyResponse{}, false, err
 	}
 	timeout := g.cfg.ProposeTimeout
 	if d, ok := ctx.Deadline(); ok {
@@ -621,9 +623,9 @@ func (g *Group) apply(ctx context.Context, e Entry) (ApplyResponse, bool, error)
 	}
 	f := g.raft.Apply(data, timeout)
 	if err := f.Error(); err != nil {
-		return ApplyResponse{}, raftRetryable(err), g.raftError(err)
+		return lease.ApplyResponse{}, raftRetryable(err), g.raftError(err)
 	}
-	resp, _ := f.Response().(ApplyResponse)
+	resp, _ := f.Response().(lease.ApplyResponse)
 	return resp, false, resp.Err
 }
 
@@ -677,7 +679,7 @@ func (g *Group) leaderRPC() (name, addr string, err error) {
 	if addr, ok := g.cfg.RPCPeers[name]; ok && addr != "" {
 		return name, addr, nil
 	}
-	return "", "", fmt.Errorf("%w: no forwarding address for the leader %q (GroupConfig.LeaderRPC, RPCPeers)", ErrNoLeader, name)
+	return "", "", fmt.Errorf("%w: no forwarding address for the leader %q (Config.LeaderRPC, RPCPeers)", ErrNoLeader, name)
 }
 
 func (g *Group) isClosed() bool {
@@ -736,7 +738,7 @@ func (g *Group) leaderLoop(l *leadership) {
 	}
 	wait := 5 * time.Millisecond
 	for {
-		_, retry, err := g.apply(context.Background(), Entry{Command: &Command{Takeover: true}})
+		_, retry, err := g.apply(context.Background(), lease.Entry{Command: &lease.Command{Takeover: true}})
 		if err == nil {
 			close(l.ready)
 			break
@@ -769,7 +771,7 @@ func (g *Group) leaderLoop(l *leadership) {
 		case <-g.done:
 			return
 		case <-tk.C:
-			if _, _, err := g.apply(context.Background(), Entry{Command: &Command{Tick: true}}); err != nil {
+			if _, _, err := g.apply(context.Background(), lease.Entry{Command: &lease.Command{Tick: true}}); err != nil {
 				g.log.Warn("tick failed", "err", err)
 			}
 		}
@@ -793,7 +795,7 @@ func (s tcpStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Con
 // mkdirAll creates the data directory, readable by its owner only.
 func mkdirAll(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("lease: GroupConfig.Dir: %w", err)
+		return fmt.Errorf("lease: Config.Dir: %w", err)
 	}
 	return nil
 }

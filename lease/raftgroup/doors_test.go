@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -17,7 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/internal/testpki"
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // doorPKI is a CA that issues voter, gateway and expired certificates,
@@ -47,7 +49,7 @@ func newDoorPKI(t *testing.T) doorPKI {
 // tune secures a group with the PKI. Elections are slower than
 // baseConfig's: every new Raft connection is a TLS handshake, which under
 // -race on a busy machine can outlast a 150ms heartbeat.
-func (p doorPKI) tune(cfg *GroupConfig) {
+func (p doorPKI) tune(cfg *Config) {
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 500*time.Millisecond, 500*time.Millisecond, 250*time.Millisecond
 	cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{p.voter}, ClientCAs: p.pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
@@ -55,7 +57,7 @@ func (p doorPKI) tune(cfg *GroupConfig) {
 }
 
 // rpcAs dials a group's forwarding service presenting certs (none: nil).
-func rpcAs(t *testing.T, p doorPKI, addr string, certs ...tls.Certificate) leasepb.LeaseGroupClient {
+func rpcAs(t *testing.T, p doorPKI, addr string, certs ...tls.Certificate) grouppb.LeaseGroupClient {
 	t.Helper()
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentials.NewTLS(
 		&tls.Config{RootCAs: p.pool, Certificates: certs, MinVersion: tls.VersionTLS13})))
@@ -63,7 +65,7 @@ func rpcAs(t *testing.T, p doorPKI, addr string, certs ...tls.Certificate) lease
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	return leasepb.NewLeaseGroupClient(cc)
+	return grouppb.NewLeaseGroupClient(cc)
 }
 
 // TestRaftPortMutualTLS: with ServerTLS the Raft port speaks mutual TLS
@@ -128,7 +130,7 @@ func TestRaftPortMutualTLS(t *testing.T) {
 	if err := vote(stream(p.voter)); err != nil {
 		t.Fatalf("a voter's RequestVote: %v", err)
 	}
-	propose(t, c.follower(c.leader()), Command{Tick: true})
+	propose(t, c.follower(c.leader()), lease.Command{Tick: true})
 	noDegradation(t, c)
 }
 
@@ -145,17 +147,17 @@ func TestRPCDoors(t *testing.T) {
 	defer cancel()
 	propose(t, g, rulesCmd)
 
-	tick, err := commandToPB(Command{Tick: true})
+	tick, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Tick: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	report, err := commandToPB(Command{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu",
-		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 10}}}})
+	report, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 10}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	put := func(principal, body string) *leasepb.ChangeRuleRequest {
-		return &leasepb.ChangeRuleRequest{From: "x", Change: &leasepb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{
+	put := func(principal, body string) *grouppb.ChangeRuleRequest {
+		return &grouppb.ChangeRuleRequest{From: "x", Change: &grouppb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{
 			Principal: principal, Rule: []byte(body), RequestId: principal}}}
 	}
 	rule := func(limit string) string {
@@ -163,7 +165,7 @@ func TestRPCDoors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := encodeRuleJSON(r)
+		b, err := lease.EncodeRuleJSON(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +179,7 @@ func TestRPCDoors(t *testing.T) {
 		if _, err := cl.ChangeRule(ctx, put("mallory", rule("1"))); err == nil {
 			t.Errorf("%s: ChangeRule served", name)
 		}
-		if _, err := cl.Propose(ctx, &leasepb.ProposeRequest{From: "x", Command: report}); err == nil {
+		if _, err := cl.Propose(ctx, &grouppb.ProposeRequest{From: "x", Command: report}); err == nil {
 			t.Errorf("%s: Propose served", name)
 		}
 	}
@@ -187,31 +189,31 @@ func TestRPCDoors(t *testing.T) {
 
 	gw := rpcAs(t, p, g.RPCAddr(), p.gateway)
 	before := g.Refused()
-	if _, err := gw.AddVoter(ctx, &leasepb.AddVoterRequest{Name: "evil", Address: "127.0.0.1:1"}); status.Code(err) != codes.PermissionDenied {
+	if _, err := gw.AddVoter(ctx, &grouppb.AddVoterRequest{Name: "evil", Address: "127.0.0.1:1"}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("gateway AddVoter: %v, want PermissionDenied", err)
 	}
-	if _, err := gw.Propose(ctx, &leasepb.ProposeRequest{From: "gw-1", Command: tick}); status.Code(err) != codes.PermissionDenied {
+	if _, err := gw.Propose(ctx, &grouppb.ProposeRequest{From: "gw-1", Command: tick}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("gateway Propose(tick): %v, want PermissionDenied", err)
 	}
 	// A rule-store entry with a principal of its choosing, proposed raw.
-	forged, err := entryToPB(Entry{Rule: &RuleChange{Principal: "alice", Delete: "login"}})
+	forged, err := lease.EntryToPB(lease.Entry{Rule: &lease.RuleChange{Principal: "alice", Delete: "login"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := gw.Propose(ctx, &leasepb.ProposeRequest{From: "gw-1", Command: forged}); status.Code(err) != codes.PermissionDenied {
+	if _, err := gw.Propose(ctx, &grouppb.ProposeRequest{From: "gw-1", Command: forged}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("gateway Propose(rule change): %v, want PermissionDenied", err)
 	}
 	if got := g.Refused() - before; got != 3 {
 		t.Errorf("refused %d gateway calls, want 3", got)
 	}
-	if rep, err := gw.Propose(ctx, &leasepb.ProposeRequest{From: "gw-1", Command: report}); err != nil || rep.GetCode() != leasepb.Code_OK {
+	if rep, err := gw.Propose(ctx, &grouppb.ProposeRequest{From: "gw-1", Command: report}); err != nil || rep.GetCode() != grouppb.Code_OK {
 		t.Errorf("gateway report: %v %v", rep, err)
 	}
-	if rep, err := gw.ChangeRule(ctx, put("alice", rule("5"))); err != nil || rep.GetCode() != leasepb.Code_OK {
+	if rep, err := gw.ChangeRule(ctx, put("alice", rule("5"))); err != nil || rep.GetCode() != grouppb.Code_OK {
 		t.Fatalf("gateway ChangeRule: %v %v", rep, err)
 	}
 	voter := rpcAs(t, p, g.RPCAddr(), p.voter)
-	if rep, err := voter.ChangeRule(ctx, put("bob", rule("6"))); err != nil || rep.GetCode() != leasepb.Code_OK {
+	if rep, err := voter.ChangeRule(ctx, put("bob", rule("6"))); err != nil || rep.GetCode() != grouppb.Code_OK {
 		t.Fatalf("voter ChangeRule: %v %v", rep, err)
 	}
 	h := g.History(0)
@@ -229,12 +231,12 @@ func TestRPCDoors(t *testing.T) {
 // TestViaPrincipal: the proven name is never cut, the result stays within
 // MaxPrincipalBytes and valid UTF-8.
 func TestViaPrincipal(t *testing.T) {
-	long := strings.Repeat("é", MaxPrincipalBytes)
+	long := strings.Repeat("é", lease.MaxPrincipalBytes)
 	got := viaPrincipal(long, "gw-1")
-	if len(got) > MaxPrincipalBytes || !strings.HasSuffix(got, " via gw-1") {
+	if len(got) > lease.MaxPrincipalBytes || !strings.HasSuffix(got, " via gw-1") {
 		t.Fatalf("viaPrincipal: %d bytes, %q", len(got), got[len(got)-12:])
 	}
-	if err := checkChange(RuleChange{Principal: got, Delete: "x"}); err != nil {
+	if err := (lease.RuleChange{Principal: got, Delete: "x"}).Check(); err != nil {
 		t.Fatal(err)
 	}
 	if got := viaPrincipal("alice", "gw-1"); got != "alice via gw-1" {
@@ -247,7 +249,7 @@ func TestViaPrincipal(t *testing.T) {
 // method still refuses it (Durable included) with Unauthenticated.
 func TestRPCDoorCertIfGiven(t *testing.T) {
 	p := newDoorPKI(t)
-	c := newCluster(t, 1, func(cfg *GroupConfig) {
+	c := newCluster(t, 1, func(cfg *Config) {
 		p.tune(cfg)
 		cfg.ServerTLS.ClientAuth = tls.VerifyClientCertIfGiven
 	})
@@ -257,19 +259,19 @@ func TestRPCDoorCertIfGiven(t *testing.T) {
 	defer cancel()
 	anon := rpcAs(t, p, g.RPCAddr())
 	before := g.Refused()
-	_, err := anon.Durable(ctx, &leasepb.DurableRequest{From: "x", Decide: &leasepb.DurableDecide{Rule: "d", Limit: 1,
+	_, err := anon.Durable(ctx, &grouppb.DurableRequest{From: "x", Decide: &leasepb.DurableDecide{Rule: "d", Limit: 1,
 		Window: int64(time.Second), Burst: 1, Identity: []byte("a"), Cost: 1, RequestId: "r1"}})
 	if status.Code(err) != codes.Unauthenticated {
 		t.Errorf("Durable without a certificate: %v, want Unauthenticated", err)
 	}
-	if _, err := anon.ReadRules(ctx, &leasepb.ReadRulesRequest{}); status.Code(err) != codes.Unauthenticated {
+	if _, err := anon.ReadRules(ctx, &grouppb.ReadRulesRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("ReadRules without a certificate: %v, want Unauthenticated", err)
 	}
 	if got := g.Refused() - before; got != 2 {
 		t.Errorf("refused %d, want 2", got)
 	}
 	// A gateway's certificate is served.
-	if _, err := rpcAs(t, p, g.RPCAddr(), p.gateway).ReadRules(ctx, &leasepb.ReadRulesRequest{}); err != nil {
+	if _, err := rpcAs(t, p, g.RPCAddr(), p.gateway).ReadRules(ctx, &grouppb.ReadRulesRequest{}); err != nil {
 		t.Errorf("ReadRules with a gateway certificate: %v", err)
 	}
 	noDegradation(t, c)

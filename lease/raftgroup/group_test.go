@@ -1,6 +1,7 @@
-package lease
+package raftgroup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 )
 
 // These tests run real Raft (hashicorp/raft on raft-boltdb in t.TempDir())
@@ -27,7 +30,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // waitBound bounds every wait on a condition.
 const waitBound = 20 * time.Second
 
-var testMachineConfig = Config{Regions: []string{"ap", "eu", "us"}, LeaseDuration: 10 * time.Second, MaxSkew: 500 * time.Millisecond}
+var testMachineConfig = lease.Config{Regions: []string{"ap", "eu", "us"}, LeaseDuration: 10 * time.Second, MaxSkew: 500 * time.Millisecond}
 
 // cluster is a test lease group: the nodes by name, with a shared
 // name → forwarding address map that restarts update.
@@ -36,14 +39,14 @@ type cluster struct {
 	mu    sync.Mutex
 	rpc   map[string]string
 	nodes map[string]*Group
-	cfgs  map[string]GroupConfig
+	cfgs  map[string]Config
 	names []string
 }
 
 // newCluster starts n voters (n = 1, 3 or 5) named n1…; tune adjusts every
 // node's config.
-func newCluster(t testing.TB, n int, tune func(*GroupConfig)) *cluster {
-	c := &cluster{t: t, rpc: map[string]string{}, nodes: map[string]*Group{}, cfgs: map[string]GroupConfig{}}
+func newCluster(t testing.TB, n int, tune func(*Config)) *cluster {
+	c := &cluster{t: t, rpc: map[string]string{}, nodes: map[string]*Group{}, cfgs: map[string]Config{}}
 	var voters []Voter
 	lis, rpcLis := map[string]net.Listener{}, map[string]net.Listener{}
 	peers := map[string]string{} // the static map: the RPC listeners exist before the nodes
@@ -74,8 +77,8 @@ func newCluster(t testing.TB, n int, tune func(*GroupConfig)) *cluster {
 	return c
 }
 
-func (c *cluster) baseConfig(name, dir string) GroupConfig {
-	return GroupConfig{Name: name, Dir: dir, RPCAddr: "127.0.0.1:0", Machine: testMachineConfig,
+func (c *cluster) baseConfig(name, dir string) Config {
+	return Config{Name: name, Dir: dir, RPCAddr: "127.0.0.1:0", Machine: testMachineConfig,
 		// A 50ms timeout elects in tens of milliseconds, but under -race
 		// with other test binaries on the same 2 cores it also deposed
 		// healthy leaders: 150ms keeps the tests fast and the leaders put.
@@ -93,9 +96,9 @@ func (c *cluster) resolve(name string) (string, bool) {
 
 // start starts a node; its config is kept (with its bound Raft address) for
 // restart.
-func (c *cluster) start(cfg GroupConfig) *Group {
+func (c *cluster) start(cfg Config) *Group {
 	c.t.Helper()
-	g, err := StartGroup(cfg)
+	g, err := Start(cfg)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", cfg.Name, err)
 	}
@@ -230,7 +233,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-func propose(t testing.TB, g *Group, c Command) Result {
+func propose(t testing.TB, g *Group, c lease.Command) lease.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
@@ -241,7 +244,7 @@ func propose(t testing.TB, g *Group, c Command) Result {
 	return res
 }
 
-var rulesCmd = Command{Rules: []Rule{testRule}}
+var rulesCmd = lease.Command{Rules: []lease.Rule{testRule}}
 
 // TestGroupSingleVoter: one voter bootstraps, leads, proposes its Takeover
 // with its own clock before serving writes, applies a rule set and
@@ -249,7 +252,7 @@ var rulesCmd = Command{Rules: []Rule{testRule}}
 func TestGroupSingleVoter(t *testing.T) {
 	var mu sync.Mutex
 	clock := int64(time.Hour)
-	c := newCluster(t, 1, func(cfg *GroupConfig) {
+	c := newCluster(t, 1, func(cfg *Config) {
 		cfg.TickInterval = -1
 		cfg.Clock = func() int64 {
 			mu.Lock()
@@ -266,8 +269,8 @@ func TestGroupSingleVoter(t *testing.T) {
 		t.Fatalf("Leader() = %q, %v", name, ok)
 	}
 	propose(t, g, rulesCmd)
-	res := propose(t, g, Command{Now: 42, Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu",
-		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 600}}}})
+	res := propose(t, g, lease.Command{Now: 42, Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 600}}}})
 	// No other region holds anything yet: eu's first lease meets its
 	// whole demand.
 	if len(res.Grants) != 1 || res.Grants[0].Share != 600 || res.Grants[0].Epoch == 0 {
@@ -275,24 +278,24 @@ func TestGroupSingleVoter(t *testing.T) {
 	}
 	// The Takeover came first, stamped with the node's clock: the guard
 	// is its time plus the lease and the skew; Now 42 was overwritten.
-	s, err := decodeState(g.FSM().State())
+	s, err := lease.ReadState(g.FSM().State())
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := int64(time.Hour + time.Millisecond)
-	if want := first + int64(10*time.Second+500*time.Millisecond); s.guard != want {
-		t.Fatalf("guard %d, want %d (the takeover at the first clock reading)", s.guard, want)
+	if want := first + int64(10*time.Second+500*time.Millisecond); s.Guard != want {
+		t.Fatalf("guard %d, want %d (the takeover at the first clock reading)", s.Guard, want)
 	}
-	if s.now < first {
-		t.Fatalf("machine time %d: the proposer's Now was used, not the leader's clock", s.now)
+	if s.Now < first {
+		t.Fatalf("machine time %d: the proposer's Now was used, not the leader's clock", s.Now)
 	}
 	for _, bad := range []struct {
-		cmd  Command
+		cmd  lease.Command
 		want error
 	}{
-		{Command{Tick: true, Takeover: true}, ErrBadCommand},
-		{Command{Report: &Report{Reporter: "x", Seq: 1, Region: "mars"}}, ErrUnknownRegion},
-		{Command{Report: &Report{Reporter: "x", Seq: 1, Region: "eu", Items: []ReportItem{{Rule: "nope"}}}}, ErrUnknownRule},
+		{lease.Command{Tick: true, Takeover: true}, lease.ErrBadCommand},
+		{lease.Command{Report: &lease.Report{Reporter: "x", Seq: 1, Region: "mars"}}, lease.ErrUnknownRegion},
+		{lease.Command{Report: &lease.Report{Reporter: "x", Seq: 1, Region: "eu", Items: []lease.ReportItem{{Rule: "nope"}}}}, lease.ErrUnknownRule},
 	} {
 		if _, err := g.Propose(context.Background(), bad.cmd); !errors.Is(err, bad.want) {
 			t.Errorf("propose %+v: %v, want %v", bad.cmd, err, bad.want)
@@ -307,34 +310,34 @@ func TestGroupSingleVoter(t *testing.T) {
 // errors.
 func TestGroupForwarding(t *testing.T) {
 	// The leader's forwarding address comes from the static map alone.
-	c := newCluster(t, 3, func(cfg *GroupConfig) { cfg.LeaderRPC = nil })
+	c := newCluster(t, 3, func(cfg *Config) { cfg.LeaderRPC = nil })
 	l := c.leader()
 	f := c.follower(l)
 	propose(t, f, rulesCmd)
-	res := propose(t, f, Command{Report: &Report{Reporter: "us-1", Seq: 1, Region: "us",
-		Items: []ReportItem{{Rule: "global", Identity: "cust\x00bytes", Demand: 300}}}})
+	res := propose(t, f, lease.Command{Report: &lease.Report{Reporter: "us-1", Seq: 1, Region: "us",
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust\x00bytes", Demand: 300}}}})
 	if len(res.Grants) != 1 || res.Grants[0].Share != 300 || res.Grants[0].Identity != "cust\x00bytes" {
 		t.Fatalf("forwarded grants %+v, want one lease of 300", res.Grants)
 	}
-	if _, err := f.Propose(context.Background(), Command{Report: &Report{Reporter: "x", Seq: 1, Region: "eu",
-		Items: []ReportItem{{Rule: "nope"}}}}); !errors.Is(err, ErrUnknownRule) {
+	if _, err := f.Propose(context.Background(), lease.Command{Report: &lease.Report{Reporter: "x", Seq: 1, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "nope"}}}}); !errors.Is(err, lease.ErrUnknownRule) {
 		t.Fatalf("forwarded unknown rule: %v, want ErrUnknownRule", err)
 	}
-	if _, err := f.Propose(context.Background(), Command{}); !errors.Is(err, ErrBadCommand) {
+	if _, err := f.Propose(context.Background(), lease.Command{}); !errors.Is(err, lease.ErrBadCommand) {
 		t.Fatalf("empty command: %v, want ErrBadCommand", err)
 	}
 	// A malformed command on the wire is refused and counted.
-	rep, err := (&rpcServer{g: l}).Propose(context.Background(), &leasepb.ProposeRequest{From: "x", Command: &leasepb.Command{}})
-	if err != nil || rep.GetCode() != leasepb.Code_BAD_COMMAND || l.Malformed() != 1 {
+	rep, err := (&rpcServer{g: l}).Propose(context.Background(), &grouppb.ProposeRequest{From: "x", Command: &leasepb.Command{}})
+	if err != nil || rep.GetCode() != grouppb.Code_BAD_COMMAND || l.Malformed() != 1 {
 		t.Fatalf("malformed command: %v, %v, counted %d", rep, err, l.Malformed())
 	}
 	state := c.converge()
-	s, err := decodeState(state)
+	s, err := lease.ReadState(state)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.keys) != 1 || s.seqs["us-1"] != 1 {
-		t.Fatalf("replicated state: %d keys, seqs %v", len(s.keys), s.seqs)
+	if s.Keys != 1 || s.Seqs["us-1"] != 1 {
+		t.Fatalf("replicated state: %d keys, seqs %v", s.Keys, s.Seqs)
 	}
 	c.checkAll("end")
 }
@@ -342,7 +345,7 @@ func TestGroupForwarding(t *testing.T) {
 // TestGroupNoLeader: with quorum lost (one voter of three running), a
 // Propose gives up at its deadline with an error naming the cause.
 func TestGroupNoLeader(t *testing.T) {
-	c := &cluster{t: t, rpc: map[string]string{}, nodes: map[string]*Group{}, cfgs: map[string]GroupConfig{}}
+	c := &cluster{t: t, rpc: map[string]string{}, nodes: map[string]*Group{}, cfgs: map[string]Config{}}
 	t.Cleanup(c.closeAll)
 	cfg := c.baseConfig("n1", t.TempDir())
 	// n1 listens first, so that the two closed addresses cannot be its port.
@@ -395,14 +398,14 @@ func closedAddrs(t *testing.T, n int) []string {
 // tests: its holder and report sequence, reporting through a node.
 type regionSide struct {
 	name string
-	h    Holder
+	h    lease.Holder
 	seq  uint64
 }
 
 func newRegions() []*regionSide {
 	var rs []*regionSide
 	for _, r := range testMachineConfig.Regions {
-		rs = append(rs, &regionSide{name: r, h: NewHolder(testRule, len(testMachineConfig.Regions), int64(testMachineConfig.MaxSkew))})
+		rs = append(rs, &regionSide{name: r, h: lease.NewHolder(testRule, len(testMachineConfig.Regions), int64(testMachineConfig.MaxSkew))})
 	}
 	return rs
 }
@@ -413,8 +416,8 @@ func (r *regionSide) report(t testing.TB, g *Group, demand int64) {
 	t.Helper()
 	r.seq++
 	sent := time.Now().UnixNano()
-	res := propose(t, g, Command{Report: &Report{Reporter: r.name + "-owner", Seq: r.seq, Region: r.name,
-		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: demand, AckEpoch: r.h.Epoch()}}}})
+	res := propose(t, g, lease.Command{Report: &lease.Report{Reporter: r.name + "-owner", Seq: r.seq, Region: r.name,
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: demand, AckEpoch: r.h.Epoch()}}}})
 	if len(res.Grants) != 1 {
 		t.Fatalf("region %s: %d grants", r.name, len(res.Grants))
 	}
@@ -474,12 +477,12 @@ func TestGroupLeaderKill(t *testing.T) {
 	}
 	// The new leader proposed Takeover: every lease counts as unexpired
 	// until its takeover plus the longest lease plus the skew.
-	s, err := decodeState(nl.FSM().State())
+	s, err := lease.ReadState(nl.FSM().State())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if least := killed + int64(testMachineConfig.LeaseDuration+testMachineConfig.MaxSkew); s.guard < least {
-		t.Fatalf("guard %d is before the kill plus a lease (%d): no takeover by the new leader", s.guard, least)
+	if least := killed + int64(testMachineConfig.LeaseDuration+testMachineConfig.MaxSkew); s.Guard < least {
+		t.Fatalf("guard %d is before the kill plus a lease (%d): no takeover by the new leader", s.Guard, least)
 	}
 	c.checkAll("after the election")
 	enforced(t, "after the election", rs)
@@ -519,14 +522,14 @@ func TestGroupLeaderKill(t *testing.T) {
 // TestGroupRestartAll: every voter stops and starts again on its data
 // directory; the lease table (rules, leases, report sequences) is intact.
 func TestGroupRestartAll(t *testing.T) {
-	c := newCluster(t, 3, func(cfg *GroupConfig) { cfg.TickInterval = -1 })
+	c := newCluster(t, 3, func(cfg *Config) { cfg.TickInterval = -1 })
 	l := c.leader()
 	propose(t, l, rulesCmd)
 	rs := newRegions()
 	for i, r := range rs {
 		r.report(t, c.live()[i], int64(100*(i+1)))
 	}
-	before, err := decodeState(c.converge())
+	before, err := lease.ReadState(c.converge())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,12 +544,12 @@ func TestGroupRestartAll(t *testing.T) {
 	// Takeover moves only the machine's time and guard.
 	waitFor(t, "the lease table to come back on every replica", func() bool {
 		for _, g := range c.live() {
-			s, err := decodeState(g.FSM().State())
+			s, err := lease.ReadState(g.FSM().State())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(s.keys, before.keys) || !reflect.DeepEqual(s.rules, before.rules) ||
-				!reflect.DeepEqual(s.seqs, before.seqs) {
+			if !bytes.Equal(s.Leases, before.Leases) || !reflect.DeepEqual(s.Rules, before.Rules) ||
+				!reflect.DeepEqual(s.Seqs, before.Seqs) {
 				return false
 			}
 		}
@@ -555,8 +558,8 @@ func TestGroupRestartAll(t *testing.T) {
 	c.checkAll("after the restart")
 	// A retry of a report applied before the restart is recognised.
 	r := rs[0]
-	res := propose(t, c.live()[2], Command{Report: &Report{Reporter: r.name + "-owner", Seq: r.seq, Region: r.name,
-		Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: 999}}}})
+	res := propose(t, c.live()[2], lease.Command{Report: &lease.Report{Reporter: r.name + "-owner", Seq: r.seq, Region: r.name,
+		Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: 999}}}})
 	if res.Grants[0].Epoch != r.h.Epoch() {
 		t.Fatalf("a retried report after the restart changed the lease: epoch %d, held %d", res.Grants[0].Epoch, r.h.Epoch())
 	}
@@ -565,7 +568,7 @@ func TestGroupRestartAll(t *testing.T) {
 // TestGroupSnapshotRestore: a snapshot is taken, the log behind it is
 // compacted, and a restarted node restores its state from the snapshot.
 func TestGroupSnapshotRestore(t *testing.T) {
-	c := newCluster(t, 3, func(cfg *GroupConfig) { cfg.TickInterval = -1; cfg.TrailingLogs = 1 })
+	c := newCluster(t, 3, func(cfg *Config) { cfg.TickInterval = -1; cfg.TrailingLogs = 1 })
 	l := c.leader()
 	propose(t, l, rulesCmd)
 	rs := newRegions()
@@ -585,8 +588,8 @@ func TestGroupSnapshotRestore(t *testing.T) {
 	}
 	// Straight from the snapshot, before any log entry is replayed.
 	if got := g.FSM().State(); string(got) != string(want) {
-		s, _ := decodeState(got)
-		t.Fatalf("restored state differs from the snapshotted one (%d keys)", len(s.keys))
+		s, _ := lease.ReadState(got)
+		t.Fatalf("restored state differs from the snapshotted one (%d keys)", s.Keys)
 	}
 	c.leader()
 	c.converge()
@@ -598,7 +601,7 @@ func TestGroupSnapshotRestore(t *testing.T) {
 // behind the leader's snapshot is compacted), votes, and serves proposals
 // by forwarding them.
 func TestGroupAddVoter(t *testing.T) {
-	c := newCluster(t, 3, func(cfg *GroupConfig) { cfg.TrailingLogs = 1 })
+	c := newCluster(t, 3, func(cfg *Config) { cfg.TrailingLogs = 1 })
 	l := c.leader()
 	propose(t, l, rulesCmd)
 	rs := newRegions()
@@ -638,32 +641,32 @@ func TestGroupAddVoter(t *testing.T) {
 // TestGroupConfigErrors: a bad config is refused with an error naming the
 // field, before anything starts.
 func TestGroupConfigErrors(t *testing.T) {
-	base := GroupConfig{Name: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+	base := Config{Name: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
 		Machine: testMachineConfig, Voters: []Voter{{"n1", "127.0.0.1:1"}}}
 	for _, tc := range []struct {
 		field string
-		edit  func(*GroupConfig)
+		edit  func(*Config)
 	}{
-		{"Name", func(c *GroupConfig) { c.Name = "" }},
-		{"Dir", func(c *GroupConfig) { c.Dir = "" }},
-		{"RaftAddr", func(c *GroupConfig) { c.RaftAddr = "" }},
-		{"RPCAddr", func(c *GroupConfig) { c.RPCAddr = "" }},
-		{"Voters", func(c *GroupConfig) { c.Voters = append(c.Voters, Voter{"n2", "127.0.0.1:2"}) }},
-		{"Voters", func(c *GroupConfig) { c.Voters = nil }},
-		{"Voters", func(c *GroupConfig) { c.Name = "n9" }},
-		{"Voters", func(c *GroupConfig) { c.Join = true }},
-		{"Voters[1].Name", func(c *GroupConfig) { c.Voters = []Voter{{"n1", "a:1"}, {"", "b:1"}, {"n3", "c:1"}} }},
-		{"Voters[2]", func(c *GroupConfig) { c.Voters = []Voter{{"n1", "a:1"}, {"n2", "b:1"}, {"n1", "c:1"}} }},
-		{"ElectionTimeout", func(c *GroupConfig) { c.ElectionTimeout = -1 }},
-		{"Machine", func(c *GroupConfig) { c.Machine.Regions = nil }},
-		{"Raft timeouts", func(c *GroupConfig) {
+		{"Name", func(c *Config) { c.Name = "" }},
+		{"Dir", func(c *Config) { c.Dir = "" }},
+		{"RaftAddr", func(c *Config) { c.RaftAddr = "" }},
+		{"RPCAddr", func(c *Config) { c.RPCAddr = "" }},
+		{"Voters", func(c *Config) { c.Voters = append(c.Voters, Voter{"n2", "127.0.0.1:2"}) }},
+		{"Voters", func(c *Config) { c.Voters = nil }},
+		{"Voters", func(c *Config) { c.Name = "n9" }},
+		{"Voters", func(c *Config) { c.Join = true }},
+		{"Voters[1].Name", func(c *Config) { c.Voters = []Voter{{"n1", "a:1"}, {"", "b:1"}, {"n3", "c:1"}} }},
+		{"Voters[2]", func(c *Config) { c.Voters = []Voter{{"n1", "a:1"}, {"n2", "b:1"}, {"n1", "c:1"}} }},
+		{"ElectionTimeout", func(c *Config) { c.ElectionTimeout = -1 }},
+		{"Machine", func(c *Config) { c.Machine.Regions = nil }},
+		{"Raft timeouts", func(c *Config) {
 			c.HeartbeatTimeout = 100 * time.Millisecond
 			c.ElectionTimeout = 50 * time.Millisecond
 		}},
 	} {
 		cfg := base
 		tc.edit(&cfg)
-		g, err := StartGroup(cfg)
+		g, err := Start(cfg)
 		if err == nil {
 			g.Close()
 			t.Errorf("%s: no error", tc.field)

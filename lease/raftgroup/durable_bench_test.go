@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // BenchmarkDurable measures a durable decision's latency through a 3-voter
@@ -24,7 +26,7 @@ import (
 //
 // Run: go test ./lease -run '^$' -bench Durable -benchtime 2000x
 func BenchmarkDurable(b *testing.B) {
-	c := newCluster(b, 3, func(cfg *GroupConfig) {
+	c := newCluster(b, 3, func(cfg *Config) {
 		// Calmer timeouts than the tests': a leader change would end the run.
 		cfg.TickInterval = -1
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 500*time.Millisecond, 500*time.Millisecond, 250*time.Millisecond
@@ -37,7 +39,7 @@ func BenchmarkDurable(b *testing.B) {
 	}
 	defer cl.Close()
 	ctx := context.Background()
-	rule := DurableRule{ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 5}
+	rule := lease.DurableRule{ID: "otp", Limit: 5, Window: 15 * time.Minute, Burst: 5}
 	i := 0
 	durable := func(svc DurableService) {
 		i++
@@ -47,7 +49,7 @@ func BenchmarkDurable(b *testing.B) {
 		}
 	}
 	noop := func() {
-		if err := l.raft.Apply([]byte{entryNoop}, 0).Error(); err != nil {
+		if err := l.raft.Apply(noopEntry, 0).Error(); err != nil {
 			b.Fatal(err)
 		}
 	}

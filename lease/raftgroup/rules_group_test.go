@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -162,15 +163,15 @@ func TestRulesAdminThroughFollower(t *testing.T) {
 	waitVersion(t, c, 2)
 
 	// The global rule reached every replica's lease Machine.
-	want := []Rule{{ID: "cust-global", Limit: 10000, Window: time.Minute, Burst: 600, MaxCost: 5}}
+	want := []lease.Rule{{ID: "cust-global", Limit: 10000, Window: time.Minute, Burst: 600, MaxCost: 5}}
 	for _, g := range c.live() {
 		if got := g.FSM().LeaseRules(); !reflect.DeepEqual(got, want) {
 			t.Fatalf("%s: machine rules %+v, want %+v", g.Name(), got, want)
 		}
 	}
 	// And a region's report on it is served.
-	res := propose(t, f, Command{Report: &Report{Reporter: "eu-1", Seq: 1, Region: "eu",
-		Items: []ReportItem{{Rule: "cust-global", Identity: "cust", Demand: 3000}}}})
+	res := propose(t, f, lease.Command{Report: &lease.Report{Reporter: "eu-1", Seq: 1, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "cust-global", Identity: "cust", Demand: 3000}}}})
 	if len(res.Grants) != 1 || res.Grants[0].Share != 3000 {
 		t.Fatalf("grants on the stored global rule: %+v", res.Grants)
 	}
@@ -319,14 +320,14 @@ func TestRulesClient(t *testing.T) {
 	if _, err := cl.PutRule(ctx, "ops", unleasable); !errors.Is(err, quota.ErrInvalidRule) || strings.Join(fields(err), ",") != "burst" {
 		t.Fatalf("unleasable put through the client: %v", err)
 	}
-	if _, err := cl.DeleteRule(ctx, "ops", "nope"); !errors.Is(err, ErrRuleNotFound) {
+	if _, err := cl.DeleteRule(ctx, "ops", "nope"); !errors.Is(err, lease.ErrRuleNotFound) {
 		t.Fatalf("delete unknown: %v", err)
 	}
 	if v, err := cl.DeleteRule(ctx, "ops", "search"); err != nil || v != 3 {
 		t.Fatalf("delete: %d, %v", v, err)
 	}
 	page, err := cl.ReadHistory(ctx, HistoryQuery{Since: 1, Linearizable: true})
-	if err != nil || page.Version != 3 || len(page.Entries) != 2 || page.Entries[1].Op != OpDelete || page.Entries[1].Principal != "ops" {
+	if err != nil || page.Version != 3 || len(page.Entries) != 2 || page.Entries[1].Op != lease.OpDelete || page.Entries[1].Principal != "ops" {
 		t.Fatalf("history: %+v %v", page, err)
 	}
 	// A local read from a voter converges to the same.
@@ -399,7 +400,7 @@ func TestRulesAdminMutualTLS(t *testing.T) {
 // compacted); the rules, their history and the lease machine's rules are
 // intact on every replica.
 func TestRulesRestartAll(t *testing.T) {
-	c := newCluster(t, 3, func(cfg *GroupConfig) { cfg.TickInterval = -1; cfg.TrailingLogs = 1 })
+	c := newCluster(t, 3, func(cfg *Config) { cfg.TickInterval = -1; cfg.TrailingLogs = 1 })
 	l := c.leader()
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
@@ -442,13 +443,13 @@ func TestRulesRestartAll(t *testing.T) {
 		t.Fatal("no replica restored from the snapshot")
 	}
 	// Only the Takeover moved: time and guard, no rule.
-	s, err := decodeState(c.converge())
+	s, err := lease.ReadState(c.converge())
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, _ := decodeState(want)
-	if !bytes.Equal(marshalState(&Machine{cfg: testMachineConfig}, s.store), marshalState(&Machine{cfg: testMachineConfig}, w.store)) ||
-		!reflect.DeepEqual(s.rules, w.rules) {
+	w, _ := lease.ReadState(want)
+	if !bytes.Equal(s.RuleStore, w.RuleStore) ||
+		!reflect.DeepEqual(s.Rules, w.Rules) {
 		t.Fatal("the rule store or the machine's rules moved across the restart")
 	}
 	noDegradation(t, c)

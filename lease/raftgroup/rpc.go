@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -19,7 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/bucket"
-	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -36,7 +37,7 @@ import (
 // and the Raft port are open to whoever reaches them: run them on a
 // trusted network. With ServerTLS:
 //   - a caller without a verified client certificate is refused outright;
-//   - a caller whose certificate names a voter (GroupConfig.VoterNames) may
+//   - a caller whose certificate names a voter (Config.VoterNames) may
 //     do everything: it is a replica of the log;
 //   - any other verified caller (a gateway's lease Client) may read rules,
 //     propose reports and durable decisions, and change rules, the
@@ -50,14 +51,14 @@ import (
 // certificate).
 
 // maxRPCBytes caps a forwarding message in either direction.
-const maxRPCBytes = MaxEntryBytes + 1024
+const maxRPCBytes = lease.MaxEntryBytes + 1024
 
 // Refused is the number of callers the forwarding service and the Raft
-// port refused (see GroupConfig.VoterNames).
+// port refused (see Config.VoterNames).
 func (g *Group) Refused() uint64 { return g.refused.Load() }
 
 // voterNames is the set of certificate names a voter may carry.
-func voterNames(cfg GroupConfig) map[string]bool {
+func voterNames(cfg Config) map[string]bool {
 	out := map[string]bool{}
 	for _, n := range cfg.VoterNames {
 		out[n] = true
@@ -146,7 +147,7 @@ func (s *rpcServer) refuse(ctx context.Context, c caller, method, why string) er
 
 // gatewayEntry reports whether a caller that is not a voter may propose e:
 // what a lease Client sends (a region's report, a durable decision).
-func gatewayEntry(e Entry) bool {
+func gatewayEntry(e lease.Entry) bool {
 	switch {
 	case e.Durable != nil:
 		return e.Command == nil && e.Rule == nil
@@ -160,9 +161,9 @@ func gatewayEntry(e Entry) bool {
 // what it says, and the name its certificate proves.
 func viaPrincipal(principal, name string) string {
 	suffix := " via " + name
-	if len(principal)+len(suffix) > MaxPrincipalBytes {
+	if len(principal)+len(suffix) > lease.MaxPrincipalBytes {
 		// Cut the claimed part, never the proven one.
-		principal = truncateUTF8(principal, max(0, MaxPrincipalBytes-len(suffix)))
+		principal = truncateUTF8(principal, max(0, lease.MaxPrincipalBytes-len(suffix)))
 	}
 	return principal + suffix
 }
@@ -180,7 +181,7 @@ func truncateUTF8(s string, n int) string {
 
 // rpcServer is the LeaseGroup service of one Group.
 type rpcServer struct {
-	leasepb.UnimplementedLeaseGroupServer
+	grouppb.UnimplementedLeaseGroupServer
 	g         *Group
 	voters    map[string]bool
 	lis       net.Listener
@@ -193,7 +194,7 @@ func startRPCServer(g *Group) (*rpcServer, error) {
 	if lis == nil {
 		var err error
 		if lis, err = net.Listen("tcp", g.cfg.RPCAddr); err != nil {
-			return nil, fmt.Errorf("lease: GroupConfig.RPCAddr: %w", err)
+			return nil, fmt.Errorf("lease: Config.RPCAddr: %w", err)
 		}
 	}
 	opts := []grpc.ServerOption{
@@ -207,7 +208,7 @@ func startRPCServer(g *Group) (*rpcServer, error) {
 	}
 	opts = append(opts, g.cfg.ServerOptions...)
 	s.srv = grpc.NewServer(opts...)
-	leasepb.RegisterLeaseGroupServer(s.srv, s)
+	grouppb.RegisterLeaseGroupServer(s.srv, s)
 	go func() {
 		defer close(s.serveDone)
 		if err := s.srv.Serve(lis); err != nil {
@@ -238,35 +239,35 @@ func (s *rpcServer) stop(grace time.Duration) {
 	<-s.serveDone
 }
 
-// Propose implements leasepb.LeaseGroupServer.
-func (s *rpcServer) Propose(ctx context.Context, req *leasepb.ProposeRequest) (*leasepb.ProposeReply, error) {
+// Propose implements grouppb.LeaseGroupServer.
+func (s *rpcServer) Propose(ctx context.Context, req *grouppb.ProposeRequest) (*grouppb.ProposeReply, error) {
 	c := s.caller(ctx)
 	if !c.verified {
 		return nil, s.refuse(ctx, c, "Propose", "no verified certificate")
 	}
-	e, err := entryFromPB(req.GetCommand())
+	e, err := lease.EntryFromPB(req.GetCommand())
 	if err != nil {
 		s.g.malformed.Add(1)
 		s.g.log.Debug("malformed forwarded command refused", "from", req.GetFrom(), "err", err)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", ErrBadCommand, err)}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: %v", lease.ErrBadCommand, err)}, nil
 	}
 	if !c.voter && !gatewayEntry(e) {
 		return nil, s.refuse(ctx, c, "Propose", "only a voter may propose this command; a gateway proposes reports and durable decisions")
 	}
 	l := s.g.lead()
 	if l == nil {
-		return &leasepb.ProposeReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 	}
 	resp, _, err := s.g.proposeLocal(ctx, l, e)
 	return proposeReply(resp, err), nil
 }
 
 // proposeReply is the wire form of an applied entry's response.
-func proposeReply(resp ApplyResponse, err error) *leasepb.ProposeReply {
+func proposeReply(resp lease.ApplyResponse, err error) *grouppb.ProposeReply {
 	if err != nil {
-		return &leasepb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
+		return &grouppb.ProposeReply{Code: errorCode(err), Message: err.Error(), Problems: problemsToPB(err)}
 	}
-	rep := &leasepb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
+	rep := &grouppb.ProposeReply{Result: resultToPB(resp.Result), RuleVersion: resp.RuleVersion}
 	if resp.Durable != (bucket.Decision{}) { // a durable decision's Limit is at least 1
 		rep.Durable = decisionToPB(resp.Durable)
 	}
@@ -274,18 +275,18 @@ func proposeReply(resp ApplyResponse, err error) *leasepb.ProposeReply {
 }
 
 // problemsToPB lists the *quota.Error values in err.
-func problemsToPB(err error) []*leasepb.Problem {
-	var out []*leasepb.Problem
-	for _, q := range quotaProblems(err) {
-		out = append(out, &leasepb.Problem{Field: q.Field, Message: q.Msg, RuleId: q.RuleID})
+func problemsToPB(err error) []*grouppb.Problem {
+	var out []*grouppb.Problem
+	for _, q := range lease.Problems(err) {
+		out = append(out, &grouppb.Problem{Field: q.Field, Message: q.Msg, RuleId: q.RuleID})
 	}
 	return out
 }
 
-// ChangeRule implements leasepb.LeaseGroupServer: the receiver puts or
+// ChangeRule implements grouppb.LeaseGroupServer: the receiver puts or
 // deletes the rule through Group.PutRule or DeleteRule, which forward to
 // the leader when it does not lead.
-func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleRequest) (*leasepb.ProposeReply, error) {
+func (s *rpcServer) ChangeRule(ctx context.Context, req *grouppb.ChangeRuleRequest) (*grouppb.ProposeReply, error) {
 	c := s.caller(ctx)
 	if !c.verified || (!c.voter && c.name == "") {
 		return nil, s.refuse(ctx, c, "ChangeRule", "a certificate with a name is required")
@@ -303,31 +304,31 @@ func (s *rpcServer) ChangeRule(ctx context.Context, req *leasepb.ChangeRuleReque
 		err error
 	)
 	switch ch := req.GetChange().(type) {
-	case *leasepb.ChangeRuleRequest_Put:
+	case *grouppb.ChangeRuleRequest_Put:
 		var r quota.Rule
-		if r, err = decodeRuleJSON(ch.Put.GetRule()); err != nil {
+		if r, err = lease.DecodeRuleJSON(ch.Put.GetRule()); err != nil {
 			s.g.malformed.Add(1)
-			return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", ErrBadCommand, err)}, nil
+			return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: put: %v", lease.ErrBadCommand, err)}, nil
 		}
 		v, err = s.g.putRule(ctx, principal(ch.Put.GetPrincipal()), r, ch.Put.GetRequestId())
-	case *leasepb.ChangeRuleRequest_Delete:
+	case *grouppb.ChangeRuleRequest_Delete:
 		v, err = s.g.deleteRule(ctx, principal(ch.Delete.GetPrincipal()), ch.Delete.GetId(), ch.Delete.GetRequestId())
 	default:
 		s.g.malformed.Add(1)
-		return &leasepb.ProposeReply{Code: leasepb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", ErrBadCommand)}, nil
+		return &grouppb.ProposeReply{Code: grouppb.Code_BAD_COMMAND, Message: fmt.Sprintf("%v: no rule change", lease.ErrBadCommand)}, nil
 	}
-	return proposeReply(ApplyResponse{RuleVersion: v}, err), nil
+	return proposeReply(lease.ApplyResponse{RuleVersion: v}, err), nil
 }
 
-// ReadRules implements leasepb.LeaseGroupServer.
-func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest) (*leasepb.ReadRulesReply, error) {
+// ReadRules implements grouppb.LeaseGroupServer.
+func (s *rpcServer) ReadRules(ctx context.Context, req *grouppb.ReadRulesRequest) (*grouppb.ReadRulesReply, error) {
 	if c := s.caller(ctx); !c.verified {
 		return nil, s.refuse(ctx, c, "ReadRules", "no verified certificate")
 	}
 	q := readQuery{linearizable: req.GetLinearizable(), rules: req.GetWithRules(), history: req.GetWithHistory(),
 		since: req.GetSince(), limit: int(min(req.GetLimit(), MaxHistoryLimit))}
 	var (
-		v   RuleView
+		v   lease.RuleView
 		err error
 	)
 	if q.linearizable && req.GetForwarded() {
@@ -335,51 +336,51 @@ func (s *rpcServer) ReadRules(ctx context.Context, req *leasepb.ReadRulesRequest
 		// never forward again.
 		l := s.g.lead()
 		if l == nil {
-			return &leasepb.ReadRulesReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+			return &grouppb.ReadRulesReply{Code: grouppb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 		}
 		v, _, err = s.g.readLeader(ctx, l, q)
 	} else {
 		v, err = s.g.read(ctx, q)
 	}
 	if err != nil {
-		return &leasepb.ReadRulesReply{Code: errorCode(err), Message: err.Error()}, nil
+		return &grouppb.ReadRulesReply{Code: errorCode(err), Message: err.Error()}, nil
 	}
 	return viewToPB(v)
 }
 
 // viewToPB converts a read of the rule store.
-func viewToPB(v RuleView) (*leasepb.ReadRulesReply, error) {
-	rep := &leasepb.ReadRulesReply{Version: v.Version, Oldest: v.Oldest}
+func viewToPB(v lease.RuleView) (*grouppb.ReadRulesReply, error) {
+	rep := &grouppb.ReadRulesReply{Version: v.Version, Oldest: v.Oldest}
 	for _, r := range v.Rules {
-		b, err := encodeRuleJSON(r)
+		b, err := lease.EncodeRuleJSON(r)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "lease: %v", err)
 		}
 		rep.Rules = append(rep.Rules, b)
 	}
 	for _, e := range v.History {
-		rep.History = append(rep.History, &leasepb.AuditEntry{Version: e.Version, At: e.At, Principal: e.Principal,
+		rep.History = append(rep.History, &grouppb.AuditEntry{Version: e.Version, At: e.At, Principal: e.Principal,
 			Op: e.Op.String(), RuleId: e.RuleID, Before: e.Before, After: e.After, Digest: e.Digest, RequestId: e.RequestID})
 	}
 	return rep, nil
 }
 
 // viewFromPB converts a wire read of the rule store, checking its form.
-func viewFromPB(rep *leasepb.ReadRulesReply) (RuleView, error) {
-	v := RuleView{Version: rep.GetVersion(), Oldest: rep.GetOldest()}
+func viewFromPB(rep *grouppb.ReadRulesReply) (lease.RuleView, error) {
+	v := lease.RuleView{Version: rep.GetVersion(), Oldest: rep.GetOldest()}
 	for i, b := range rep.GetRules() {
-		r, err := decodeRuleJSON(b)
+		r, err := lease.DecodeRuleJSON(b)
 		if err != nil {
-			return RuleView{}, fmt.Errorf("rule %d: %w", i, err)
+			return lease.RuleView{}, fmt.Errorf("rule %d: %w", i, err)
 		}
 		v.Rules = append(v.Rules, r)
 	}
 	for i, e := range rep.GetHistory() {
-		op, ok := parseRuleOp(e.GetOp())
+		op, ok := lease.ParseRuleOp(e.GetOp())
 		if !ok {
-			return RuleView{}, fmt.Errorf("history entry %d: unknown op %q", i, e.GetOp())
+			return lease.RuleView{}, fmt.Errorf("history entry %d: unknown op %q", i, e.GetOp())
 		}
-		a := AuditEntry{Version: e.GetVersion(), At: e.GetAt(), Principal: e.GetPrincipal(), RequestID: e.GetRequestId(), Op: op, RuleID: e.GetRuleId(),
+		a := lease.AuditEntry{Version: e.GetVersion(), At: e.GetAt(), Principal: e.GetPrincipal(), RequestID: e.GetRequestId(), Op: op, RuleID: e.GetRuleId(),
 			Before: e.GetBefore(), After: e.GetAfter(), Digest: e.GetDigest()}
 		if len(a.Before) == 0 {
 			a.Before = nil
@@ -388,48 +389,48 @@ func viewFromPB(rep *leasepb.ReadRulesReply) (RuleView, error) {
 			a.After = nil
 		}
 		if _, _, err := a.Rules(); err != nil {
-			return RuleView{}, err
+			return lease.RuleView{}, err
 		}
 		v.History = append(v.History, a)
 	}
 	return v, nil
 }
 
-// AddVoter implements leasepb.LeaseGroupServer.
-func (s *rpcServer) AddVoter(ctx context.Context, req *leasepb.AddVoterRequest) (*leasepb.AddVoterReply, error) {
+// AddVoter implements grouppb.LeaseGroupServer.
+func (s *rpcServer) AddVoter(ctx context.Context, req *grouppb.AddVoterRequest) (*grouppb.AddVoterReply, error) {
 	if c := s.caller(ctx); !c.voter {
 		return nil, s.refuse(ctx, c, "AddVoter", "only a voter may change the membership")
 	}
 	if req.GetName() == "" || req.GetAddress() == "" {
-		return &leasepb.AddVoterReply{Code: leasepb.Code_BAD_COMMAND, Message: "lease: AddVoter: empty name or address"}, nil
+		return &grouppb.AddVoterReply{Code: grouppb.Code_BAD_COMMAND, Message: "lease: AddVoter: empty name or address"}, nil
 	}
 	if !s.g.IsLeader() {
-		return &leasepb.AddVoterReply{Code: leasepb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
+		return &grouppb.AddVoterReply{Code: grouppb.Code_NOT_LEADER, Message: ErrNotLeader.Error()}, nil
 	}
 	if _, err := s.g.addVoterLocal(ctx, req.GetName(), req.GetAddress()); err != nil {
-		return &leasepb.AddVoterReply{Code: errorCode(err), Message: err.Error()}, nil
+		return &grouppb.AddVoterReply{Code: errorCode(err), Message: err.Error()}, nil
 	}
-	return &leasepb.AddVoterReply{}, nil
+	return &grouppb.AddVoterReply{}, nil
 }
 
 // errorCode classifies an error for the wire.
-func errorCode(err error) leasepb.Code {
+func errorCode(err error) grouppb.Code {
 	switch {
 	case errors.Is(err, quota.ErrInvalidRule):
-		return leasepb.Code_INVALID_RULE
-	case errors.Is(err, ErrRuleNotFound):
-		return leasepb.Code_NOT_FOUND
-	case errors.Is(err, ErrUnknownRule):
-		return leasepb.Code_UNKNOWN_RULE
-	case errors.Is(err, ErrUnknownRegion):
-		return leasepb.Code_UNKNOWN_REGION
-	case errors.Is(err, ErrBadCommand), errors.Is(err, ErrMalformedEntry):
-		return leasepb.Code_BAD_COMMAND
+		return grouppb.Code_INVALID_RULE
+	case errors.Is(err, lease.ErrRuleNotFound):
+		return grouppb.Code_NOT_FOUND
+	case errors.Is(err, lease.ErrUnknownRule):
+		return grouppb.Code_UNKNOWN_RULE
+	case errors.Is(err, lease.ErrUnknownRegion):
+		return grouppb.Code_UNKNOWN_REGION
+	case errors.Is(err, lease.ErrBadCommand), errors.Is(err, lease.ErrMalformedEntry):
+		return grouppb.Code_BAD_COMMAND
 	case errors.Is(err, ErrNotLeader), errors.Is(err, ErrClosed), errors.Is(err, ErrNoLeader):
 		// A closing leader is, to the caller, one that no longer leads.
-		return leasepb.Code_NOT_LEADER
+		return grouppb.Code_NOT_LEADER
 	}
-	return leasepb.Code_FAILED
+	return grouppb.Code_FAILED
 }
 
 // remoteError is an error the leader returned: its message, and the
@@ -449,12 +450,12 @@ var ErrRemote = errors.New("lease: the leader failed the request")
 // codeError turns a reply's code, message and problems back into an error;
 // retry is true for NOT_LEADER. INVALID_RULE gives the problems back as
 // *quota.Error values.
-func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb.Problem) (retry bool, err error) {
+func codeError(leader string, code grouppb.Code, msg string, problems []*grouppb.Problem) (retry bool, err error) {
 	var sentinel error
 	switch code {
-	case leasepb.Code_OK:
+	case grouppb.Code_OK:
 		return false, nil
-	case leasepb.Code_INVALID_RULE:
+	case grouppb.Code_INVALID_RULE:
 		sentinel = quota.ErrInvalidRule
 		if len(problems) > 0 {
 			errs := make([]error, len(problems))
@@ -463,15 +464,15 @@ func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb
 			}
 			sentinel = errors.Join(errs...)
 		}
-	case leasepb.Code_NOT_FOUND:
-		sentinel = ErrRuleNotFound
-	case leasepb.Code_BAD_COMMAND:
-		sentinel = ErrBadCommand
-	case leasepb.Code_UNKNOWN_RULE:
-		sentinel = ErrUnknownRule
-	case leasepb.Code_UNKNOWN_REGION:
-		sentinel = ErrUnknownRegion
-	case leasepb.Code_NOT_LEADER:
+	case grouppb.Code_NOT_FOUND:
+		sentinel = lease.ErrRuleNotFound
+	case grouppb.Code_BAD_COMMAND:
+		sentinel = lease.ErrBadCommand
+	case grouppb.Code_UNKNOWN_RULE:
+		sentinel = lease.ErrUnknownRule
+	case grouppb.Code_UNKNOWN_REGION:
+		sentinel = lease.ErrUnknownRegion
+	case grouppb.Code_NOT_LEADER:
 		return true, fmt.Errorf("%w: %q answered: %s", ErrNotLeader, leader, msg)
 	default:
 		sentinel = ErrRemote
@@ -480,35 +481,35 @@ func codeError(leader string, code leasepb.Code, msg string, problems []*leasepb
 }
 
 // forwardPropose sends e to the leader's forwarding service.
-func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e Entry) (ApplyResponse, bool, error) {
-	pc, err := entryToPB(e)
+func (g *Group) forwardPropose(ctx context.Context, leader, addr string, e lease.Entry) (lease.ApplyResponse, bool, error) {
+	pc, err := lease.EntryToPB(e)
 	if err != nil {
-		return ApplyResponse{}, false, err
+		return lease.ApplyResponse{}, false, err
 	}
 	cc, err := g.conn(addr)
 	if err != nil {
-		return ApplyResponse{}, false, err
+		return lease.ApplyResponse{}, false, err
 	}
-	rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, &leasepb.ProposeRequest{From: g.cfg.Name, Command: pc})
+	rep, err := grouppb.NewLeaseGroupClient(cc).Propose(ctx, &grouppb.ProposeRequest{From: g.cfg.Name, Command: pc})
 	if err != nil {
-		return ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
+		return lease.ApplyResponse{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}
-	if e.Durable != nil && rep.GetCode() == leasepb.Code_OK && rep.GetDurable() == nil {
-		return ApplyResponse{}, false, fmt.Errorf("leader %q: %w", leader, errDurableNoDecision)
+	if e.Durable != nil && rep.GetCode() == grouppb.Code_OK && rep.GetDurable() == nil {
+		return lease.ApplyResponse{}, false, fmt.Errorf("leader %q: %w", leader, errDurableNoDecision)
 	}
 	return replyResponse(leader, rep)
 }
 
 // replyResponse turns a ProposeReply back into a response or an error.
-func replyResponse(from string, rep *leasepb.ProposeReply) (ApplyResponse, bool, error) {
+func replyResponse(from string, rep *grouppb.ProposeReply) (lease.ApplyResponse, bool, error) {
 	if retry, err := codeError(from, rep.GetCode(), rep.GetMessage(), rep.GetProblems()); err != nil {
-		return ApplyResponse{}, retry, err
+		return lease.ApplyResponse{}, retry, err
 	}
 	res, err := resultFromPB(rep.GetResult())
 	if err != nil {
-		return ApplyResponse{}, false, fmt.Errorf("lease: malformed reply from %q: %w", from, err)
+		return lease.ApplyResponse{}, false, fmt.Errorf("lease: malformed reply from %q: %w", from, err)
 	}
-	resp := ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}
+	resp := lease.ApplyResponse{Result: res, RuleVersion: rep.GetRuleVersion()}
 	if rep.GetDurable() != nil {
 		resp.Durable = decisionFromPB(rep.GetDurable())
 	}
@@ -516,21 +517,21 @@ func replyResponse(from string, rep *leasepb.ProposeReply) (ApplyResponse, bool,
 }
 
 // forwardRead sends a linearizable read to the leader's forwarding service.
-func (g *Group) forwardRead(ctx context.Context, leader, addr string, q readQuery) (RuleView, bool, error) {
+func (g *Group) forwardRead(ctx context.Context, leader, addr string, q readQuery) (lease.RuleView, bool, error) {
 	cc, err := g.conn(addr)
 	if err != nil {
-		return RuleView{}, false, err
+		return lease.RuleView{}, false, err
 	}
-	rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(true))
+	rep, err := grouppb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(true))
 	if err != nil {
-		return RuleView{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding a read to the leader %q at %s: %w", leader, addr, err)
+		return lease.RuleView{}, callRetryable(ctx, err), fmt.Errorf("lease: forwarding a read to the leader %q at %s: %w", leader, addr, err)
 	}
 	if retry, err := codeError(leader, rep.GetCode(), rep.GetMessage(), nil); err != nil {
-		return RuleView{}, retry, err
+		return lease.RuleView{}, retry, err
 	}
 	v, err := viewFromPB(rep)
 	if err != nil {
-		return RuleView{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
+		return lease.RuleView{}, false, fmt.Errorf("lease: malformed reply from the leader %q: %w", leader, err)
 	}
 	return v, false, nil
 }
@@ -541,7 +542,7 @@ func (g *Group) forwardAddVoter(ctx context.Context, leader, addr, name, raftAdd
 	if err != nil {
 		return false, err
 	}
-	rep, err := leasepb.NewLeaseGroupClient(cc).AddVoter(ctx, &leasepb.AddVoterRequest{Name: name, Address: raftAddr})
+	rep, err := grouppb.NewLeaseGroupClient(cc).AddVoter(ctx, &grouppb.AddVoterRequest{Name: name, Address: raftAddr})
 	if err != nil {
 		return callRetryable(ctx, err), fmt.Errorf("lease: forwarding to the leader %q at %s: %w", leader, addr, err)
 	}

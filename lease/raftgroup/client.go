@@ -1,4 +1,4 @@
-package lease
+package raftgroup
 
 import (
 	"context"
@@ -13,7 +13,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
+	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -25,7 +27,7 @@ import (
 // ClientConfig configures a Client. Voters is required; the zero value of
 // every other field works.
 type ClientConfig struct {
-	// Voters are the voters' forwarding addresses (GroupConfig.RPCAddr),
+	// Voters are the voters' forwarding addresses (Config.RPCAddr),
 	// host:port. The client calls one, and moves to the next when it is
 	// unreachable or has no leader to forward to.
 	Voters []string
@@ -118,37 +120,34 @@ func (c *Client) closeConns() error {
 // is applied once.
 func (c *Client) PutRule(ctx context.Context, principal string, r quota.Rule) (uint64, error) {
 	reqID := newRequestID()
-	if err := checkChange(RuleChange{Principal: principal, Put: &r}); err != nil {
+	if err := (lease.RuleChange{Principal: principal, Put: &r}).Validate(); err != nil {
 		return 0, err
 	}
-	if err := quota.Validate([]quota.Rule{r}); err != nil {
-		return 0, ruleErrors(OpPut, r.ID, err, 0)
-	}
-	b, err := encodeRuleJSON(r)
+	b, err := lease.EncodeRuleJSON(r)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrBadCommand, err)
+		return 0, fmt.Errorf("%w: %w", lease.ErrBadCommand, err)
 	}
-	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
-		Change: &leasepb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: principal, Rule: b, RequestId: reqID}}})
+	return c.change(ctx, &grouppb.ChangeRuleRequest{From: c.cfg.Name,
+		Change: &grouppb.ChangeRuleRequest_Put{Put: &leasepb.RulePut{Principal: principal, Rule: b, RequestId: reqID}}})
 }
 
 // DeleteRule implements RuleService through a voter, under one request id
 // like PutRule: a delete retried after a lost reply returns its version.
 func (c *Client) DeleteRule(ctx context.Context, principal, id string) (uint64, error) {
 	if id == "" {
-		return 0, fmt.Errorf("%w: DeleteRule with an empty id", ErrBadCommand)
+		return 0, fmt.Errorf("%w: DeleteRule with an empty id", lease.ErrBadCommand)
 	}
-	if err := checkChange(RuleChange{Principal: principal, Delete: id}); err != nil {
+	if err := (lease.RuleChange{Principal: principal, Delete: id}).Check(); err != nil {
 		return 0, err
 	}
-	return c.change(ctx, &leasepb.ChangeRuleRequest{From: c.cfg.Name,
-		Change: &leasepb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: principal, Id: id, RequestId: newRequestID()}}})
+	return c.change(ctx, &grouppb.ChangeRuleRequest{From: c.cfg.Name,
+		Change: &grouppb.ChangeRuleRequest_Delete{Delete: &leasepb.RuleDelete{Principal: principal, Id: id, RequestId: newRequestID()}}})
 }
 
-func (c *Client) change(ctx context.Context, req *leasepb.ChangeRuleRequest) (uint64, error) {
+func (c *Client) change(ctx context.Context, req *grouppb.ChangeRuleRequest) (uint64, error) {
 	var v uint64
 	err := c.do(ctx, "rule change", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).ChangeRule(ctx, req)
+		rep, err := grouppb.NewLeaseGroupClient(cc).ChangeRule(ctx, req)
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}
@@ -175,10 +174,10 @@ func (c *Client) ReadHistory(ctx context.Context, q HistoryQuery) (HistoryPage, 
 	return HistoryPage{Version: v.Version, Oldest: v.Oldest, Entries: v.History}, nil
 }
 
-func (c *Client) read(ctx context.Context, q readQuery) (RuleView, error) {
-	var v RuleView
+func (c *Client) read(ctx context.Context, q readQuery) (lease.RuleView, error) {
+	var v lease.RuleView
 	err := c.do(ctx, "read", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(false))
+		rep, err := grouppb.NewLeaseGroupClient(cc).ReadRules(ctx, q.toPB(false))
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}
@@ -246,15 +245,15 @@ func (c *Client) do(ctx context.Context, what string, once func(context.Context,
 // by Timeout, ends). Every attempt carries the same report, so a retry
 // after a lost reply is applied once (the machine ignores a Seq it has
 // applied and returns the current leases).
-func (c *Client) Report(ctx context.Context, r Report) (Result, error) {
-	pc, err := entryToPB(Entry{Command: &Command{Report: &r}})
+func (c *Client) Report(ctx context.Context, r lease.Report) (lease.Result, error) {
+	pc, err := lease.EntryToPB(lease.Entry{Command: &lease.Command{Report: &r}})
 	if err != nil {
-		return Result{}, err
+		return lease.Result{}, err
 	}
-	req := &leasepb.ProposeRequest{From: c.cfg.Name, Command: pc}
-	var res Result
+	req := &grouppb.ProposeRequest{From: c.cfg.Name, Command: pc}
+	var res lease.Result
 	err = c.do(ctx, "report", func(ctx context.Context, cc *grpc.ClientConn, addr string) (bool, error) {
-		rep, err := leasepb.NewLeaseGroupClient(cc).Propose(ctx, req)
+		rep, err := grouppb.NewLeaseGroupClient(cc).Propose(ctx, req)
 		if err != nil {
 			return callRetryable(ctx, err), fmt.Errorf("lease: voter %s: %w", addr, err)
 		}

@@ -1,9 +1,11 @@
-package lease
+package raftgroup
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // BenchmarkPropose measures one Report's latency through a 3-voter group
@@ -17,7 +19,7 @@ import (
 //
 // Run: go test ./lease -run '^$' -bench Propose -benchtime 2000x
 func BenchmarkPropose(b *testing.B) {
-	c := newCluster(b, 3, func(cfg *GroupConfig) {
+	c := newCluster(b, 3, func(cfg *Config) {
 		// Calmer timeouts than the tests': a leader change would end the run.
 		cfg.TickInterval = -1
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 500*time.Millisecond, 500*time.Millisecond, 250*time.Millisecond
@@ -29,14 +31,14 @@ func BenchmarkPropose(b *testing.B) {
 	seq := uint64(0)
 	report := func(g *Group) {
 		seq++
-		_, err := g.Propose(ctx, Command{Report: &Report{Reporter: "bench", Seq: seq, Region: "eu",
-			Items: []ReportItem{{Rule: "global", Identity: "cust", Demand: int64(seq % 1000)}}}})
+		_, err := g.Propose(ctx, lease.Command{Report: &lease.Report{Reporter: "bench", Seq: seq, Region: "eu",
+			Items: []lease.ReportItem{{Rule: "global", Identity: "cust", Demand: int64(seq % 1000)}}}})
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
 	noop := func() {
-		if err := l.raft.Apply([]byte{entryNoop}, 0).Error(); err != nil {
+		if err := l.raft.Apply(noopEntry, 0).Error(); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,10 +1,12 @@
-package lease
+package raftgroup
 
 import (
 	"context"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/lease"
 )
 
 // TestClientReport: a node that is not a voter reports through
@@ -16,8 +18,8 @@ func TestClientReport(t *testing.T) {
 	leader := c.leader()
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
-	rule := Rule{ID: "world", Limit: 900, Window: time.Second, Burst: 90, MaxCost: 1}
-	if _, err := leader.Propose(ctx, Command{Rules: []Rule{rule}}); err != nil {
+	rule := lease.Rule{ID: "world", Limit: 900, Window: time.Second, Burst: 90, MaxCost: 1}
+	if _, err := leader.Propose(ctx, lease.Command{Rules: []lease.Rule{rule}}); err != nil {
 		t.Fatal(err)
 	}
 	var addrs []string
@@ -32,8 +34,8 @@ func TestClientReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	rep := Report{Reporter: "gw-eu-1", Seq: 7, Region: "eu",
-		Items: []ReportItem{{Rule: "world", Identity: "c1", Demand: 500}}}
+	rep := lease.Report{Reporter: "gw-eu-1", Seq: 7, Region: "eu",
+		Items: []lease.ReportItem{{Rule: "world", Identity: "c1", Demand: 500}}}
 	res, err := cl.Report(ctx, rep)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +47,7 @@ func TestClientReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.EqualFunc(again.Grants, res.Grants, func(a, b Grant) bool {
+	if !slices.EqualFunc(again.Grants, res.Grants, func(a, b lease.Grant) bool {
 		return a.Epoch == b.Epoch && a.Share == b.Share && a.Burst == b.Burst
 	}) {
 		t.Fatalf("a retry changed the lease: %+v then %+v", res.Grants, again.Grants)
@@ -55,7 +57,7 @@ func TestClientReport(t *testing.T) {
 	}
 	// A report naming a rule the machine does not hold is refused, not
 	// retried until the deadline.
-	bad := Report{Reporter: "gw-eu-1", Seq: 8, Region: "eu", Items: []ReportItem{{Rule: "nope", Identity: "c1", Demand: 1}}}
+	bad := lease.Report{Reporter: "gw-eu-1", Seq: 8, Region: "eu", Items: []lease.ReportItem{{Rule: "nope", Identity: "c1", Demand: 1}}}
 	if _, err := cl.Report(ctx, bad); err == nil || ctx.Err() != nil {
 		t.Fatalf("a report of an unknown rule: err %v (ctx %v)", err, ctx.Err())
 	}

@@ -1,11 +1,15 @@
-package lease
+package raftgroup
 
-import "context"
+import (
+	"context"
+
+	"github.com/weir-dev/weir/lease"
+)
 
 // Reporter sends a region's Report to the lease group and returns its
 // grants. *Group (a voter) and *Client (any other node) implement it.
 type Reporter interface {
-	Report(ctx context.Context, r Report) (Result, error)
+	Report(ctx context.Context, r lease.Report) (lease.Result, error)
 }
 
 var (
@@ -15,6 +19,6 @@ var (
 
 // Report proposes Command{Report: &r} through the leader (Propose) and
 // returns its grants.
-func (g *Group) Report(ctx context.Context, r Report) (Result, error) {
-	return g.Propose(ctx, Command{Report: &r})
+func (g *Group) Report(ctx context.Context, r lease.Report) (lease.Result, error) {
+	return g.Propose(ctx, lease.Command{Report: &r})
 }

@@ -1,4 +1,4 @@
-package lease_test
+package raftgroup_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 )
 
 // The rules admin API over a one-voter lease group on loopback: a PUT with
@@ -23,9 +24,9 @@ func ExampleAdminHandler() {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	g, err := lease.StartGroup(lease.GroupConfig{
+	g, err := raftgroup.Start(raftgroup.Config{
 		Name: "n1", Dir: dir, RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
-		Voters:           []lease.Voter{{Name: "n1"}},
+		Voters:           []raftgroup.Voter{{Name: "n1"}},
 		Machine:          lease.Config{Regions: []string{"eu", "us"}},
 		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
 		LeaderLeaseTimeout: 25 * time.Millisecond,
@@ -34,7 +35,7 @@ func ExampleAdminHandler() {
 		panic(err)
 	}
 	defer g.Close()
-	admin, err := lease.AdminHandler(lease.AdminConfig{
+	admin, err := raftgroup.AdminHandler(raftgroup.AdminConfig{
 		Store:  g,
 		Tokens: map[string]string{"s3cr3t-token-for-alice": "alice"},
 	})
