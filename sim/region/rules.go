@@ -42,7 +42,7 @@ rules with the main rule's mode, accuracy, on_failure and scheme; each node deci
 with the request policy (internal/policy): charged one by one, and a rejection refunds
 the rules admitted before it.
   -rules 'limit=50'                   a second, tighter rule on the same identity
-  -rules 'limit=150,tenants=4'        a per-tenant rule over four tenants`
+  -ids 8 -rules 'limit=150,tenants=4' a per-tenant rule over four tenants of two identities each`
 
 // ErrRulesSpec is wrapped by every error ParseRules returns.
 var ErrRulesSpec = errors.New("rules spec")
