@@ -178,14 +178,14 @@ type ruleRun struct {
 	chk     *checker
 	// The envelope's figures for this rule (deriveTerms of a run of it
 	// alone).
-	slack, sClean, sFault, sView int64
-	terms                        []Term
-	windows                      []segment
+	sClean, sFault, sView int64
+	terms                 []Term
+	windows               []segment
 	// What the policy did: Take steps charged and rejected; tokens
 	// refunded, and tokens the policy refunded that the coordinator kept
-	// (refundRule); Report
-	// steps (not charged: an earlier rule rejected); charges that stood
-	// (admitted, not given back), by source; on_failure decisions.
+	// (refundRule); Report steps (not charged: an earlier rule rejected);
+	// charges that stood (admitted, not given back), by source; on_failure
+	// decisions.
 	takes, rejects, reports         int64
 	refunded, kept, stood, degStood int64
 	bySource                        [cluster.NumSources]int64
@@ -236,7 +236,7 @@ func (rg *Region) setupRules() {
 	rg.multi = true
 	main := RuleSpec{Limit: c.Limit, Window: c.Window, Burst: c.Burst}
 	rg.rules = []*ruleRun{{id: ruleID, spec: main, params: rg.params, names: rg.ids, ref: rg.ref, refTAT: rg.refTAT,
-		chk: rg.chk, slack: rg.slack, sClean: rg.sClean, sFault: rg.sFault, sView: rg.sView, terms: rg.terms, windows: rg.windows}}
+		chk: rg.chk, sClean: rg.sClean, sFault: rg.sFault, sView: rg.sView, terms: rg.terms, windows: rg.windows}}
 	for i, spec := range c.Rules {
 		spec = spec.withDefaults(c)
 		rr := &ruleRun{id: ruleName(i + 1), spec: spec, names: rg.ids, tenants: spec.Tenants}
@@ -252,7 +252,7 @@ func (rg *Region) setupRules() {
 		alone.Limit, alone.Window, alone.Burst = spec.Limit, spec.Window, spec.Burst
 		t := &Region{cfg: alone, params: rr.params}
 		t.deriveTerms()
-		rr.slack, rr.sClean, rr.sFault, rr.sView, rr.terms, rr.windows = t.slack, t.sClean, t.sFault, t.sView, t.terms, t.windows
+		rr.sClean, rr.sFault, rr.sView, rr.terms, rr.windows = t.sClean, t.sFault, t.sView, t.terms, t.windows
 		rr.chk = newChecker(len(rr.names.names), alone.rate()/1e9, cleanSegments(rr.windows, rg.end-T0), int64(c.Duration), false)
 		rg.rules = append(rg.rules, rr)
 	}
