@@ -6,10 +6,13 @@
 //
 //	go run ./sim -nodes 5 -traffic uneven -faults 'crash:n1@10s,restart:n1@20s' -duration 1m -seed 7
 //	go run ./sim -sweep default
+//	go run ./sim -nodes 3 -mode exact -ids 4 -rules 'limit=150,tenants=2' -seed 5
 //	go run ./sim -global -regions 3 -demand move -faults 'partition:r1@15s-35s' -seed 7
 //	go run ./sim -global -doorman
 //
-// With -global it simulates a global limit leased across regions instead
+// With -rules every request carries several rules, which each node decides
+// with weir's request policy (internal/policy), and each rule's envelope is
+// checked on its own. With -global it simulates a global limit leased across regions instead
 // (package sim/global).
 //
 // See docs/overshoot.md for the contract it checks and the tables it made.
@@ -150,6 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 		o               options
 		mode, onFailure string
 		latency, faults string
+		rules           string
 		slack           int64
 		seed            uint64
 	)
@@ -183,6 +187,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.IntVar(&c.KeyCap, "keycap", 0, "the coordinators' key cap: entries per rule per node (0: the default, 1 000 000)")
 	fs.Int64Var(&c.Sketch, "sketch", 0, "sketch gating threshold θ of the rule (0: off; shared mode; docs/overshoot.md \"Sketch gating\")")
 	fs.DurationVar(&c.SketchPeriod, "sketch-period", 0, "sketch gating period P (0: the window)")
+	fs.StringVar(&rules, "rules", "none", "rules every request carries after the main one, decided with it by the request policy (see below)")
 	fs.StringVar(&faults, "faults", "none", "faults to inject (see below)")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "simulated time of traffic")
 	fs.Uint64Var(&seed, "seed", 1, "the run's random seed")
@@ -194,7 +199,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: go run ./sim [flags]\n\nSimulates one region of weir gateways running the real cluster coordinator, and checks\nthe accuracy envelope of docs/overshoot.md. Exit status 1 when a bound is broken.\n\nFlags:\n")
 		fs.PrintDefaults()
-		fmt.Fprintf(stderr, "\n%s\n\n%s\n", region.FaultSyntax, region.GridSyntax)
+		fmt.Fprintf(stderr, "\n%s\n\n%s\n\n%s\n", region.RulesSyntax, region.FaultSyntax, region.GridSyntax)
 	}
 	if err := fs.Parse(args); err != nil {
 		return c, o, err
@@ -220,6 +225,9 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	c.Latency = l
 	if c.Faults, err = region.ParseFaults(faults); err != nil {
 		return c, o, fmt.Errorf("-faults: %w", err)
+	}
+	if c.Rules, err = region.ParseRules(rules); err != nil {
+		return c, o, fmt.Errorf("-rules: %w", err)
 	}
 	if slack >= 0 {
 		if c.Nodes < 1 || c.Limit < 1 {

@@ -39,6 +39,8 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"-faults", "restart:n1@1s"}, "is running then"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-keycap", "-1"}, "keycap -1"},
+		{[]string{"-rules", "limit"}, "-rules: rules spec"},
+		{[]string{"-rules", "limit=10,tenants=5"}, "rule 2: tenants 5"},
 	} {
 		var out, errs bytes.Buffer
 		code := run(append([]string{"-quiet"}, tc.args...), &out, &errs)
@@ -58,6 +60,21 @@ func TestSweepCommand(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "8 runs, 0 violations") {
 		t.Fatalf("sweep output:\n%s", out.String())
+	}
+}
+
+// TestRulesFlag: -rules runs requests that carry several rules and prints
+// each rule's figures.
+func TestRulesFlag(t *testing.T) {
+	var out, errs bytes.Buffer
+	code := run([]string{"-quiet", "-nodes", "3", "-mode", "exact", "-ids", "4", "-rules", "limit=150,tenants=2", "-duration", "2s"}, &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s%s", code, out.String(), errs.String())
+	}
+	for _, want := range []string{"sim 100/1s burst 100 on id-i; sim2 150/1s burst 150 on tn-(i mod 2)", "refund term", "within the envelope"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("summary lacks %q:\n%s", want, out.String())
+		}
 	}
 }
 

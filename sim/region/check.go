@@ -146,14 +146,34 @@ type checker struct {
 	capTerm       []float64
 	worstAccRaw   float64
 	worstAccRawID int
+
+	// Multi-rule runs: refundTerm[i] is identity i's refund term
+	// (ruleRun.noteRefund): the most tokens of its refunded charges made
+	// by one instant and given back after it. A refund gives tokens back
+	// to the bucket, so over [t₁, t₂] the charges that stood are at most
+	// B + r·Δ (+ S and the fault terms) plus what was refunded in
+	// (t₁, t₂] of charges made before t₁: each identity's excess is
+	// scored beyond its term.
+	refundTerm []float64
+
+	// late counts admissions fed before one fed earlier: the reorder
+	// horizon was too short (a simulator error, reported); fedAt is the
+	// time of the last one fed.
+	late  int64
+	fedAt int64
 }
 
-// term returns identity i's key cap term so far (0 without a key cap).
+// term returns identity i's key cap term and refund term so far (0
+// without a key cap, in a one-rule run).
 func (c *checker) term(i int) float64 {
-	if c.capTerm == nil {
-		return 0
+	t := 0.0
+	if c.capTerm != nil {
+		t = c.capTerm[i]
 	}
-	return c.capTerm[i]
+	if c.refundTerm != nil {
+		t += c.refundTerm[i]
+	}
+	return t
 }
 
 // gPoint is one admission of a gated run.
@@ -306,6 +326,10 @@ func (c *checker) segOf(t int64) int {
 }
 
 func (c *checker) feed(a admission) {
+	if a.at < c.fedAt {
+		c.late++
+	}
+	c.fedAt = a.at
 	ic := &c.ids[a.ident]
 	if c.gated {
 		ic.pts = append(ic.pts, gPoint{at: a.at, cost: float64(a.cost), degraded: a.degraded, gated: a.sketch})

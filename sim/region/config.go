@@ -76,6 +76,13 @@ type Config struct {
 	// KeyCap is every coordinator's key cap (cluster.CoordinatorConfig
 	// MaxKeys: entries per rule per node; 0: the coordinator's default).
 	KeyCap int
+	// Rules are rules every request carries after the main one (nil: the
+	// main rule only). Each node then decides a request with the request
+	// policy (internal/policy): cluster rules charged one by one, a
+	// rejection refunding those admitted before it; and each rule's
+	// envelope is checked on its own (rules.go). Sketch gating and the key
+	// cap are simulated with one rule only, and so is the lower bound.
+	Rules []RuleSpec
 	// Scheme is the rule's slack scheme, "fixed" or "demand" (""
 	// : cluster.DefaultSlackScheme).
 	Scheme string
@@ -271,6 +278,9 @@ func (c Config) Validate() error {
 	if _, err := bucketFor(c); err != nil {
 		return err
 	}
+	if err := c.validateRules(); err != nil {
+		return err
+	}
 	return checkFaultOrder(c.Nodes, c.Faults)
 }
 
@@ -361,6 +371,9 @@ func (c Config) Flags() string {
 	}
 	if c.KeyCap > 0 {
 		fmt.Fprintf(&b, " -keycap %d", c.KeyCap)
+	}
+	if len(c.Rules) > 0 {
+		fmt.Fprintf(&b, " -rules '%s'", FormatRules(c.Rules))
 	}
 	fmt.Fprintf(&b, " -faults '%s' -duration %v -seed %d", FormatFaults(c.Faults), c.Duration, c.Seed)
 	return b.String()

@@ -1,8 +1,10 @@
 // Package region simulates one region of weir gateways on the engine of
-// sim/engine: every node runs the real cluster.Coordinator, the requests go
-// to one exact GCRA bucket per identity as well (the reference), and the
-// checks of docs/overshoot.md run over every interval of every identity.
-// `go run ./sim` is its command line.
+// sim/engine: every node runs the shipped cluster.Coordinator, the shipped
+// link machine (cluster.Links) and, for requests that carry several rules,
+// the shipped request policy (internal/policy); the requests go to exact
+// GCRA buckets as well (the reference), and the checks of
+// docs/overshoot.md run over every interval of every identity of every
+// rule. `go run ./sim` is its command line.
 //
 // # The usage loop
 //
@@ -49,10 +51,45 @@
 //   - Traffic goes to the initial nodes; a request for a node that is down
 //     or has left goes to the next serving node, as a load balancer sends
 //     it. Requests at a node that crashes while they wait are lost, not
-//     admissions.
+//     admissions (the charges a multi-rule request's rules made before
+//     the crash stand, and count as those rules' admissions).
 //   - Admissions count at the virtual time of the decision: local and
 //     on_failure decisions when made, remote ones when the owner made them.
-//   - One rule per run: the request policy of several rules
-//     (internal/policy) is not exercised here; its property test and the
-//     Node's model test hold it.
+//   - Rules: a run has one GCRA cluster rule, or with Config.Rules
+//     (`-rules`) several that every request carries, the main rule first:
+//     a per-identity rule, a second one on the same identity, or a
+//     per-tenant one whose identity is the request's tenant. Each node
+//     then decides a request with internal/policy's Request, step by step,
+//     as weir.Node does: the rules are charged one by one
+//     (Coordinator.DecideInto); a charge that waits for its owner (exact
+//     mode, or a forward in shared mode) keeps the request's policy state
+//     until the completion arrives, and the policy continues in an event
+//     of its own at that instant (the completion's flush is not
+//     re-entered); a rejection refunds the rules admitted before it
+//     (Coordinator.Refund). Whether the coordinator gave a refund back is
+//     read from its own state (Coordinator.Inspect) before and after. The
+//     reference is the same policy over exact buckets. A one-rule run
+//     charges its rule directly: the policy of one enforced rule is that
+//     one Take (policy.Single), as in weir.Node. Every rule is a cluster
+//     rule with the main rule's mode and settings: local, durable and
+//     shadow rules (the policy's looks, durable charges and shadow
+//     reports) are not simulated, nor sketch gating or the key cap beside
+//     several rules.
+//   - Checks with several rules: each rule's envelope is checked on its
+//     own, with its own S and fault terms, over its charges that stood
+//     (admitted, not given back): a refunded charge admitted nothing. A
+//     refund puts tokens back into a bucket, so over [t₁, t₂] a rule's
+//     charges that stood are bounded by B + r·Δ (+ S and the terms) plus
+//     the tokens refunded in (t₁, t₂] of charges made before t₁; each
+//     identity's excess is scored beyond its refund term, the most tokens
+//     of its charges made by one instant and refunded after it. The lower
+//     bound is not checked: a rule's admissions are held down by the
+//     other rules too.
+//
+// What the simulator models rather than ships: the network (latency, loss,
+// partitions), the gRPC call timeout, membership convergence (a delay per
+// view change instead of memberlist's gossip), clock skew, the load
+// balancer in front of the gateways, and the shell's goroutines, locks and
+// shards (node.go's adapter carries out what the link machine decides,
+// under the virtual clock).
 package region

@@ -33,8 +33,12 @@ type idNames struct {
 }
 
 // newIDNames returns the names of n identities, with their hashes.
-func newIDNames(n int) *idNames {
-	t := newNames("id-", n)
+func newIDNames(n int) *idNames { return newIDNamesPrefix("id-", n) }
+
+// newIDNamesPrefix returns the n identity names prefix and an index, with
+// their hashes.
+func newIDNamesPrefix(prefix string, n int) *idNames {
+	t := newNames(prefix, n)
 	t.hashes = make([]uint64, n)
 	for i, name := range t.names {
 		t.hashes[i] = cluster.TableHash(name)

@@ -68,13 +68,24 @@ type node struct {
 
 	// stats of earlier incarnations.
 	past cluster.Stats
+
+	// A multi-rule run's requests in progress (rules.go): reqs by slot,
+	// the free slots, and the slots whose pending Take completed, which
+	// contEv continues after the event that completed them.
+	reqs     []ruleReq
+	freeReqs []int32
+	conts    []int32
+	contSet  bool
+	contEv   *nodeCont
 }
 
 type wait struct {
 	cost    int64
 	ownerAt int64 // virtual time the owner decided it (remote results), -1 if not known
-	ident   int32
-	live    bool
+	// ident is the request's identity, or in a multi-rule run −1 − the
+	// slot of the request (node.reqs) whose Take waits.
+	ident int32
+	live  bool
 }
 
 // waitQueue holds a node's pending requests by ticket. The coordinator
@@ -182,7 +193,11 @@ func (n *node) start(view []bool) {
 		MaxKeys:       n.rg.cfg.KeyCap,
 		OnEvict:       n.rg.evicted,
 	})
-	n.coord.SetRules(n.now(), []cluster.RuleParams{n.rg.params})
+	if n.rg.multi {
+		n.coord.SetRules(n.now(), n.rg.allParams)
+	} else {
+		n.coord.SetRules(n.now(), []cluster.RuleParams{n.rg.params})
+	}
 	n.waits = waitQueue{}
 	n.rd = cluster.Ready{}
 	n.lk = cluster.NewLinks(cluster.LinkConfig{BreakerFailures: n.rg.cfg.BreakerFailures,
@@ -202,6 +217,9 @@ func (n *node) start(view []bool) {
 	n.lk.SetPeers(t.Members(), nil)
 	n.tick = &nodeTick{n: n, inc: inc}
 	n.flushEv = &nodeFlush{n: n, inc: inc}
+	if n.rg.multi {
+		n.contEv = &nodeCont{n: n, inc: inc}
+	}
 	n.rg.sim.AfterIn(n.rg.tickLane, n.rg.tickPhase(n.id), n.tick)
 }
 
@@ -211,6 +229,9 @@ func (n *node) stop() {
 		return
 	}
 	n.addPast()
+	if n.rg.multi {
+		n.dropRules()
+	}
 	n.up, n.serving = false, false
 	n.coord, n.waits = nil, waitQueue{}
 	n.lk, n.backlogs = nil, nil
@@ -354,6 +375,10 @@ func (n *node) completeAll(cs []cluster.Completion) {
 			}
 		}
 		n.waits.done(wp)
+		if ident < 0 {
+			n.continueRules(-1-ident, at, &c.Outcome)
+			continue
+		}
 		n.rg.outcome(int(ident), at, &c.Outcome, cost)
 	}
 }

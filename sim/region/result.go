@@ -102,6 +102,14 @@ type Result struct {
 	Cluster, Reference []int64
 	// Events is the number of simulator events fired.
 	Events uint64
+	// Rules are the per-rule figures of a multi-rule run (Config.Rules),
+	// the main rule first; nil with one rule. The run's own excess and
+	// source figures are then the main rule's (its charges that stood),
+	// Admitted and RefAdmitted count requests every rule admitted.
+	Rules []RuleResult
+	// Late counts admissions that reached a checker after it had checked
+	// past their time (a simulator error: the reorder horizon too short).
+	Late int64
 	// Violations describes every bound the run broke.
 	Violations []string
 }
@@ -162,7 +170,7 @@ func (rg *Region) result() *Result {
 	// maxLate. (The old model flushed a linger after every Decide and
 	// sent at once, so maxLate was the longest round trip.)
 	res.Ell = c.Linger + time.Duration(rg.maxLate)
-	if c.saturating() && len(ch.segs) > 0 {
+	if c.checksLower() && len(ch.segs) > 0 {
 		res.Shortfall = ch.worstLow
 		res.ShortfallFrom, res.ShortfallTo = time.Duration(ch.lowFrom), time.Duration(ch.lowTo)
 		res.BoundShortfall = float64(rg.sClean) + float64(c.Cost) + math.Ceil(c.rate()*res.Ell.Seconds())
@@ -193,6 +201,14 @@ func (rg *Region) result() *Result {
 		res.MaxForgiven, res.CapBreaks = rg.maxForgiven, rg.capBreaks
 		if i := ch.worstAccRawID; !math.IsInf(ch.worstAccRaw, -1) && i < len(ch.capTerm) {
 			res.RawID, res.RawTerm = rg.ids.names[i], ch.capTerm[i]
+		}
+	}
+	res.Late = ch.late
+	if rg.multi {
+		res.Rules = rg.ruleResults()
+		res.BySource, res.DegradedAdmitted = rg.rules[0].bySource, rg.rules[0].degStood
+		for _, rr := range rg.rules[1:] {
+			res.Late += rr.chk.late
 		}
 	}
 	res.check()
@@ -227,6 +243,10 @@ func (r *Result) check() {
 	}
 	if len(c.Faults) == 0 && r.Degraded != 0 {
 		r.Violations = append(r.Violations, fmt.Sprintf("%d degraded (on_failure) decisions in a run with no fault", r.Degraded))
+	}
+	r.checkRules()
+	if r.Late > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("checks: %d admissions reached the checks after their time (the reorder horizon is too short)", r.Late))
 	}
 }
 
@@ -265,6 +285,9 @@ func (r *Result) Summary(w io.Writer) {
 		fmt.Fprintf(w, " rate %g/s zipf %g", c.Rate, c.ZipfS)
 	}
 	fmt.Fprintf(w, ", latency %s, faults %s, duration %v, seed %d\n", c.Latency, FormatFaults(c.Faults), c.Duration, c.Seed)
+	if len(r.Rules) > 0 {
+		r.summarizeRuleList(w)
+	}
 	if r.SketchN > 0 {
 		fmt.Fprintf(w, "sketch gating: θ %d, period P %v, θ_eff %d, N %d: the upper bound gains N·θ_eff·(⌈Δ/P⌉ + 1) = %.0f·(⌈Δ/P⌉ + 1)\n",
 			c.Sketch, c.SketchPeriod, r.SketchTheta, r.SketchN, r.SketchBound())
@@ -279,7 +302,10 @@ func (r *Result) Summary(w io.Writer) {
 		pct = 100 * float64(r.Admitted) / float64(r.RefAdmitted)
 	}
 	fmt.Fprintf(tw, "cluster\t%d\t%d\t%.1f\t%.1f%%\t\n", r.Requests, r.Admitted, float64(r.Admitted)/secs, pct)
-	if r.SketchN > 0 {
+	if len(r.Rules) > 0 {
+		fmt.Fprintf(tw, "  rule %s's charges that stood, by owner/slack/remote/on_failure\t\t%d/%d/%d/%d\t\t\t\n", r.Rules[0].ID,
+			r.BySource[cluster.SourceOwner], r.BySource[cluster.SourceSlack], r.BySource[cluster.SourceRemote], r.BySource[cluster.SourceFailure])
+	} else if r.SketchN > 0 {
 		fmt.Fprintf(tw, "  by owner/slack/remote/on_failure/sketch\t\t%d/%d/%d/%d/%d\t\t\t\n",
 			r.BySource[cluster.SourceOwner], r.BySource[cluster.SourceSlack], r.BySource[cluster.SourceRemote], r.BySource[cluster.SourceFailure], r.BySource[cluster.SourceSketch])
 	} else {
@@ -289,7 +315,11 @@ func (r *Result) Summary(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "check (tokens)\tmeasured\tbound\tok\t\n")
+	if len(r.Rules) > 0 {
+		fmt.Fprintf(tw, "check (tokens), rule %s\tmeasured\tbound\tok\t\n", r.Rules[0].ID)
+	} else {
+		fmt.Fprintf(tw, "check (tokens)\tmeasured\tbound\tok\t\n")
+	}
 	ok := func(v, b float64) string {
 		if math.IsNaN(v) || math.IsInf(v, -1) || v <= b+eps {
 			return "yes"
@@ -303,6 +333,9 @@ func (r *Result) Summary(w io.Writer) {
 	if c.KeyCap > 0 {
 		over += " + its key cap term"
 	}
+	if len(r.Rules) > 0 {
+		over += " + its refund term"
+	}
 	fmt.Fprintf(tw, "worst excess over %s, accounted, any interval (%s)\t%s\t%s\t%s\t\n", over, r.WorstID, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), ok(r.ExcessAccounted, r.BoundAccounted))
 	fmt.Fprintf(tw, "worst excess over %s, all admissions, any interval\t%s\t%s\t%s\t\n", over, fmtTok(r.ExcessAll), fmtTok(r.BoundAccounted+float64(r.DegradedAdmitted)), ok(r.ExcessAll, r.BoundAccounted+float64(r.DegradedAdmitted)))
 	fmt.Fprintf(tw, "worst excess over %s, fault-free intervals\t%s\t%d\t%s\t\n", over, fmtTok(r.ExcessClean), r.S, ok(r.ExcessClean, float64(r.S)))
@@ -310,7 +343,9 @@ func (r *Result) Summary(w io.Writer) {
 		fmt.Fprintf(tw, "  sketch term: admitted through the sketch per aligned period met, worst interval (%s)\t%s\t%s\t%s\t\n", r.SketchID, fmtTok(r.SketchPerPeriod), fmtTok(r.SketchBound()), ok(r.SketchPerPeriod, r.SketchBound()))
 		fmt.Fprintf(tw, "  worst excess over B + r·Δ alone, accounted (sketch term included)\t%s\t\t\t\n", fmtTok(r.ExcessPlain))
 	}
-	if math.IsNaN(r.Shortfall) {
+	if len(r.Rules) > 0 {
+		fmt.Fprintf(tw, "worst shortfall under r·Δ\t-\t-\tn/a (several rules)\t\n")
+	} else if math.IsNaN(r.Shortfall) {
 		fmt.Fprintf(tw, "worst shortfall under r·Δ, saturating, fault-free\t-\t-\tn/a\t\n")
 	} else {
 		fmt.Fprintf(tw, "worst shortfall under r·Δ, saturating, fault-free (ℓ %v)\t%s\t%s\t%s\t\n", r.Ell, fmtTok(r.Shortfall), fmtTok(r.BoundShortfall), ok(r.Shortfall, r.BoundShortfall))
@@ -330,6 +365,9 @@ func (r *Result) Summary(w io.Writer) {
 	}
 	if len(r.Terms) > 0 {
 		fmt.Fprintf(w, "  S while views disagree: %d; fault-free time %v of %v\n", r.SFault, r.CleanTime, c.Duration)
+	}
+	if len(r.Rules) > 0 {
+		r.summarizeRules(w)
 	}
 	fmt.Fprintln(w)
 	if r.SketchN > 0 {

@@ -7,11 +7,12 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/policy"
 	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/sim/engine"
 )
 
-// ruleID is the one rule of a run.
+// ruleID is the main rule of a run (the only one, without Config.Rules).
 const ruleID = "sim"
 
 // T0 is the virtual time at which every run starts: a plausible unix time
@@ -68,6 +69,13 @@ type Region struct {
 	sketchN                   int
 	sketchTheta               int64
 	liveMin, liveMax, sideMin int
+
+	// A multi-rule run (Config.Rules, rules.go): every rule, the main one
+	// first; the coordinators' rules; the request policy's view of them.
+	multi       bool
+	rules       []*ruleRun
+	allParams   []cluster.RuleParams
+	policyRules []policy.Rule
 }
 
 // Term is a fault term of the envelope: the extra tokens a fault may admit
@@ -78,9 +86,12 @@ type Term struct {
 	Why    string
 }
 
-// bucketFor returns the coordinator's rule and the reference GCRA of c.
-func bucketFor(c Config) (cluster.RuleParams, error) {
-	r := quota.Rule{ID: ruleID, Algorithm: quota.AlgorithmGCRA, Mode: c.Mode, Limit: c.Limit, Window: c.Window,
+// bucketFor returns the coordinator's main rule of c.
+func bucketFor(c Config) (cluster.RuleParams, error) { return bucketForID(c, ruleID) }
+
+// bucketForID returns the coordinator's rule id with c's rule settings.
+func bucketForID(c Config, id string) (cluster.RuleParams, error) {
+	r := quota.Rule{ID: id, Algorithm: quota.AlgorithmGCRA, Mode: c.Mode, Limit: c.Limit, Window: c.Window,
 		Burst: c.Burst, Accuracy: c.Accuracy, OnFailure: c.OnFailure}
 	if c.Sketch > 0 {
 		r.Sketch = &quota.Sketch{Threshold: c.Sketch, Period: c.SketchPeriod}
@@ -103,12 +114,22 @@ func newRegion(c Config) *Region {
 	rg.tickLane, rg.flushLane = rg.sim.Lane(), rg.sim.Lane()
 	rg.trafficEnd = T0 + int64(c.Duration)
 	rg.end = rg.trafficEnd + int64(c.CallTimeout+c.DecideTimeout+c.Linger) + 2*int64(c.Tick)
+	if k := int64(len(c.Rules) + 1); k > 1 {
+		// Each rule of a request may wait for its owner in turn.
+		rg.end = rg.trafficEnd + k*int64(c.CallTimeout+c.DecideTimeout+c.Linger+2*c.Tick)
+	}
 	// An admission is recorded when its result reaches the asking node,
 	// at the time the owner decided it: at most two call timeouts later (a
 	// result may wait in a backlog behind an exchange in flight, which
 	// returns within its call timeout, then makes its own trip, which
 	// arrives within its call timeout or not at all).
 	rg.horizon = int64(2*c.CallTimeout+c.Linger) + int64(time.Millisecond)
+	if k := int64(len(c.Rules) + 1); k > 1 {
+		// A multi-rule request's charges are recorded when the request
+		// ends: after each of its rules had its answer (at most a decide
+		// timeout and a tick each, the last one's result a reply later).
+		rg.horizon = k*int64(2*c.CallTimeout+c.DecideTimeout+c.Linger+2*c.Tick) + int64(time.Millisecond)
+	}
 	rg.params, _ = bucketFor(c)
 	rg.ref, _ = bucket.NewGCRA(c.Limit, c.Window, c.Burst)
 	total := c.Nodes + countJoins(c.Faults)
@@ -134,13 +155,16 @@ func newRegion(c Config) *Region {
 	rg.binsCluster = make([]int64, int((rg.end-T0)/int64(c.Bin))+1)
 	rg.binsRef = make([]int64, len(rg.binsCluster))
 	rg.deriveTerms()
-	rg.chk = newChecker(c.IDs, c.rate()/1e9, cleanSegments(rg.windows, rg.end-T0), int64(c.Duration), c.saturating())
+	rg.chk = newChecker(c.IDs, c.rate()/1e9, cleanSegments(rg.windows, rg.end-T0), int64(c.Duration), c.checksLower())
 	if c.Sketch > 0 {
 		rg.chk.gate(float64(int64(rg.sketchN)*rg.sketchTheta), int64(c.SketchPeriod))
 	}
 	if c.KeyCap > 0 {
 		rg.chk.capTerm = make([]float64, c.IDs)
 		rg.views = make([]int64, c.IDs)
+	}
+	if len(c.Rules) > 0 {
+		rg.setupRules()
 	}
 	return rg
 }
@@ -201,6 +225,14 @@ func (rg *Region) run() {
 		}
 	}
 	rg.sim.Run(rg.end)
+	if rg.multi {
+		for _, n := range rg.nodes {
+			n.dropRules() // requests still waiting at the end
+		}
+		for _, rr := range rg.rules[1:] {
+			rr.chk.finish()
+		}
+	}
 	rg.chk.finish()
 }
 
@@ -363,22 +395,40 @@ func (rg *Region) arrive(ident, k int) {
 	vnow := rg.sim.Now()
 	cost := rg.cfg.Cost
 	rg.requests++
-	if rg.ref.Allow(&rg.refTAT[ident], vnow, cost).Allowed() {
+	var refOK bool
+	if rg.multi {
+		refOK = rg.refPolicy(int32(ident), vnow, cost)
+	} else {
+		refOK = rg.ref.Allow(&rg.refTAT[ident], vnow, cost).Allowed()
+	}
+	if refOK {
 		rg.refAdmitted += cost
 		rg.binsRef[(vnow-rg.t0)/int64(rg.cfg.Bin)] += cost
 	}
 	n := len(rg.nodes)
 	for range n {
 		if nd := rg.nodes[k]; nd.up && nd.serving {
-			nd.request(ident, cost)
+			if rg.multi {
+				nd.requestRules(ident, cost)
+			} else {
+				nd.request(ident, cost)
+			}
 			if rg.requests&1023 == 0 {
-				rg.chk.drain(vnow - rg.t0 - rg.horizon)
+				rg.drain(vnow - rg.t0 - rg.horizon)
 			}
 			return
 		}
 		k = (k + 1) % n
 	}
 	rg.unserved++
+}
+
+// drain feeds every checker the admissions up to upTo (run time).
+func (rg *Region) drain(upTo int64) {
+	rg.chk.drain(upTo)
+	for i := 1; i < len(rg.rules); i++ {
+		rg.rules[i].chk.drain(upTo)
+	}
 }
 
 // outcome records a decision for ident made at virtual time at.

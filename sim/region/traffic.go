@@ -212,6 +212,12 @@ func (c *Config) saturating() bool {
 	return false
 }
 
+// checksLower reports whether the run checks the lower bound: for
+// saturating traffic with one rule. With several rules a rule's admissions
+// are held down by the others too (a request another rule rejects is
+// refunded), so no rule's shortfall is bounded by its own terms.
+func (c *Config) checksLower() bool { return c.saturating() && len(c.Rules) == 0 }
+
 // spreadOrder returns the initial nodes for identity i, non-owners first
 // (by index), its initial owner last: the busiest share of uneven traffic
 // lands on a node that must sync, the interesting case.
