@@ -116,8 +116,8 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 
 // Allow is Apply for callers that need only whether the request passed and
 // when to retry: it makes the same decision with the same effect on the
-// store, and returns it as a Verdict (two words in registers, with no token
-// count to compute). GCRA.Decision gives the whole Decision from it. Safe
+// store, and returns it as a Verdict (two words, with no token count to
+// compute). GCRA.Decision gives the whole Decision from it. Safe
 // for concurrent use.
 func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 	h := keyWord(key)
