@@ -110,6 +110,7 @@ func (s *Slot) SetKey(k uint64) { s.key.Store(k) }
 // use to keep something beside the key (a tag), which a lookup ignores.
 type Table struct {
 	slots []Slot
+	mask  int   // len(slots) − 1
 	shift uint8 // 64 − log2(len(slots))
 	skip  uint8 // the high key bits not used for the home slot
 	label uint64
@@ -119,7 +120,7 @@ type Table struct {
 // homing keys on their bits below the skip highest (skip < 64) and
 // comparing them outside the bits of label.
 func New(n int, skip uint8, label uint64) *Table {
-	return &Table{slots: make([]Slot, n), shift: uint8(64 - bits.TrailingZeros(uint(n))), skip: skip, label: label}
+	return &Table{slots: make([]Slot, n), mask: n - 1, shift: uint8(64 - bits.TrailingZeros(uint(n))), skip: skip, label: label}
 }
 
 // Size returns the number of slots.
@@ -135,15 +136,13 @@ func (t *Table) At(i int) *Slot { return &t.slots[i] }
 // inserted since could only have filled it); otherwise the caller asks
 // under the lock.
 func (t *Table) Lookup(k uint64) *Slot {
-	s := t.slots
-	mask := len(s) - 1
 	for i := t.home(k); ; i++ {
-		e := &s[i&mask]
-		if kk := e.key.Load(); (kk^k)&^t.label == 0 {
-			if e.val.Load() != Tomb {
-				return e
-			}
-		} else if kk == 0 {
+		e := &t.slots[i&t.mask]
+		kk := e.key.Load()
+		if (kk^k)&^t.label == 0 && e.val.Load() != Tomb {
+			return e
+		}
+		if kk == 0 { // k is not 0 outside the label: no match above
 			return nil
 		}
 	}
