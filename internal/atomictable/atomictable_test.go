@@ -227,6 +227,7 @@ func BenchmarkTable(b *testing.B) {
 		})
 		b.Run(name+"/hit/parallel/table", func(b *testing.B) {
 			t := fill().t
+			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				i := rand.IntN(n)
 				for pb.Next() {
@@ -240,6 +241,7 @@ func BenchmarkTable(b *testing.B) {
 		})
 		b.Run(name+"/hit/parallel/map", func(b *testing.B) {
 			m := fillMap()
+			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				i := rand.IntN(n)
 				for pb.Next() {
