@@ -123,8 +123,7 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
-		if e := t.Lookup(h); e != nil { // whatever its tag
-			v := e.Val()
+		if e, v := t.Lookup(h); e != nil { // whatever its tag
 			for v >= 0 { // live: step it, CAS the change in
 				if cost > 0 && cost <= g.burst { // Step's admit path, inlined
 					n := satAdd(max(v, now), cost*g.t)
@@ -163,8 +162,7 @@ func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cos
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
 		// An entry under another tag goes to the slow path.
-		if e := t.Lookup(h); e != nil && e.Key() == h|uint64(tag&tagMask) {
-			v := e.Val()
+		if e, v := t.Lookup(h); e != nil && e.Key() == h|uint64(tag&tagMask) {
 			for v >= 0 { // live: step it, CAS the change in
 				if cost > 0 && cost <= g.burst { // Step's admit path, inlined
 					n := satAdd(max(v, now), cost*g.t)
@@ -288,10 +286,9 @@ func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
 	if t == nil {
 		return 0, 0, false // tables only ever go from nil to non-nil
 	}
-	if e := t.Lookup(h); e != nil {
-		k := e.Key()
-		if v := e.Val(); v >= 0 {
-			return TAT(v), uint16(k & tagMask), true
+	if e, v := t.Lookup(h); e != nil {
+		if v >= 0 {
+			return TAT(v), uint16(e.Key() & tagMask), true
 		}
 		// Sealed: under the mutex.
 	} else if sh.table.Load() == t {

@@ -114,13 +114,14 @@ type Table struct {
 	shift uint8 // 64 − log2(len(slots))
 	skip  uint8 // the high key bits not used for the home slot
 	label uint64
+	keep  uint64 // ^label: the key bits a lookup compares
 }
 
 // New returns an empty table of n slots (a power of two, at least 2),
 // homing keys on their bits below the skip highest (skip < 64) and
 // comparing them outside the bits of label.
 func New(n int, skip uint8, label uint64) *Table {
-	return &Table{slots: make([]Slot, n), mask: n - 1, shift: uint8(64 - bits.TrailingZeros(uint(n))), skip: skip, label: label}
+	return &Table{slots: make([]Slot, n), mask: n - 1, shift: uint8(64 - bits.TrailingZeros(uint(n))), skip: skip, label: label, keep: ^label}
 }
 
 // Size returns the number of slots.
@@ -129,21 +130,23 @@ func (t *Table) Size() int { return len(t.slots) }
 // At returns slot i (0 ≤ i < Size).
 func (t *Table) At(i int) *Slot { return &t.slots[i] }
 
-// Lookup returns k's slot that is not Tomb (its value live or sealed), or
-// nil if a probe reaches an empty slot first. It takes no lock. A nil
-// result is "absent" only if the caller sees the same table current after
-// it (the empty slot was read while the table was current, and a key
-// inserted since could only have filled it); otherwise the caller asks
-// under the lock.
-func (t *Table) Lookup(k uint64) *Slot {
+// Lookup returns k's slot that is not Tomb and the value it read there
+// (live, or sealed: negative), or nil if a probe reaches an empty slot
+// first. k has its label bits 0. It takes no lock. A nil result is
+// "absent" only if the caller sees the same table current after it (the
+// empty slot was read while the table was current, and a key inserted
+// since could only have filled it); otherwise the caller asks under the
+// lock.
+func (t *Table) Lookup(k uint64) (*Slot, int64) {
 	for i := t.home(k); ; i++ {
 		e := &t.slots[i&t.mask]
 		kk := e.key.Load()
-		if (kk^k)&^t.label == 0 && e.val.Load() != Tomb {
-			return e
-		}
-		if kk == 0 { // k is not 0 outside the label: no match above
-			return nil
+		if kk&t.keep == k {
+			if v := e.val.Load(); v != Tomb {
+				return e, v
+			}
+		} else if kk == 0 {
+			return nil, 0
 		}
 	}
 }

@@ -64,8 +64,8 @@ func (w *writer) get(k uint64) (int64, bool) {
 	if w.t == nil {
 		return 0, false
 	}
-	if e := w.t.Lookup(k); e != nil {
-		return e.Val(), true
+	if e, v := w.t.Lookup(k); e != nil {
+		return v, true
 	}
 	return 0, false
 }
@@ -120,12 +120,11 @@ func TestNoLostUpdate(t *testing.T) {
 				j := (i*7 + g) % keys
 				k := mixKey(uint64(j))
 				for {
-					e := table().Lookup(k)
+					e, v := table().Lookup(k)
 					if e == nil {
 						t.Error("key lost")
 						return
 					}
-					v := e.Val()
 					if v < 0 {
 						continue // sealed: the writer is rebuilding
 					}
@@ -211,8 +210,7 @@ func BenchmarkTable(b *testing.B) {
 		b.Run(name+"/hit/table", func(b *testing.B) {
 			t := fill().t
 			for i := 0; b.Loop(); i++ {
-				if e := t.Lookup(keys[i%n]); e != nil {
-					v := e.Val()
+				if e, v := t.Lookup(keys[i%n]); e != nil {
 					e.CAS(v, v+1)
 				}
 			}
@@ -231,8 +229,7 @@ func BenchmarkTable(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				i := rand.IntN(n)
 				for pb.Next() {
-					if e := t.Lookup(keys[i%n]); e != nil {
-						v := e.Val()
+					if e, v := t.Lookup(keys[i%n]); e != nil {
 						e.CAS(v, v+1)
 					}
 					i++
@@ -256,7 +253,7 @@ func BenchmarkTable(b *testing.B) {
 			t := fill().t
 			miss := 0
 			for i := 0; b.Loop(); i++ {
-				if t.Lookup(absent[i%n]) == nil {
+				if e, _ := t.Lookup(absent[i%n]); e == nil {
 					miss++
 				}
 			}
