@@ -471,7 +471,7 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 }
 
 // keyMap maps entry keys to entries of type P: one table by identity per
-// rule (strtable.go), so that a lookup hashes and compares the identity
+// rule (internal/strtable), so that a lookup hashes and compares the identity
 // alone (the rule is found by a comparison with the rule used last, mostly),
 // and no slot holds a string (the entry knows its key). Its zero value is
 // empty and ready to use.
