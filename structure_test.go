@@ -130,6 +130,11 @@ var pureCores = []pureCore{
 	{dir: "quota", shell: []string{"reload.go"}},
 	// The request policy.
 	{dir: "internal/policy", noShellImports: true},
+	// The hot-path tables of bucket/ and cluster/.
+	{dir: "internal/keytable"},
+	{dir: "internal/atomictable"},
+	{dir: "internal/strtable"},
+	{dir: "internal/posindex"},
 }
 
 // clockReads are the calls a core must not make.

@@ -136,10 +136,10 @@ func (g *GCRA) verdict(tat, now, cost int64) (Verdict, int64) {
 }
 
 // Verdict is a GCRA decision in two words, for callers that need to know
-// whether a request passed and when to retry (GCRAStore.Allow returns it in
-// two registers, where a Decision is six words). GCRA.Decision turns it into
-// the Decision that Step would have returned: for a GCRA, Allowed, Remaining
-// and Limit follow from Reset, RetryAfter and the rule. The zero Verdict is
+// whether a request passed and when to retry (GCRAStore.Allow returns it:
+// a Decision is six words and has a token count to compute). GCRA.Decision
+// turns it into the Decision that Step would have returned: for a GCRA,
+// Allowed, Remaining and Limit follow from Reset, RetryAfter and the rule. The zero Verdict is
 // an admission that leaves the bucket full (a cost 0 peek of a full bucket).
 type Verdict struct {
 	// Reset is the time until the bucket is full again after the decision

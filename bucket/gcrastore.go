@@ -1,96 +1,50 @@
 package bucket
 
-// GCRAStore: a keyed store of GCRA TATs whose hot path is a map access and
-// an atomic.
+// GCRAStore: a keyed store of GCRA TATs whose hot path is a probe and one
+// compare-and-swap.
 //
 // # Layout
 //
 // Keys are spread over shards exactly as in Store (mix, high bits pick the
 // shard, the bits below them the home slot). A shard holds a mutex and an
-// atomic pointer to its current table: a power-of-two array of 16-byte slots
-// {key atomic.Uint64; tat atomic.Int64} probed linearly. key 0 = empty.
+// atomic pointer to its current table, an atomictable.Table: its lookups
+// and value updates take no lock, its changes of structure (inserts,
+// deletes, rebuilds) are made under the shard mutex; its doc states the
+// protocol (slots that never move, the seal, Rebuild) and why a reader's
+// compare-and-swap is linearizable.
 //
-// The tat word of a slot is a TAT with its sign bit reserved as SEAL:
-//
-//	tat >= 1          live entry, state = tat (idle when tat <= now)
-//	tat == tomb       tombstone: SEAL with payload 0 (math.MinInt64)
-//	tat == v|SEAL     sealed live entry, payload v >= 1 (rebuild or Update in
-//	                  progress, or a table already replaced)
-//
-// Callers' times must lie in [0, 2^62) (GCRA requires < 2^62 anyway). Then
-// every TAT that is stored is > now >= 0, so a live payload is >= 1 and is
-// never confused with the tombstone, and never has the SEAL bit.
-//
-// # Invariants (I1–I7)
-//
-// I1 Every structural change — publishing a key, tombstoning, sealing,
-// rebuilding, publishing a table, the counters live/tombs/hand — is made by
-// the holder of the shard mutex. Lock-free code (Apply's and Peek's fast
-// paths) only loads the table pointer, loads slots and CASes the tat of a
-// live slot from an unsealed value v to an unsealed value n (n >= v >= 1).
-//
-// I2 Entries never move within a table and slots are never reused: a key
-// word goes 0 → h once (tat is stored before the key, so whoever sees the
-// key sees a valid tat or a later value); a tat word goes live → live
-// (CAS), live → tomb, or live → sealed; tomb and sealed are final except
-// that Update (under the mutex) turns its own seal back into a live value or
-// the tombstone before it unlocks. Hence, within one table, the probe chain
-// of h up to the first empty slot only ever grows at its end.
-//
-// I3 In the current table, outside the mutex holder's critical section, a
-// key has at most one live (non-tomb) slot, and no slot is sealed except
-// tombstones. (Insert happens only after a probe under the mutex found no
-// live slot for h; the mutex holder unseals or replaces the table before it
-// unlocks.) So under the mutex, "sealed" in the current table means tomb.
-//
-// I4 Rebuild (grow, shrink, or same-size to purge tombstones) seals every
-// slot of the old table with a CAS loop v → v|SEAL, copies the payload of
-// each sealed live slot into a private new table (dropping it instead if it
-// is idle at the rebuilding operation's now, which is a sweep), then
-// publishes the new table with an atomic store. Sealing a slot freezes it:
-// no fast-path CAS can succeed on it afterwards (the CAS expects an unsealed
-// value), so the value copied is the slot's final value and no admission is
-// lost. Updates of slots not yet sealed are captured when they are sealed
-// later in the same pass. The old table stays sealed forever; it is garbage
-// once no fast path holds it. A rebuild happens only when an insert would
-// pass the load (I6) — doubling if live+1 > half the table, else at the same
-// size, so at least a quarter of the table is inserted between two rebuilds
-// (amortized O(1)) — or when a delete leaves the table under 1/8 full.
-//
-// I5 Deleting an idle entry (sweep, eviction of an idle entry, idle after a
-// slow-path step) is CAS(v, tomb) from the observed idle v: if it fails, a
-// fast path has just spent the entry, which is therefore not idle, and is
-// kept. Deleting regardless of the state (Delete, a forgiven eviction, an
-// Update that leaves it idle) stores tomb: a fast path whose CAS then fails
-// reloads, sees the tombstone and goes on probing; the spend it was making
-// is redone on the slow path against a fresh state, exactly as if it came
-// after the delete.
-//
-// I6 Load: live + tombs <= 3/4 of the table after every insert (a rebuild
-// runs first when the insert would pass it), so every table, current or
-// retired, has an empty slot and every probe terminates.
+// A slot's value is the entry's TAT. Callers' times must lie in [0, 2^62)
+// (GCRA requires < 2^62 anyway). Then every TAT that is stored is > now >=
+// 0, so a live value is >= 1 and never has the table's seal bit.
 //
 // # Why each fast-path outcome is linearizable
 //
-//   - CAS v → n succeeds on a slot of table t: the slot was unsealed at the
-//     CAS, so t was still current (I4: a replaced table is fully sealed) and
-//     the slot was the key's only live entry (I3). The CAS is the
-//     linearization point; n was computed from v, so no concurrent update
-//     is overwritten (the lost-update-free argument of any CAS loop).
+//   - The CAS of a TAT v → n succeeds: n was computed from v by the GCRA
+//     step, and the table's protocol makes the CAS the linearization point.
 //   - The step changes nothing (a rejection, cost 0): the load of the
 //     unsealed v is the linearization point, by the same argument.
-//   - A probe sees the key with a tombstone: the key was deleted from that
-//     slot before the load (tomb is final), and I2 says a reinsertion into t
-//     lands further along the chain, so the probe goes on.
-//   - A probe sees the key sealed (not tomb), or a CAS fails and the reload
-//     shows a seal, or the probe reaches an empty slot: the fast path takes
-//     the slow path, which locks the mutex, reloads the table pointer and
-//     redoes the whole operation under the mutex (I1, I3: no rebuild or
-//     Update can be in progress then). For Peek only, an empty slot answers
-//     "absent" lock-free if the table pointer is unchanged after the probe:
-//     the empty read happened while t was current, every slot before it
-//     held another key or a tombstone of this one, and a reinsertion could
-//     only have filled that empty slot (I2), so the key was absent then.
+//   - Lookup finds no slot, or the slot is sealed, or a CAS fails and the
+//     reload shows a seal or a tombstone: the fast path takes the slow
+//     path, which locks the mutex, reloads the table pointer and redoes
+//     the whole operation under it. For Peek only, "absent" is answered
+//     lock-free if the table pointer is unchanged after the probe (see
+//     Lookup).
+//
+// Under the mutex, every change that is not a GCRA step seals the entry
+// first (Retag, Put, Update) or deletes it outright (Delete, a forgiven
+// eviction, Take): a fast path whose CAS then fails goes to the slow path,
+// and the spend it was making is redone there against a fresh state,
+// exactly as if it came after the change. Deleting an idle entry (sweep,
+// eviction of an idle entry, idle after a slow-path step) is a
+// compare-and-swap from the idle TAT observed: if it fails, a fast path has
+// just spent the entry, which is therefore not idle, and is kept.
+//
+// A rebuild happens only when an insert would pass the load — live +
+// tombstones at most 3/4 of the table — doubling if live+1 > half the
+// table, else at the same size, so at least a quarter of the table is
+// inserted between two rebuilds (amortized O(1)), or when a delete leaves
+// the table under 1/8 full. Entries idle at the rebuild's now are dropped
+// on the way (a sweep).
 //
 // # Differences from Store[TAT] (none visible in Decisions or Peek)
 //
@@ -107,33 +61,19 @@ package bucket
 
 import (
 	"math"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-dev/weir/internal/atomictable"
 )
 
-const (
-	sealBit = math.MinInt64 // the SEAL bit of a slot's tat word
-	tombTAT = math.MinInt64 // a tombstone: sealed, payload 0
-)
-
-// gslot is one table slot: 16 bytes.
-type gslot struct {
-	key atomic.Uint64 // mixed key; 0 = empty; never changes once set
-	tat atomic.Int64  // see the encoding above
-}
-
-// gtable is one immutable-shape table of a GCRAStore shard.
-type gtable struct {
-	slots []gslot
-	shift uint8 // 64 − log2(len(slots))
-}
+const tombTAT = atomictable.Tomb // a deleted entry's slot
 
 // gshard is one shard: the table pointer read by the fast path on its own
 // 64-byte line, the mutex and the slow-path state on the next.
 type gshard struct {
-	table atomic.Pointer[gtable]
+	table atomic.Pointer[atomictable.Table]
 	_     [56]byte
 	mu    sync.Mutex
 	live  int // keys with a non-tomb slot (idle ones included until swept)
@@ -176,43 +116,30 @@ func (st *GCRAStore) Apply(key uint64, now int64, g *GCRA, cost int64) Decision 
 
 // Allow is Apply for callers that need only whether the request passed and
 // when to retry: it makes the same decision with the same effect on the
-// store, and returns it as a Verdict (two words in registers, with no token
-// count to compute). GCRA.Decision gives the whole Decision from it. Safe
+// store, and returns it as a Verdict (two words, with no token count to
+// compute). GCRA.Decision gives the whole Decision from it. Safe
 // for concurrent use.
 func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 	h := keyWord(key)
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
-		s := t.slots
-		mask := len(s) - 1
-		i := int((h << (st.shardBits & 63)) >> (t.shift & 63)) // both < 64: no shift-overflow fixup
-		for {
-			e := &s[i&mask]
-			k := e.key.Load()
-			if k&^tagMask == h { // whatever its tag
-				v := e.tat.Load()
-				for v >= 0 { // live: step it, CAS the change in
-					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
-						n := satAdd(max(v, now), cost*g.t)
-						if used := n - now; used <= g.tau {
-							if e.tat.CompareAndSwap(v, n) {
-								return Verdict{Reset: time.Duration(used)}
-							}
-							v = e.tat.Load()
-							continue
+		if e, v := t.Lookup(h); e != nil { // whatever its tag
+			for v >= 0 { // live: step it, CAS the change in
+				if cost > 0 && cost <= g.burst { // Step's admit path, inlined
+					n := satAdd(max(v, now), cost*g.t)
+					if used := n - now; used <= g.tau {
+						if e.CAS(v, n) {
+							return Verdict{Reset: time.Duration(used)}
 						}
+						v = e.Val()
+						continue
 					}
-					// A rejection or cost <= 0: the state does not change.
-					d, _ := g.verdict(v, now, cost)
-					return d
 				}
-				if v != tombTAT {
-					break // sealed: rebuild or Update in progress
-				}
-			} else if k == 0 {
-				break // absent here: insert under the mutex
+				// A rejection or cost <= 0: the state does not change.
+				d, _ := g.verdict(v, now, cost)
+				return d
 			}
-			i++
+			// Sealed, or deleted since: under the mutex.
 		}
 	}
 	d, _ := st.allowSlow(sh, h, 0, false, now, g, cost)
@@ -228,43 +155,30 @@ func (st *GCRAStore) Allow(key uint64, now int64, g *GCRA, cost int64) Verdict {
 // key already present under tag it costs what Allow costs. Safe for
 // concurrent use.
 //
-// Its fast path is a copy of Allow's with an exact key compare, so that
-// neither pays for the other's test.
+// Its fast path is a copy of Allow's with a check of the tag, so that a
+// hit is one function, with no call, in both.
 func (st *GCRAStore) AllowTagged(key uint64, tag uint16, now int64, g *GCRA, cost int64) (Verdict, bool) {
 	h := keyWord(key)
-	want := h | uint64(tag&tagMask)
 	sh := &st.shards[h>>st.shardShift]
 	if t := sh.table.Load(); t != nil {
-		s := t.slots
-		mask := len(s) - 1
-		i := int((h << (st.shardBits & 63)) >> (t.shift & 63)) // both < 64: no shift-overflow fixup
-		for {
-			e := &s[i&mask]
-			k := e.key.Load()
-			if k == want {
-				v := e.tat.Load()
-				for v >= 0 { // live: step it, CAS the change in
-					if cost > 0 && cost <= g.burst { // Step's hot path, inlined
-						n := satAdd(max(v, now), cost*g.t)
-						if used := n - now; used <= g.tau {
-							if e.tat.CompareAndSwap(v, n) {
-								return Verdict{Reset: time.Duration(used)}, true
-							}
-							v = e.tat.Load()
-							continue
+		// An entry under another tag goes to the slow path.
+		if e, v := t.Lookup(h); e != nil && e.Key() == h|uint64(tag&tagMask) {
+			for v >= 0 { // live: step it, CAS the change in
+				if cost > 0 && cost <= g.burst { // Step's admit path, inlined
+					n := satAdd(max(v, now), cost*g.t)
+					if used := n - now; used <= g.tau {
+						if e.CAS(v, n) {
+							return Verdict{Reset: time.Duration(used)}, true
 						}
+						v = e.Val()
+						continue
 					}
-					// A rejection or cost <= 0: the state does not change.
-					d, _ := g.verdict(v, now, cost)
-					return d, true
 				}
-				if v != tombTAT {
-					break // sealed: rebuild or Update in progress
-				}
-			} else if k == 0 || (k&^tagMask == h && e.tat.Load() != tombTAT) {
-				break // absent here, or under another tag: under the mutex
+				// A rejection or cost <= 0: the state does not change.
+				d, _ := g.verdict(v, now, cost)
+				return d, true
 			}
-			i++
+			// Sealed, or deleted since: under the mutex.
 		}
 	}
 	return st.allowSlow(sh, h, tag, true, now, g, cost)
@@ -277,26 +191,26 @@ func (st *GCRAStore) allowSlow(sh *gshard, h uint64, tag uint16, strict bool, no
 	sh.mu.Lock()
 	t := sh.table.Load()
 	i, ok := st.find(t, h)
-	if ok && strict && t.slots[i].key.Load() != h|uint64(tag&tagMask) {
+	if ok && strict && t.At(i).Key() != h|uint64(tag&tagMask) {
 		sh.mu.Unlock()
 		return Verdict{}, false
 	}
 	if ok {
-		e := &t.slots[i]
+		e := t.At(i)
 		for {
-			v := e.tat.Load() // unsealed (I3), may still change under fast paths
+			v := e.Val() // unsealed (under the mutex), may still change under fast paths
 			d, n := g.verdict(v, now, cost)
 			if cost <= 0 {
 				n = v // a peek never charges (Step)
 			}
 			if n <= now { // idle after the step: drop it, as Store does
-				if !e.tat.CompareAndSwap(v, tombTAT) {
+				if !e.DeleteIf(v) {
 					continue
 				}
 				sh.live--
 				sh.tombs++
 				st.maybeShrink(sh, t, now)
-			} else if n != v && !e.tat.CompareAndSwap(v, n) {
+			} else if n != v && !e.CAS(v, n) {
 				continue
 			}
 			sh.mu.Unlock()
@@ -327,26 +241,23 @@ func (st *GCRAStore) Retag(key uint64, tag uint16, now int64, fn func(from uint1
 	if !ok {
 		return true
 	}
-	e := &t.slots[i]
-	from := uint16(e.key.Load() & tagMask)
+	e := t.At(i)
+	from := uint16(e.Key() & tagMask)
 	if from == tag&tagMask {
 		return true
 	}
-	v := e.tat.Load()
-	for !e.tat.CompareAndSwap(v, v|sealBit) {
-		v = e.tat.Load()
-	}
+	v := e.Seal()
 	n, ok := fn(from, TAT(v))
 	if !ok {
-		e.tat.Store(v)
+		e.Set(v)
 		return false
 	}
-	e.key.Store(h | uint64(tag&tagMask))
+	e.SetKey(h | uint64(tag&tagMask))
 	if int64(n) > now && n > 0 {
-		e.tat.Store(int64(n))
+		e.Set(int64(n))
 		return true
 	}
-	e.tat.Store(tombTAT)
+	e.Set(tombTAT)
 	sh.live--
 	sh.tombs++
 	st.maybeShrink(sh, t, now)
@@ -375,25 +286,13 @@ func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
 	if t == nil {
 		return 0, 0, false // tables only ever go from nil to non-nil
 	}
-	s := t.slots
-	mask := len(s) - 1
-	for i := int((h << (st.shardBits & 63)) >> (t.shift & 63)); ; i++ {
-		e := &s[i&mask]
-		k := e.key.Load()
-		if k&^tagMask == h {
-			v := e.tat.Load()
-			if v >= 0 {
-				return TAT(v), uint16(k & tagMask), true
-			}
-			if v != tombTAT {
-				break
-			}
-		} else if k == 0 {
-			if sh.table.Load() == t {
-				return 0, 0, false
-			}
-			break
+	if e, v := t.Lookup(h); e != nil {
+		if v >= 0 {
+			return TAT(v), uint16(e.Key() & tagMask), true
 		}
+		// Sealed: under the mutex.
+	} else if sh.table.Load() == t {
+		return 0, 0, false
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -402,11 +301,12 @@ func (st *GCRAStore) PeekTagged(key uint64, now int64) (TAT, uint16, bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	v := t.slots[i].tat.Load()
+	e := t.At(i)
+	v := e.Val()
 	if v < 0 {
 		return 0, 0, false
 	}
-	return TAT(v), uint16(t.slots[i].key.Load() & tagMask), true
+	return TAT(v), uint16(e.Key() & tagMask), true
 }
 
 // Take removes key's entry and returns its TAT and tag, and true if it was
@@ -421,9 +321,9 @@ func (st *GCRAStore) Take(key uint64, now int64) (TAT, uint16, bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	e := &t.slots[i]
-	tag := uint16(e.key.Load() & tagMask)
-	v := e.tat.Swap(tombTAT) // a fast path's CAS then fails (I5)
+	e := t.At(i)
+	tag := uint16(e.Key() & tagMask)
+	v := e.Delete() // a fast path's CAS then fails
 	sh.live--
 	sh.tombs++
 	st.maybeShrink(sh, t, now)
@@ -443,17 +343,14 @@ func (st *GCRAStore) Put(key uint64, tag uint16, now int64, tat TAT) {
 	t := sh.table.Load()
 	i, ok := st.find(t, h)
 	if ok {
-		e := &t.slots[i]
-		v := e.tat.Load()
-		for !e.tat.CompareAndSwap(v, v|sealBit) {
-			v = e.tat.Load()
-		}
-		e.key.Store(h | uint64(tag&tagMask))
+		e := t.At(i)
+		e.Seal()
+		e.SetKey(h | uint64(tag&tagMask))
 		if int64(tat) > now && tat > 0 {
-			e.tat.Store(int64(tat))
+			e.Set(int64(tat))
 			return
 		}
-		e.tat.Store(tombTAT)
+		e.Set(tombTAT)
 		sh.live--
 		sh.tombs++
 		st.maybeShrink(sh, t, now)
@@ -484,25 +381,22 @@ func (st *GCRAStore) Update(key uint64, now int64, fn func(s *TAT)) {
 		}
 		return
 	}
-	e := &t.slots[i]
-	v := e.tat.Load()
-	for !e.tat.CompareAndSwap(v, v|sealBit) { // freeze it against fast paths
-		v = e.tat.Load()
-	}
+	e := t.At(i)
+	v := e.Seal() // freeze it against fast paths
 	sealed := true
 	defer func() {
-		if sealed { // fn panicked: restore the entry (I3)
-			e.tat.Store(v)
+		if sealed { // fn panicked: restore the entry
+			e.Set(v)
 		}
 	}()
 	s := TAT(v)
 	fn(&s)
 	sealed = false
 	if int64(s) > now && s > 0 {
-		e.tat.Store(int64(s))
+		e.Set(int64(s))
 		return
 	}
-	e.tat.Store(tombTAT)
+	e.Set(tombTAT)
 	sh.live--
 	sh.tombs++
 	st.maybeShrink(sh, t, now)
@@ -515,7 +409,7 @@ func (st *GCRAStore) Delete(key uint64) {
 	sh.mu.Lock()
 	t := sh.table.Load()
 	if i, ok := st.find(t, h); ok {
-		t.slots[i].tat.Store(tombTAT)
+		t.At(i).Set(tombTAT)
 		sh.live--
 		sh.tombs++
 		st.maybeShrink(sh, t, math.MinInt64) // no time: keep idle entries
@@ -534,7 +428,7 @@ func (st *GCRAStore) Stats() StoreStats {
 		sh.mu.Lock()
 		s.Live += sh.live
 		if t := sh.table.Load(); t != nil {
-			s.Slots += len(t.slots)
+			s.Slots += t.Size()
 		}
 		sh.evictions.addTo(&s, true)
 		sh.mu.Unlock()
@@ -542,37 +436,20 @@ func (st *GCRAStore) Stats() StoreStats {
 	return s
 }
 
-// home is the first slot probed for h in t.
-func (st *GCRAStore) home(t *gtable, h uint64) int {
-	return int((h << (st.shardBits & 63)) >> (t.shift & 63))
-}
-
-// find probes t for h under the shard mutex, where every sealed slot of the
-// current table is a tombstone (I3). It returns the index of h's live slot,
-// or the empty slot where probing stopped (-1 if there is no table).
-func (st *GCRAStore) find(t *gtable, h uint64) (int, bool) {
+// find probes t for h under the shard mutex. It returns the index of h's
+// live slot, or the empty slot where probing stopped (-1 if there is no
+// table).
+func (st *GCRAStore) find(t *atomictable.Table, h uint64) (int, bool) {
 	if t == nil {
 		return -1, false
 	}
-	mask := len(t.slots) - 1
-	i := st.home(t, h)
-	for {
-		e := &t.slots[i]
-		k := e.key.Load()
-		if k == 0 {
-			return i, false
-		}
-		if k&^tagMask == h&^tagMask && e.tat.Load() >= 0 {
-			return i, true
-		}
-		i = (i + 1) & mask
-	}
+	return t.Find(h)
 }
 
 // insert adds h with TAT v at the empty slot at (-1 if t is nil), under the
 // shard mutex. It evicts at the cap, rebuilds when live+tombs would pass 3/4
 // of the table, and advances the sweep hand.
-func (st *GCRAStore) insert(sh *gshard, t *gtable, h uint64, at int, v, now int64) {
+func (st *GCRAStore) insert(sh *gshard, t *atomictable.Table, h uint64, at int, v, now int64) {
 	moved := false
 	if sh.live >= st.perShard {
 		if st.perShard == 0 {
@@ -581,10 +458,10 @@ func (st *GCRAStore) insert(sh *gshard, t *gtable, h uint64, at int, v, now int6
 		st.evict(sh, t, now)
 		moved = true
 	}
-	if t == nil || (sh.live+sh.tombs+1)*4 > len(t.slots)*3 {
+	if t == nil || (sh.live+sh.tombs+1)*4 > t.Size()*3 {
 		n := minSlots
 		if t != nil {
-			n = len(t.slots)
+			n = t.Size()
 			if (sh.live+1)*2 > n { // else same size: purge tombstones only
 				n *= 2
 			}
@@ -593,9 +470,7 @@ func (st *GCRAStore) insert(sh *gshard, t *gtable, h uint64, at int, v, now int6
 		at, _ = st.find(t, h)
 		moved = true
 	}
-	e := &t.slots[at]
-	e.tat.Store(v) // the TAT first, then publish the key (I2)
-	e.key.Store(h)
+	t.Insert(at, h, v)
 	sh.live++
 	if !moved {
 		st.sweep(sh, t, now, sweepStep)
@@ -603,13 +478,12 @@ func (st *GCRAStore) insert(sh *gshard, t *gtable, h uint64, at int, v, now int6
 }
 
 // sweep examines n slots at the hand and tombstones the idle entries.
-func (st *GCRAStore) sweep(sh *gshard, t *gtable, now int64, n int) {
-	mask := len(t.slots) - 1
+func (st *GCRAStore) sweep(sh *gshard, t *atomictable.Table, now int64, n int) {
+	mask := t.Size() - 1
 	for ; n > 0; n-- {
 		i := sh.hand & mask
-		e := &t.slots[i]
-		if e.key.Load() != 0 {
-			if v := e.tat.Load(); v >= 0 && v <= now && e.tat.CompareAndSwap(v, tombTAT) {
+		if e := t.At(i); e.Key() != 0 {
+			if v := e.Val(); v >= 0 && v <= now && e.DeleteIf(v) {
 				sh.live--
 				sh.tombs++
 				sh.swept++
@@ -626,21 +500,21 @@ func (st *GCRAStore) sweep(sh *gshard, t *gtable, now int64, n int) {
 // TAT, whose debt tat − now is the least, the first of them on a tie, and
 // that debt is forgiven and counted (EvictedForgiven, ForgivenNanos).
 // Tombstones are skipped. The hand moves past the victim.
-func (st *GCRAStore) evict(sh *gshard, t *gtable, now int64) {
-	mask := len(t.slots) - 1
+func (st *GCRAStore) evict(sh *gshard, t *atomictable.Table, now int64) {
+	mask := t.Size() - 1
 	victim := -1
 	var vtat int64
 	for n := 0; n < capScan || victim < 0; n++ {
 		i := (sh.hand + n) & mask
-		e := &t.slots[i]
-		if e.key.Load() == 0 {
+		e := t.At(i)
+		if e.Key() == 0 {
 			continue
 		}
-		v := e.tat.Load()
+		v := e.Val()
 		if v < 0 {
 			continue // tombstone
 		}
-		if v <= now && e.tat.CompareAndSwap(v, tombTAT) {
+		if v <= now && e.DeleteIf(v) {
 			sh.hand = i
 			sh.live--
 			sh.tombs++
@@ -654,15 +528,15 @@ func (st *GCRAStore) evict(sh *gshard, t *gtable, now int64) {
 	sh.hand = (victim + 1) & mask
 	// A fast path may have spent the victim since it was read: the debt
 	// counted is the one it has when it goes.
-	v := t.slots[victim].tat.Swap(tombTAT)
+	v := t.At(victim).Delete()
 	sh.live--
 	sh.tombs++
 	sh.forgive(v - now)
 }
 
 // maybeShrink rebuilds the table smaller when it is under 1/8 full.
-func (st *GCRAStore) maybeShrink(sh *gshard, t *gtable, now int64) {
-	if t == nil || len(t.slots) <= minSlots || sh.live*8 >= len(t.slots) {
+func (st *GCRAStore) maybeShrink(sh *gshard, t *atomictable.Table, now int64) {
+	if t == nil || t.Size() <= minSlots || sh.live*8 >= t.Size() {
 		return
 	}
 	n := minSlots
@@ -672,39 +546,23 @@ func (st *GCRAStore) maybeShrink(sh *gshard, t *gtable, now int64) {
 	st.rebuild(sh, t, n, now)
 }
 
-// rebuild seals every slot of old, copies its live entries into a new table
-// of n slots (a power of two) and publishes it (I4). Entries idle at now are
-// dropped on the way and counted as swept. It resets the sweep hand and the
-// tombstone count. Under the shard mutex.
-func (st *GCRAStore) rebuild(sh *gshard, old *gtable, n int, now int64) *gtable {
-	nt := &gtable{slots: make([]gslot, n), shift: uint8(64 - bits.TrailingZeros(uint(n)))}
-	if old != nil {
-		mask := n - 1
-		for k := range old.slots {
-			e := &old.slots[k]
-			h := e.key.Load()
-			if h == 0 {
-				continue
-			}
-			v := e.tat.Load()
-			for v >= 0 && !e.tat.CompareAndSwap(v, v|sealBit) {
-				v = e.tat.Load()
-			}
-			if v < 0 {
-				continue // a tombstone (I3)
-			}
+// rebuild copies the live entries of old (nil: none) into a new table of n
+// slots (a power of two) and publishes it (atomictable's Rebuild). Entries
+// idle at now are dropped on the way and counted as swept. It resets the
+// sweep hand and the tombstone count. Under the shard mutex.
+func (st *GCRAStore) rebuild(sh *gshard, old *atomictable.Table, n int, now int64) *atomictable.Table {
+	var nt *atomictable.Table
+	if old == nil {
+		nt = atomictable.New(n, st.shardBits, tagMask)
+	} else {
+		nt = old.Rebuild(n, func(v int64) bool {
 			if v <= now { // idle: drop it like the sweep would
 				sh.live--
 				sh.swept++
-				continue
+				return false
 			}
-			i := st.home(nt, h)
-			for nt.slots[i].key.Load() != 0 {
-				i = (i + 1) & mask
-			}
-			nt.slots[i].tat.Store(v)
-			nt.slots[i].key.Store(h)
-		}
+			return true
+		})
 	}
 	sh.tombs = 0
 	sh.hand = 0

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/weir-dev/weir/internal/atomictable"
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 )
@@ -30,8 +31,8 @@ func checkGTable(t fataler, st *GCRAStore) {
 		live, tombs := 0, 0
 		if tb != nil {
 			seen := map[uint64]bool{}
-			for i := range tb.slots {
-				k, v := tb.slots[i].key.Load(), tb.slots[i].tat.Load()
+			for i := range tb.Size() {
+				k, v := tb.At(i).Key(), tb.At(i).Val()
 				switch {
 				case k == 0:
 					if v != 0 {
@@ -55,8 +56,8 @@ func checkGTable(t fataler, st *GCRAStore) {
 					}
 				}
 			}
-			if (live+tombs)*4 > len(tb.slots)*3 {
-				t.Fatal("load above 3/4", si, live, tombs, len(tb.slots))
+			if (live+tombs)*4 > tb.Size()*3 {
+				t.Fatal("load above 3/4", si, live, tombs, tb.Size())
 			}
 		}
 		if live != sh.live || tombs != sh.tombs {
@@ -67,7 +68,7 @@ func checkGTable(t fataler, st *GCRAStore) {
 }
 
 func TestGCRAStoreLayout(t *testing.T) {
-	if n := unsafe.Sizeof(gslot{}); n != 16 {
+	if n := unsafe.Sizeof(atomictable.Slot{}); n != 16 {
 		t.Fatalf("slot is %d bytes, want 16", n)
 	}
 	if n := unsafe.Sizeof(gshard{}); n != 128 {
@@ -186,9 +187,8 @@ func TestGCRAStoreSealedFallback(t *testing.T) {
 	if !ok {
 		t.Fatal("not found")
 	}
-	e := &tb.slots[i]
-	v := e.tat.Load()
-	e.tat.Store(v | sealBit)
+	e := tb.At(i)
+	e.Seal()
 	done := make(chan Decision)
 	go func() { done <- st.Apply(1, now, &g, 1) }()
 	select {
@@ -196,8 +196,8 @@ func TestGCRAStoreSealedFallback(t *testing.T) {
 		t.Fatalf("Apply went through a sealed slot: %+v", d)
 	case <-time.After(20 * time.Millisecond):
 	}
-	e.tat.Store(now + int64(400*time.Millisecond)) // 4 tokens spent
-	st.rebuild(sh, tb, len(tb.slots), now)         // and move it, for good measure
+	e.Set(now + int64(400*time.Millisecond)) // 4 tokens spent
+	st.rebuild(sh, tb, tb.Size(), now)       // and move it, for good measure
 	sh.mu.Unlock()
 	if d := <-done; !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("after the seal: %+v", d)
@@ -207,7 +207,7 @@ func TestGCRAStoreSealedFallback(t *testing.T) {
 	}
 	checkGTable(t, st)
 	// The retired table is sealed for good.
-	if tb.slots[i].tat.Load() >= 0 {
+	if tb.At(i).Val() >= 0 {
 		t.Fatal("old table not sealed")
 	}
 }
@@ -244,9 +244,10 @@ func TestGCRAStoreDeterministic(t *testing.T) {
 		return st, func() []uint64 {
 			var live []uint64
 			for i := range st.shards {
-				for j := range st.shards[i].table.Load().slots {
-					sl := &st.shards[i].table.Load().slots[j]
-					live = append(live, sl.key.Load(), uint64(sl.tat.Load()))
+				tb := st.shards[i].table.Load()
+				for j := range tb.Size() {
+					sl := tb.At(j)
+					live = append(live, sl.Key(), uint64(sl.Val()))
 				}
 			}
 			return live

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-dev/weir/internal/keytable"
 )
 
 // StoreConfig configures a Store. The zero value works: 10 M keys over 256
@@ -55,24 +57,17 @@ const (
 	capScan   = 64 // slots examined at the cap looking for an idle entry
 )
 
-type slot[S any] struct {
-	key   uint64 // mixed key; 0 = empty
-	state S
-}
-
-// shard is one lock and one open-addressing table: linear probing,
-// backward-shift deletion, power-of-two size, max load 3/4. It is padded to
-// 128 bytes so no two shards share a cache line (or an adjacent-line pair).
+// shard is one lock and one table (keytable: linear probing, backward-shift
+// deletion, a power-of-two size) kept at most 3/4 full. It is padded to 128
+// bytes so no two shards share a cache line (or an adjacent-line pair).
 type shard[S any, P State[S]] struct {
 	mu        sync.Mutex
-	slots     []slot[S]
-	scratch   *S    // a heap cell for stepping a not-yet-inserted state without allocating
-	count     int   // occupied slots
-	hand      int   // sweep hand, a slot index
-	tshift    uint8 // 64 − log2(len(slots))
-	inTime    bool  // the unit of evictions.forgiven: ns, else tokens (see debtor)
-	evictions       // see StoreStats
-	_         [32]byte
+	tab       keytable.Table[S]
+	scratch   *S   // a heap cell for stepping a not-yet-inserted state without allocating
+	hand      int  // sweep hand, a slot index
+	inTime    bool // the unit of evictions.forgiven: ns, else tokens (see debtor)
+	evictions      // see StoreStats
+	_         [16]byte
 }
 
 // Store maps 64-bit keys to per-key algorithm state S. It is safe for
@@ -98,6 +93,7 @@ func NewStore[S any, P State[S]](cfg StoreConfig) (*Store[S, P], error) {
 	}
 	st := &Store[S, P]{shards: make([]shard[S, P], shards), layout: lay}
 	for i := range st.shards {
+		st.shards[i].tab = keytable.New[S](lay.shardBits, tagMask)
 		st.shards[i].scratch = new(S)
 	}
 	return st, nil
@@ -195,30 +191,9 @@ func (st *Store[S, P]) shardOf(h uint64) *shard[S, P] {
 	return &st.shards[h>>st.shardShift]
 }
 
-// home is the first slot probed for h: the bits just below the shard bits,
-// the best-mixed bits of a multiplicative hash.
-func (st *Store[S, P]) home(sh *shard[S, P], h uint64) int {
-	return int((h << st.shardBits) >> sh.tshift)
-}
-
-// find returns the slot index of h, or the empty slot where probing stopped.
-func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) {
-	if sh.slots == nil {
-		return -1, false
-	}
-	mask := len(sh.slots) - 1
-	i := st.home(sh, h)
-	for {
-		k := sh.slots[i].key
-		if k&^tagMask == h&^tagMask {
-			return i, true
-		}
-		if k == 0 {
-			return i, false
-		}
-		i = (i + 1) & mask
-	}
-}
+// find returns the slot index of h, or the empty slot where probing
+// stopped (-1 if there is no table).
+func (st *Store[S, P]) find(sh *shard[S, P], h uint64) (int, bool) { return sh.tab.Find(h) }
 
 // Apply finds key's state (or a zero state if absent), steps alg on it with
 // cost at now, and returns the decision. An entry whose state is Idle after
@@ -249,14 +224,14 @@ func (st *Store[S, P]) apply(key uint64, tag uint16, strict bool, now int64, alg
 	sh.mu.Lock()
 	i, ok := st.find(sh, h)
 	if ok {
-		e := &sh.slots[i]
-		if strict && e.key != h|uint64(tag&tagMask) {
+		e := sh.tab.At(i)
+		if strict && e.Key != h|uint64(tag&tagMask) {
 			// Even an idle entry: converted, it may be live again (a
 			// lengthened window).
 			sh.mu.Unlock()
 			return Decision{}, false
 		}
-		p := &e.state
+		p := &e.Val
 		d := alg.Step(p, now, cost)
 		if P(p).Idle(now) {
 			st.deleteAt(sh, i)
@@ -289,16 +264,16 @@ func (st *Store[S, P]) Retag(key uint64, tag uint16, now int64, fn func(from uin
 	if !ok {
 		return true
 	}
-	e := &sh.slots[i]
-	from := uint16(e.key & tagMask)
+	e := sh.tab.At(i)
+	from := uint16(e.Key & tagMask)
 	if from == tag&tagMask {
 		return true
 	}
-	if !fn(from, &e.state) {
+	if !fn(from, &e.Val) {
 		return false
 	}
-	e.key = h | uint64(tag&tagMask)
-	if P(&e.state).Idle(now) {
+	e.Key = h | uint64(tag&tagMask)
+	if P(&e.Val).Idle(now) {
 		st.deleteAt(sh, i)
 		st.maybeShrink(sh)
 	}
@@ -332,7 +307,7 @@ func (st *Store[S, P]) PeekTagged(key uint64, now int64) (S, uint16, bool) {
 		var zero S
 		return zero, 0, false
 	}
-	return sh.slots[i].state, uint16(sh.slots[i].key & tagMask), true
+	return sh.tab.At(i).Val, uint16(sh.tab.At(i).Key & tagMask), true
 }
 
 // SetGrace makes the sweep and the key cap treat an entry as idle only once
@@ -354,8 +329,8 @@ func (st *Store[S, P]) Update(key uint64, now int64, fn func(s *S)) {
 	defer sh.mu.Unlock()
 	i, ok := st.find(sh, h)
 	if ok {
-		fn(&sh.slots[i].state)
-		if P(&sh.slots[i].state).Idle(now) {
+		fn(&sh.tab.At(i).Val)
+		if P(&sh.tab.At(i).Val).Idle(now) {
 			st.deleteAt(sh, i)
 			st.maybeShrink(sh)
 		}
@@ -382,7 +357,7 @@ func (st *Store[S, P]) Take(key uint64, now int64) (S, uint16, bool) {
 	if !ok {
 		return zero, 0, false
 	}
-	s, tag := sh.slots[i].state, uint16(sh.slots[i].key&tagMask)
+	s, tag := sh.tab.At(i).Val, uint16(sh.tab.At(i).Key&tagMask)
 	st.deleteAt(sh, i)
 	st.maybeShrink(sh)
 	return s, tag, true
@@ -397,8 +372,8 @@ func (st *Store[S, P]) Put(key uint64, tag uint16, now int64, s S) {
 	defer sh.mu.Unlock()
 	i, ok := st.find(sh, h)
 	if ok {
-		sh.slots[i] = slot[S]{key: h | uint64(tag&tagMask), state: s}
-		if P(&sh.slots[i].state).Idle(now) {
+		*sh.tab.At(i) = keytable.Slot[S]{Key: h | uint64(tag&tagMask), Val: s}
+		if P(&sh.tab.At(i).Val).Idle(now) {
 			st.deleteAt(sh, i)
 			st.maybeShrink(sh)
 		}
@@ -431,8 +406,8 @@ func (st *Store[S, P]) Stats() StoreStats {
 	for i := range st.shards {
 		sh := &st.shards[i]
 		sh.mu.Lock()
-		s.Live += sh.count
-		s.Slots += len(sh.slots)
+		s.Live += sh.tab.Len()
+		s.Slots += sh.tab.Size()
 		sh.evictions.addTo(&s, sh.inTime)
 		sh.mu.Unlock()
 	}
@@ -445,28 +420,23 @@ func (st *Store[S, P]) Stats() StoreStats {
 func (st *Store[S, P]) insert(sh *shard[S, P], h uint64, at int, now int64) {
 	now -= st.grace.Load() // idle for the sweep and the cap: see SetGrace
 	moved := false
-	if sh.count >= st.perShard {
+	if sh.tab.Len() >= st.perShard {
 		if st.perShard == 0 {
 			return // MaxKeys 0 after defaults cannot happen; keep nothing
 		}
 		st.evict(sh, now)
 		moved = true
 	}
-	if sh.slots == nil || (sh.count+1)*4 > len(sh.slots)*3 {
-		n := minSlots
-		if sh.slots != nil {
-			n = len(sh.slots) * 2
-		}
-		st.resize(sh, n)
+	if n := sh.tab.Size(); n == 0 || (sh.tab.Len()+1)*4 > n*3 {
+		st.resize(sh, max(2*n, minSlots))
 		moved = true
 	}
 	if moved {
 		at, _ = st.find(sh, h)
 	}
-	sh.slots[at] = slot[S]{key: h, state: *sh.scratch}
+	sh.tab.Insert(at, h, *sh.scratch)
 	var zero S
 	*sh.scratch = zero
-	sh.count++
 	if !moved {
 		st.sweep(sh, now, sweepStep)
 	}
@@ -474,10 +444,10 @@ func (st *Store[S, P]) insert(sh *shard[S, P], h uint64, at int, now int64) {
 
 // sweep examines n slots at the hand and deletes the idle ones.
 func (st *Store[S, P]) sweep(sh *shard[S, P], now int64, n int) {
-	mask := len(sh.slots) - 1
+	mask := sh.tab.Size() - 1
 	for ; n > 0; n-- {
 		i := sh.hand & mask
-		if sh.slots[i].key != 0 && P(&sh.slots[i].state).Idle(now) {
+		if e := sh.tab.At(i); e.Key != 0 && P(&e.Val).Idle(now) {
 			st.deleteAt(sh, i) // a later entry may shift into i: examine i again
 			sh.swept++
 			continue
@@ -497,15 +467,16 @@ func (st *Store[S, P]) sweep(sh *shard[S, P], now int64, n int) {
 // indebted of them is never the victim while a less indebted one is there.
 // The hand moves past the victim.
 func (st *Store[S, P]) evict(sh *shard[S, P], now int64) {
-	mask := len(sh.slots) - 1
+	mask := sh.tab.Size() - 1
 	victim := -1
 	var vowed int64
 	for n := 0; n < capScan || victim < 0; n++ {
 		i := (sh.hand + n) & mask
-		if sh.slots[i].key == 0 {
+		e := sh.tab.At(i)
+		if e.Key == 0 {
 			continue
 		}
-		p := P(&sh.slots[i].state)
+		p := P(&e.Val)
 		if p.Idle(now) {
 			sh.hand = i
 			st.deleteAt(sh, i)
@@ -522,35 +493,17 @@ func (st *Store[S, P]) evict(sh *shard[S, P], now int64) {
 	sh.forgive(vowed)
 }
 
-// deleteAt empties slot i with backward-shift deletion: later entries of the
-// probe run move back so lookups never need tombstones.
-func (st *Store[S, P]) deleteAt(sh *shard[S, P], i int) {
-	mask := len(sh.slots) - 1
-	j := i
-	for {
-		j = (j + 1) & mask
-		k := sh.slots[j].key
-		if k == 0 {
-			break
-		}
-		home := st.home(sh, k)
-		// The entry at j may move to i iff i lies cyclically in [home, j).
-		if (j-home)&mask >= (j-i)&mask {
-			sh.slots[i] = sh.slots[j]
-			i = j
-		}
-	}
-	sh.slots[i] = slot[S]{}
-	sh.count--
-}
+// deleteAt empties slot i (keytable's backward shift: later entries of the
+// probe run move back, so lookups never need tombstones).
+func (st *Store[S, P]) deleteAt(sh *shard[S, P], i int) { sh.tab.DeleteAt(i) }
 
 // maybeShrink halves the table (or more) when it is under 1/8 full.
 func (st *Store[S, P]) maybeShrink(sh *shard[S, P]) {
-	if len(sh.slots) <= minSlots || sh.count*8 >= len(sh.slots) {
+	if sh.tab.Size() <= minSlots || sh.tab.Len()*8 >= sh.tab.Size() {
 		return
 	}
 	n := minSlots
-	for n < sh.count*2 {
+	for n < sh.tab.Len()*2 {
 		n *= 2
 	}
 	st.resize(sh, n)
@@ -559,20 +512,6 @@ func (st *Store[S, P]) maybeShrink(sh *shard[S, P]) {
 // resize rehashes the shard into a table of n slots (a power of two) and
 // resets the sweep hand.
 func (st *Store[S, P]) resize(sh *shard[S, P], n int) {
-	old := sh.slots
-	sh.slots = make([]slot[S], n)
-	sh.tshift = uint8(64 - bits.TrailingZeros(uint(n)))
+	sh.tab.Resize(n)
 	sh.hand = 0
-	mask := n - 1
-	for k := range old {
-		e := &old[k]
-		if e.key == 0 {
-			continue
-		}
-		i := st.home(sh, e.key)
-		for sh.slots[i].key != 0 {
-			i = (i + 1) & mask
-		}
-		sh.slots[i] = *e
-	}
 }

@@ -85,8 +85,8 @@ func checkTable[S any, P State[S]](t *testing.T, st *Store[S, P]) {
 	for si := range st.shards {
 		sh := &st.shards[si]
 		n := 0
-		for i := range sh.slots {
-			k := sh.slots[i].key
+		for i := range sh.tab.Size() {
+			k := sh.tab.At(i).Key
 			if k == 0 {
 				continue
 			}
@@ -95,8 +95,8 @@ func checkTable[S any, P State[S]](t *testing.T, st *Store[S, P]) {
 				t.Fatalf("shard %d slot %d unreachable", si, i)
 			}
 		}
-		if n != sh.count {
-			t.Fatalf("shard %d count %d, found %d", si, sh.count, n)
+		if n != sh.tab.Len() {
+			t.Fatalf("shard %d count %d, found %d", si, sh.tab.Len(), n)
 		}
 	}
 }
@@ -216,8 +216,9 @@ func TestStoreDeterministic(t *testing.T) {
 		return genericTAT{st}, func() []uint64 {
 			var live []uint64
 			for i := range st.shards {
-				for _, sl := range st.shards[i].slots {
-					live = append(live, sl.key)
+				tab := &st.shards[i].tab
+				for j := range tab.Size() {
+					live = append(live, tab.At(j).Key)
 				}
 			}
 			return live

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/weir-dev/weir/internal/posindex"
 	"github.com/weir-dev/weir/internal/prefetch"
 )
 
@@ -68,6 +69,11 @@ func (b *Backlog) Add(m *Message) {
 	// group's hashes are taken, each one's slot asked for, and only then
 	// are the lookups made.
 	var hs [prefetchGroup]uint64
+	var it *SyncItem
+	same := func(j int) bool { // the sync at j has it's key
+		old := &b.msg.Syncs[j]
+		return old.Gen == it.Gen && old.Identity == it.Identity && old.Rule == it.Rule
+	}
 	prefetchIdentities(syncs[:min(len(syncs), prefetchGroup)])
 	for len(syncs) > 0 {
 		group := syncs[:min(len(syncs), prefetchGroup)]
@@ -75,17 +81,17 @@ func (b *Backlog) Add(m *Message) {
 		prefetchIdentities(syncs[:min(len(syncs), prefetchGroup)])
 		for i := range group {
 			hs[i] = b.idx.hash(&group[i])
-			b.idx.prefetch(hs[i])
+			b.idx.pos.Prefetch(hs[i])
 		}
 		for i := range group {
-			it := &group[i]
-			if j, ok := b.idx.find(b.msg.Syncs, hs[i], it); ok {
+			it = &group[i]
+			if j, ok := b.idx.pos.Find(hs[i], same); ok {
 				if old := &b.msg.Syncs[j]; it.Total >= old.Total {
 					*old = *it
 				}
 				continue
 			}
-			b.idx.insert(hs[i], len(b.msg.Syncs))
+			b.idx.pos.Insert(hs[i], len(b.msg.Syncs))
 			b.msg.Syncs = append(b.msg.Syncs, *it)
 		}
 	}
@@ -122,7 +128,7 @@ func (b *Backlog) Take() Message {
 		Handoffs: b.spare.Handoffs,
 	}
 	b.spare = Message{}
-	b.idx.reset()
+	b.idx.pos.Reset(maxIdleIndexSlots)
 	return m
 }
 
@@ -172,25 +178,18 @@ func (m *Message) Merge(n *Message) {
 	}
 }
 
-// syncIndex finds a queued sync by its (rule, identity, generation): an
-// open-addressed table of positions in the Backlog's syncs, probed
-// linearly, at most half full. A slot holds the high 32 bits of the key's
-// hash and the position + 1 (0: empty), so that the table has no pointers
-// (clearing it is a memclr the collector never scans) and a probe compares
-// the keys only when their tags match. The hash is seeded per Backlog
-// (maphash), so that no one can choose identities that collide; the seed
-// decides only where positions are kept, never what the Backlog holds.
+// syncIndex finds a queued sync by its (rule, identity, generation): a
+// posindex of positions in the Backlog's syncs. The hash is seeded per
+// Backlog (maphash), so that no one can choose identities that collide;
+// the seed decides only where positions are kept, never what the Backlog
+// holds.
 type syncIndex struct {
-	slots    []uint64
-	used     int // slots not empty
+	pos      posindex.Index
 	seed     maphash.Seed
 	seeded   bool
 	lastRule string // rule of the last hash, and its hash: rules are few
 	ruleHash uint64
 }
-
-// minIndexSlots is the smallest table syncIndex makes.
-const minIndexSlots = 64
 
 // hash returns the hash of it's (rule, identity, generation).
 func (x *syncIndex) hash(it *SyncItem) uint64 {
@@ -210,77 +209,16 @@ func (x *syncIndex) hash(it *SyncItem) uint64 {
 }
 
 // reserve makes room for n positions of syncs (those of syncs indexed
-// already, the rest to come), growing and refilling the table when it
-// would be more than half full.
+// already, the rest to come), indexing syncs again when the table is made
+// anew.
 func (x *syncIndex) reserve(syncs []SyncItem, n int) {
-	if 2*n <= len(x.slots) {
-		return
-	}
-	size := max(len(x.slots), minIndexSlots)
-	for size < 2*n {
-		size *= 2
-	}
-	x.slots = make([]uint64, size)
-	x.used = 0
-	for i := range syncs {
-		x.insert(x.hash(&syncs[i]), i)
-	}
-}
-
-// prefetch asks for the cache line of the first slot a key of hash h
-// probes (the table is large when it matters: a hint otherwise).
-func (x *syncIndex) prefetch(h uint64) {
-	if len(x.slots) > minIndexSlots {
-		prefetch.Line(uintptr(unsafe.Pointer(&x.slots[h&uint64(len(x.slots)-1)])))
-	}
-}
-
-// find returns the position in syncs of the sync with it's key, whose hash
-// is h.
-func (x *syncIndex) find(syncs []SyncItem, h uint64, it *SyncItem) (int, bool) {
-	if len(x.slots) == 0 {
-		return 0, false
-	}
-	mask := uint64(len(x.slots) - 1)
-	tag := h >> 32
-	for i := h & mask; ; i = (i + 1) & mask {
-		s := x.slots[i]
-		if s == 0 {
-			return 0, false
-		}
-		if s>>32 == tag {
-			j := int(uint32(s)) - 1
-			if old := &syncs[j]; old.Gen == it.Gen && old.Identity == it.Identity && old.Rule == it.Rule {
-				return j, true
-			}
+	if x.pos.Reserve(n) {
+		for i := range syncs {
+			x.pos.Insert(x.hash(&syncs[i]), i)
 		}
 	}
 }
 
-// insert records position pos under hash h; the table has room (reserve).
-func (x *syncIndex) insert(h uint64, pos int) {
-	mask := uint64(len(x.slots) - 1)
-	i := h & mask
-	for x.slots[i] != 0 {
-		i = (i + 1) & mask
-	}
-	x.slots[i] = h>>32<<32 | uint64(uint32(pos+1))
-	x.used++
-}
-
-// reset forgets every position, keeping the table unless it is large and
-// was mostly empty (a burst is over: the next fill sizes a new one).
-func (x *syncIndex) reset() {
-	if len(x.slots) > maxIdleIndexSlots && 8*x.used < len(x.slots) {
-		x.slots, x.used = nil, 0
-		return
-	}
-	if x.used > 0 {
-		clear(x.slots)
-		x.used = 0
-	}
-}
-
-// maxIdleIndexSlots is the largest table reset keeps however little of it
+// maxIdleIndexSlots is the largest table Take keeps however little of it
 // the last fill used.
 const maxIdleIndexSlots = 1 << 16

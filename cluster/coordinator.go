@@ -427,7 +427,7 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 	if h == 0 {
 		h = hashID(identity)
 	}
-	e := c.nodesOf(r).getH(h, identity)
+	e := c.nodesOf(r).GetH(h, identity)
 	var oe *ownerEntry
 	looked := false // oe is this node's bucket of k, or nil for none
 	scored := false // owner came from scoring the table now
@@ -436,7 +436,7 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 		// A gated rule's identity with no entry here, bucket or node
 		// entry, goes to the gate whoever owns it (no peer is down), so
 		// the ring need not be scored unless the gate promotes it.
-		oe, looked = c.ownedOf(r).getH(h, identity), true
+		oe, looked = c.ownedOf(r).GetH(h, identity), true
 		if oe == nil {
 			if o, ok := c.gate(now, r, identity, cost); ok {
 				*out = o
@@ -454,7 +454,7 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 		// The owner of an identity whose bucket is here, found under the
 		// table in force, is this node: no need to score the ring again.
 		if !looked {
-			oe, looked = c.ownedOf(r).getH(h, identity), true
+			oe, looked = c.ownedOf(r).GetH(h, identity), true
 		}
 		if oe == nil || oe.mineIn != c.tables {
 			scored = true

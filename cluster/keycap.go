@@ -1,6 +1,10 @@
 package cluster
 
-import "math"
+import (
+	"math"
+
+	"github.com/weir-dev/weir/internal/strtable"
+)
 
 // This file keeps, per rule, the coordinator's entries in two lazy min-heaps
 // of wake times, so that neither Tick nor the key cap walks every entry:
@@ -467,7 +471,7 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 }
 
 // keyMap maps entry keys to entries of type P: one table by identity per
-// rule (strtable.go), so that a lookup hashes and compares the identity
+// rule (internal/strtable), so that a lookup hashes and compares the identity
 // alone (the rule is found by a comparison with the rule used last, mostly),
 // and no slot holds a string (the entry knows its key). Its zero value is
 // empty and ready to use.
@@ -477,7 +481,7 @@ func (c *Coordinator) evictNode(now int64, e *nodeEntry) {
 // no tombstone, and the table is made again at its live size once it has
 // seen more deletions than rebuildAfter(live) (amortised, one copy per
 // deletion), which gives back what a peak took.
-type keyMap[P tableEntry] struct {
+type keyMap[P strtable.Entry] struct {
 	byRule map[string]*strTable[P]
 	rule   string       // the rule of last, the table used last
 	last   *strTable[P] // nil: none yet
@@ -511,7 +515,7 @@ func (m *keyMap[P]) get(k entryKey) P {
 		var none P
 		return none
 	}
-	return ids.get(k.identity)
+	return ids.Get(k.identity)
 }
 
 // getH is get of k whose identity's hashID is h.
@@ -521,7 +525,7 @@ func (m *keyMap[P]) getH(k entryKey, h uint64) P {
 		var none P
 		return none
 	}
-	return ids.getH(h, k.identity)
+	return ids.GetH(h, k.identity)
 }
 
 // set makes v k's entry.
@@ -529,7 +533,7 @@ func (m *keyMap[P]) set(k entryKey, v P) { m.setH(k, hashID(k.identity), v) }
 
 // setH is set of k whose identity's hashID is h.
 func (m *keyMap[P]) setH(k entryKey, h uint64, v P) {
-	if m.of(k.rule, true).setH(h, k.identity, v) {
+	if m.of(k.rule, true).SetH(h, k.identity, v) {
 		m.n++
 	}
 }
@@ -538,7 +542,7 @@ func (m *keyMap[P]) setH(k entryKey, h uint64, v P) {
 // rule's table stays when it empties: the rules are few, and their entries
 // come back.
 func (m *keyMap[P]) delH(k entryKey, h uint64) {
-	if ids := m.of(k.rule, false); ids != nil && ids.delH(h, k.identity) {
+	if ids := m.of(k.rule, false); ids != nil && ids.DelH(h, k.identity) {
 		m.n--
 	}
 }
@@ -554,7 +558,7 @@ func (m *keyMap[P]) all(f func(k entryKey, v P)) {
 	var vs []P
 	var ids []string
 	for rule, t := range m.byRule {
-		ids, vs = t.appendAll(ids[:0], vs)
+		ids, vs = t.AppendAll(ids[:0], vs)
 		for _, id := range ids {
 			keys = append(keys, entryKey{rule, id})
 		}

@@ -52,8 +52,8 @@ type report struct {
 	grant grantState // demand-following slack only
 }
 
-// tableID returns oe's identity, its key in its strTable.
-func (oe *ownerEntry) tableID() string { return oe.key.identity }
+// TableID returns oe's identity, its key in its strTable.
+func (oe *ownerEntry) TableID() string { return oe.key.identity }
 
 // ownedKeys returns the keys of the owner entries of every rule that pick
 // selects, in key order, not map order (the key cap's heaps see them in
@@ -65,7 +65,7 @@ func (c *Coordinator) ownedKeys(pick func(id string, o *RuleParams) bool) []entr
 			continue
 		}
 		if t := c.owned.of(id, false); t != nil {
-			ids, _ := t.appendAll(nil, nil)
+			ids, _ := t.AppendAll(nil, nil)
 			for _, identity := range ids {
 				keys = append(keys, entryKey{id, identity})
 			}
@@ -212,7 +212,7 @@ func (c *Coordinator) shareStep(now int64, r *RuleParams, k entryKey, oe *ownerE
 // under r (whose ID is k.rule), creating it: right after a ring change, as a
 // warming one (see warmup.go).
 func (c *Coordinator) ownedEntry(now int64, r *RuleParams, k entryKey, h uint64) *ownerEntry {
-	oe := c.ownedOf(r).getH(h, k.identity)
+	oe := c.ownedOf(r).GetH(h, k.identity)
 	if oe == nil {
 		oe = c.newOwnerEntry(now, k, h)
 		if now < c.warmUntil && c.table != nil {
@@ -445,7 +445,7 @@ func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
 		if h == 0 {
 			h = hashID(k.identity)
 		}
-		oe := c.ownedOf(r).getH(h, k.identity)
+		oe := c.ownedOf(r).GetH(h, k.identity)
 		switch owner := c.ownerFor(k.identity, oe); {
 		case owner != "" && sameString(owner, from):
 			// The identity's owner in this node's ring, waiting for our
@@ -548,7 +548,7 @@ func (c *Coordinator) markHandedOver(t OwnerTable) {
 // warms up, else its bucket here. oe is its bucket, or nil for none yet.
 func (c *Coordinator) decideOwned(out *Outcome, now int64, r *RuleParams, k entryKey, h uint64, oe *ownerEntry, looked, scored, gated bool, cost int64) {
 	if !looked {
-		oe = c.ownedOf(r).getH(h, k.identity)
+		oe = c.ownedOf(r).GetH(h, k.identity)
 	}
 	if r.sk != nil && oe == nil && !gated {
 		if o, ok := c.gate(now, r, k.identity, cost); ok {

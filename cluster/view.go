@@ -30,8 +30,8 @@ type nodeEntry struct {
 	dead     bool   // dropped: items left in the heap are stale
 }
 
-// tableID returns e's identity, its key in its strTable.
-func (e *nodeEntry) tableID() string { return e.key.identity }
+// TableID returns e's identity, its key in its strTable.
+func (e *nodeEntry) TableID() string { return e.key.identity }
 
 // idle reports whether e equals no entry at now and may be dropped: its
 // spend is acknowledged, nothing is pending, and its view of the owner's
