@@ -465,7 +465,20 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 		mine = sameString(owner, c.cfg.Self)
 	}
 	if mine {
-		c.decideOwned(out, now, r, k, h, oe, looked, scored, gated, cost)
+		if !looked {
+			oe = c.ownedOf(r).GetH(h, identity)
+		}
+		if oe != nil && !oe.warming {
+			// The common case, stepped here: the bucket is here and no
+			// previous owner may still hold its state.
+			if scored {
+				oe.mineIn = c.tables
+			}
+			d, _ := c.ownerStep(now, r, k, h, cost, oe)
+			*out = Outcome{Decision: d, Source: SourceOwner}
+			return nil
+		}
+		c.decideOwned(out, now, r, k, h, oe, scored, gated, cost)
 		return nil
 	}
 	c.decideAsNode(out, now, r, k, h, e, owner, gated, cost)

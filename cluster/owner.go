@@ -545,11 +545,9 @@ func (c *Coordinator) markHandedOver(t OwnerTable) {
 
 // decideOwned decides a request for an identity this node owns: the gate
 // for a gated rule's new identity, the relay to its previous owner while it
-// warms up, else its bucket here. oe is its bucket, or nil for none yet.
-func (c *Coordinator) decideOwned(out *Outcome, now int64, r *RuleParams, k entryKey, h uint64, oe *ownerEntry, looked, scored, gated bool, cost int64) {
-	if !looked {
-		oe = c.ownedOf(r).GetH(h, k.identity)
-	}
+// warms up, else its bucket here. oe is its bucket, or nil for none yet
+// (DecideInto steps a settled bucket itself).
+func (c *Coordinator) decideOwned(out *Outcome, now int64, r *RuleParams, k entryKey, h uint64, oe *ownerEntry, scored, gated bool, cost int64) {
 	if r.sk != nil && oe == nil && !gated {
 		if o, ok := c.gate(now, r, k.identity, cost); ok {
 			*out = o

@@ -173,6 +173,12 @@ func (t *InmemTransport) Exchange(ctx context.Context, addr string, m *cluster.M
 			timer.Stop()
 			return nil, ErrTransportClosed
 		}
+		// A deadline that passed during the delay ends the call even when
+		// the delay's timer won the race (a late-scheduled goroutine sees
+		// both ready), as a network would have.
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("cluster: exchange with %s: %w", addr, ctx.Err())
+		}
 		// Faults injected during the delay apply to this call.
 		if dst, _, err = t.net.route(t.self, addr); err != nil {
 			return nil, err
