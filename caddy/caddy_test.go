@@ -45,6 +45,19 @@ func load(t testing.TB, caddyfile string) {
 	t.Cleanup(func() { caddy.Stop() })
 }
 
+// loadForever is load for the benchmark's Caddy, which runs until the
+// process ends.
+func loadForever(t testing.TB, caddyfile string) {
+	t.Helper()
+	cfg, err := adapt(caddyfile)
+	if err != nil {
+		t.Fatalf("adapting the Caddyfile: %v\n%s", err, caddyfile)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading the config: %v\n%s", err, caddyfile)
+	}
+}
+
 // freePorts returns n loopback ports free at the time of the call.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
@@ -246,3 +259,4 @@ func TestThreeInstanceCluster(t *testing.T) {
 		t.Errorf("admitted %d, want between %d and %d", admitted, burst-3, upper)
 	}
 }
+

@@ -31,8 +31,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/hashicorp/memberlist"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/hashicorp/memberlist"
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/quota"
 )
