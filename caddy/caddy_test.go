@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -15,10 +16,13 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/caddy"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // global keeps the tests' Caddy away from the admin endpoint, ACME and the
@@ -260,3 +264,78 @@ func TestThreeInstanceCluster(t *testing.T) {
 	}
 }
 
+// The complete Caddyfile of docs/caddy.md adapts, and its weir handler is
+// the one the doc describes.
+func TestDocsCaddyfile(t *testing.T) {
+	doc, err := os.ReadFile("../docs/caddy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "## A complete Caddyfile")
+	_, rest, ok2 := strings.Cut(rest, "```caddyfile\n")
+	body, _, ok3 := strings.Cut(rest, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("docs/caddy.md has no complete Caddyfile")
+	}
+	cfg, err := adapt(body)
+	if err != nil {
+		t.Fatalf("adapting docs/caddy.md's Caddyfile: %v", err)
+	}
+	for _, want := range []string{`"handler":"weir"`, `"name":"gw-1"`, `"key_files":["/etc/weir/gossip.key"]`, `"handler":"reverse_proxy"`} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("the adapted config lacks %s:\n%s", want, cfg)
+		}
+	}
+}
+
+// The "user" identity is {http.auth.user.id}, set by basic_auth before
+// weir in Caddy's directive order: each user has a bucket of their own.
+func TestUserFromBasicAuth(t *testing.T) {
+	hash, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := freePorts(t, 1)[0]
+	load(t, global+fmt.Sprintf("http://127.0.0.1:%d {\n\tbasic_auth {\n\t\talice %s\n\t\tbob %s\n\t}\n\tweir users {\n%s\n\t}\n\trespond ok\n}\n", p, hash, hash,
+		"\t\trules <<YAML\n\t\trules:\n\t\t  - id: per-user\n\t\t    key: [user]\n\t\t    limit: 1\n\t\t    window: 1h\n\t\tYAML"))
+	do := func(user string) int {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", p), nil)
+		req.SetBasicAuth(user, "pw")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := []int{do("alice"), do("alice"), do("bob")}; fmt.Sprint(got) != "[200 429 200]" {
+		t.Errorf("alice, alice, bob: %v, want [200 429 200]", got)
+	}
+}
+
+// rules_file is watched as weir watches it: an edit takes effect without a
+// Caddy reload.
+func TestRulesFileHotReload(t *testing.T) {
+	path := t.TempDir() + "/rules.yaml"
+	write := func(id string) {
+		rules := "rules:\n  - id: " + id + "\n    key: [header:X-API-Key]\n    limit: 60\n    window: 1h\n    burst: 3\n"
+		if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("first")
+	p := freePorts(t, 1)[0]
+	load(t, global+site(p, "file", "\t\trules_file "+path, "ok"))
+	if a := get(t, p, "k"); !strings.Contains(a.header.Get("RateLimit-Policy"), `"first"`) {
+		t.Fatalf("RateLimit-Policy %q, want the rule first", a.header.Get("RateLimit-Policy"))
+	}
+	write("second")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if a := get(t, p, "k"); strings.Contains(a.header.Get("RateLimit-Policy"), `"second"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the edited rules file was not in force after 10s")
+		}
+	}
+}

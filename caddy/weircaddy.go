@@ -58,7 +58,8 @@ type Handler struct {
 	RulesFile string `json:"rules_file,omitempty"`
 
 	// User is the placeholder whose value is the identity of "user" key
-	// sources. Default "{http.auth.user.id}".
+	// sources. Default "{http.auth.user.id}". A placeholder with no value
+	// (no authenticated user) is empty, as for the other placeholders.
 	User string `json:"user,omitempty"`
 
 	// Tier is the placeholder whose value selects a rule's tier. Empty
@@ -279,10 +280,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	req := n.RequestFromHTTP(r)
 	if repl != nil {
-		req.ClientIP = repl.ReplaceKnown(h.ClientIP, "")
-		req.User = repl.ReplaceKnown(h.User, "")
+		req.ClientIP = repl.ReplaceAll(h.ClientIP, "")
+		req.User = repl.ReplaceAll(h.User, "")
 		if h.Tier != "" {
-			req.Tier = repl.ReplaceKnown(h.Tier, "")
+			req.Tier = repl.ReplaceAll(h.Tier, "")
 		}
 	}
 	d := n.Allow(r.Context(), req)
