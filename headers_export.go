@@ -31,3 +31,25 @@ func retryAfterSeconds(d *Decision) (s int64, ok bool) {
 	}
 	return max(ceilSeconds(ra), 1), true
 }
+
+// WriteRejection answers a request that d does not admit exactly as the
+// middleware does: 400 with an application/problem+json body when d.Err is
+// set; otherwise the fields of WriteHeaders, 429, Cache-Control: no-store
+// and a problem+json body naming every violated rule. It writes nothing when
+// d admits the request. It is how routers with their own middleware
+// conventions (gin, echo, Caddy) answer a rejection with the same bytes.
+func WriteRejection(w http.ResponseWriter, d *Decision) {
+	if d.Err != nil {
+		writeProblem(w, http.StatusBadRequest, problem{
+			Title:  "Bad Request",
+			Status: http.StatusBadRequest,
+			Detail: d.Err.Error(),
+		})
+		return
+	}
+	if d.Allowed {
+		return
+	}
+	writeHeaders(w.Header(), d)
+	writeRejection(w, d)
+}
