@@ -22,17 +22,18 @@ type nodeEntry struct {
 	fallback bucket.TAT
 	grant    nodeGrant // demand-following slack only
 	sent     int64     // highest total reported
+	version  uint64
+	gen      uint64
+	rk       *ruleKeys // its rule's keys (keycap.go)
+	key      entryKey
+	h        uint64 // hashID(key.identity)
+	dead     bool   // dropped: items left in the heap are stale
+
 	// refunded is the cumulative tokens of this generation the owner is
 	// asked to give back, refundBase the part of it settled (acknowledged,
 	// or given up), refundAt when the oldest unsettled refund was asked
 	// (refund.go).
 	refunded, refundBase, refundAt int64
-	version                        uint64
-	gen                            uint64
-	rk                             *ruleKeys // its rule's keys (keycap.go)
-	key                            entryKey
-	h                              uint64 // hashID(key.identity)
-	dead                           bool   // dropped: items left in the heap are stale
 }
 
 // TableID returns e's identity, its key in its strTable.
