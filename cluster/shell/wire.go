@@ -103,25 +103,8 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 	}
 	m = &cluster.Message{Epoch: b.Epoch, HandedOver: b.HandedOver}
 	if len(b.Syncs) > 0 {
-		m.Syncs = make([]cluster.SyncItem, len(b.Syncs))
-		for i, s := range b.Syncs {
-			if s == nil {
-				return "", nil, itemErr("syncs", i, "nil item")
-			}
-			if err := checkKey("syncs", i, s.Rule, string(s.Identity)); err != nil {
-				return "", nil, err
-			}
-			if s.Total < 0 {
-				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative total %d", s.Total))
-			}
-			if s.Grant < 0 {
-				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative grant %d", s.Grant))
-			}
-			if s.RefundBase < 0 || s.Refunded < s.RefundBase {
-				return "", nil, itemErr("syncs", i, fmt.Sprintf("refund base %d not within 0..refunded %d", s.RefundBase, s.Refunded))
-			}
-			m.Syncs[i] = cluster.SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
-				GrantEpoch: s.GrantEpoch, Grant: s.Grant, Refunded: s.Refunded, RefundBase: s.RefundBase}
+		if m.Syncs, err = decodeSyncs(b.Syncs); err != nil {
+			return "", nil, err
 		}
 	}
 	if len(b.Decides) > 0 {
@@ -240,4 +223,29 @@ func checkName(field, s string, limit int) string {
 		return field + " is not valid UTF-8"
 	}
 	return ""
+}
+
+// decodeSyncs converts and validates a batch's syncs (decodeBatch's rules).
+func decodeSyncs(in []*peerpb.SyncItem) ([]cluster.SyncItem, error) {
+	out := make([]cluster.SyncItem, len(in))
+	for i, s := range in {
+		if s == nil {
+			return nil, itemErr("syncs", i, "nil item")
+		}
+		if err := checkKey("syncs", i, s.Rule, string(s.Identity)); err != nil {
+			return nil, err
+		}
+		if s.Total < 0 {
+			return nil, itemErr("syncs", i, fmt.Sprintf("negative total %d", s.Total))
+		}
+		if s.Grant < 0 {
+			return nil, itemErr("syncs", i, fmt.Sprintf("negative grant %d", s.Grant))
+		}
+		if s.RefundBase < 0 || s.Refunded < s.RefundBase {
+			return nil, itemErr("syncs", i, fmt.Sprintf("refund base %d not within 0..refunded %d", s.RefundBase, s.Refunded))
+		}
+		out[i] = cluster.SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
+			GrantEpoch: s.GrantEpoch, Grant: s.Grant, Refunded: s.Refunded, RefundBase: s.RefundBase}
+	}
+	return out, nil
 }
