@@ -111,6 +111,11 @@ type CoordinatorConfig struct {
 	// the coordinator). The simulator charges each eviction's term to its
 	// identity with it.
 	OnEvict func(Eviction)
+	// OnRefund, when set, is called on the owner for every refund of a
+	// peer it gives back on its bucket (refund.go), from within Step (it
+	// must not call back into the coordinator). The simulator settles
+	// the refunded charges with it.
+	OnRefund func(RefundRange)
 }
 
 // Eviction is one entry evicted at the key cap (CoordinatorConfig.OnEvict).

@@ -126,6 +126,9 @@ func (c *Coordinator) wake(e *nodeEntry) int64 {
 	if e.spent > e.acked || e.grant.unreported() {
 		w = min(w, e.lastSync+c.interval)
 	}
+	if e.refunded > e.refundBase {
+		w = min(w, e.lastSync+c.interval, e.refundAt+c.timeout)
+	}
 	if e.spent == e.acked && e.pending == 0 && e.grant.idle() {
 		w = min(w, max(e.view, int64(e.fallback)))
 	}
@@ -228,8 +231,9 @@ func (c *Coordinator) scanNodes(now int64, rk *ruleKeys, due []*nodeEntry) []*no
 		}
 		e.heapAt = never
 		e.grant.lapse(now)
+		c.settleRefunds(now, e)
 		switch {
-		case (e.spent > e.acked || e.grant.unreported()) && now-e.lastSync >= c.interval:
+		case (e.spent > e.acked || e.grant.unreported() || e.refunded > e.refundBase) && now-e.lastSync >= c.interval:
 			due = append(due, e)
 		case e.idle(now):
 			c.dropEntry(e)

@@ -143,6 +143,15 @@ type SyncItem struct {
 	// now (0 once lapsed): demand-following slack only (slack.go).
 	GrantEpoch uint64
 	Grant      int64
+	// Refunded is the cumulative tokens of this generation's admissions
+	// that the node asks the owner to give back (requests another rule
+	// then rejected: Coordinator.Refund), and RefundBase the part of it
+	// the owner must not give back (acknowledged already, or given up by
+	// the node): the owner gives back what of (RefundBase, Refunded] it
+	// has not given back yet, so that a repeated or reordered report
+	// never gives back twice. An owner that does not know the fields
+	// gives nothing back.
+	Refunded, RefundBase int64
 }
 
 // AckItem acknowledges a SyncItem: the highest Total the owner has charged
@@ -150,6 +159,8 @@ type SyncItem struct {
 // (TAT − now in ns; ≤ 0 when full). Under demand-following slack it also
 // carries the owner's latest grant to the node for the generation:
 // GrantEpoch, and Grant, the extra slack beyond the base (slack.go).
+// Refunded is the highest SyncItem.Refunded the owner has taken for the
+// generation (given back, or not to be given back).
 type AckItem struct {
 	Rule       string
 	Identity   string
@@ -158,6 +169,7 @@ type AckItem struct {
 	Debt       int64
 	GrantEpoch uint64
 	Grant      int64
+	Refunded   int64
 }
 
 // DecideItem asks the owner to decide a request. (DecideInto writes every

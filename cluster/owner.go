@@ -50,6 +50,9 @@ type report struct {
 	gen   uint64
 	total int64
 	grant grantState // demand-following slack only
+	// refunded is the node's cumulative refund count of generation gen
+	// that the owner has taken (refund.go).
+	refunded int64
 }
 
 // TableID returns oe's identity, its key in its strTable.
@@ -388,7 +391,7 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 		// A new generation starts from zero: the node only starts one
 		// once the previous generation was fully acknowledged (and its
 		// demand grant given back), so the old grant goes too.
-		p.gen, p.total = s.Gen, 0
+		p.gen, p.total, p.refunded = s.Gen, 0, 0
 		p.grant = grantState{demand: p.grant.demand, demandAt: p.grant.demandAt, decided: p.grant.decided}
 		spent = s.Total
 		// Before its first acknowledgement a generation's total is
@@ -411,11 +414,19 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 		c.stats.ReportsCharged++
 		c.watchOwned(oe)
 	}
-	total := p.total
+	total, refunded := p.total, p.refunded
 	if s.Gen < p.gen {
-		total = s.Total // a stale generation: acknowledge as is, charge nothing
+		// A stale generation: acknowledge as is, charge nothing.
+		total, refunded = s.Total, s.Refunded
 	}
-	if c.warming(now, oe) {
+	warm := c.warming(now, oe)
+	if s.Gen == p.gen && !warm && s.Refunded > 0 {
+		// Refunds wait for the warm-up's state: given back on a bucket
+		// whose state is still on its way, they would be lost.
+		c.takeRefunds(now, r, k, oe, from, p, s)
+		refunded = p.refunded
+	}
+	if warm {
 		// The bucket's state is still on its way: an acknowledgement of a
 		// fresh bucket would let the node spend its slack again at every
 		// round trip, and one of a spent bucket would have it reject with
@@ -425,7 +436,7 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 		return
 	}
 	debt := ownerDebt(now, r, oe)
-	a := AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt}
+	a := AckItem{Rule: s.Rule, Identity: s.Identity, Gen: s.Gen, Total: total, Debt: debt, Refunded: refunded}
 	if s.Gen == p.gen && r.Scheme == SlackDemand && r.Mode == quota.ModeShared {
 		c.regrant(now, r, oe, i, *s, spent)
 		a.GrantEpoch, a.Grant = p.grant.epoch, p.grant.extra

@@ -28,6 +28,12 @@ type nodeEntry struct {
 	key      entryKey
 	h        uint64 // hashID(key.identity)
 	dead     bool   // dropped: items left in the heap are stale
+
+	// refunded is the cumulative tokens of this generation the owner is
+	// asked to give back, refundBase the part of it settled (acknowledged,
+	// or given up), refundAt when the oldest unsettled refund was asked
+	// (refund.go).
+	refunded, refundBase, refundAt int64
 }
 
 // TableID returns e's identity, its key in its strTable.
@@ -123,7 +129,7 @@ func (c *Coordinator) entry(now int64, k entryKey, h uint64, r *RuleParams, owne
 func (c *Coordinator) sync(now int64, k entryKey, e *nodeEntry) {
 	m := c.outbox(e.owner)
 	m.Syncs = appendItem(m.Syncs, &c.pools.syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent,
-		GrantEpoch: e.grant.epoch, Grant: e.grant.extra})
+		GrantEpoch: e.grant.epoch, Grant: e.grant.extra, Refunded: e.refunded, RefundBase: e.refundBase})
 	e.grant.repEpoch, e.grant.repExtra = e.grant.epoch, e.grant.extra
 	e.sent = e.spent
 	e.lastSync = now
@@ -162,6 +168,9 @@ func (c *Coordinator) ack(now int64, a *AckItem) {
 		return // stale: another generation, or older than what we know
 	}
 	e.acked = min(a.Total, e.spent)
+	if a.Refunded > e.refundBase {
+		e.refundBase = min(a.Refunded, e.refunded)
+	}
 	e.view = max(e.view, now+a.Debt)
 	e.grant.onAck(now, GrantLifetime(c.interval), *a)
 	c.watch(e)
@@ -293,41 +302,6 @@ func cmpKey(a, b entryKey) int {
 		return c
 	}
 	return cmp.Compare(a.identity, b.identity)
-}
-
-// Refund gives back cost tokens that Decide admitted for a request the
-// caller then did not let through (another rule rejected it). Only what can
-// be given back exactly is: an owner's own charge, or spend within this
-// node's slack not yet reported. A remote owner's admission is not given
-// back (conservative: it costs tokens, never admits too many), nor is a
-// sketch's (its counters are shared by colliding identities, so lowering
-// them could undercount another).
-func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src Source) {
-	now = c.clock(now)
-	r, ok := c.rules[ruleID]
-	if !ok || cost <= 0 {
-		return
-	}
-	k := entryKey{ruleID, identity}
-	switch src {
-	case SourceOwner:
-		if oe := c.owned.get(k); oe != nil {
-			if r.fixed {
-				// Only while the window it was counted in lasts.
-				if int64(oe.tat) > now {
-					oe.count = max(oe.count-cost, 0)
-				}
-				return
-			}
-			oe.tat -= bucket.TAT(cost * r.gcra.Interval().Nanoseconds())
-			c.watchOwned(oe)
-		}
-	case SourceSlack:
-		if e := c.entries.get(k); e != nil && e.spent-cost >= e.sent {
-			e.spent -= cost
-			c.watch(e)
-		}
-	}
 }
 
 // decideAsNode decides a request for an identity another node owns: the

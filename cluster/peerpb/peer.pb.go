@@ -367,8 +367,16 @@ type SyncItem struct {
 	// grant_epoch is the highest slack grant epoch the node adopted for this
 	// generation (0: none); grant is the extra slack it uses now under it
 	// (0 once the grant expired). Demand-following slack only.
-	GrantEpoch    uint64 `protobuf:"varint,5,opt,name=grant_epoch,json=grantEpoch,proto3" json:"grant_epoch,omitempty"`
-	Grant         int64  `protobuf:"varint,6,opt,name=grant,proto3" json:"grant,omitempty"`
+	GrantEpoch uint64 `protobuf:"varint,5,opt,name=grant_epoch,json=grantEpoch,proto3" json:"grant_epoch,omitempty"`
+	Grant      int64  `protobuf:"varint,6,opt,name=grant,proto3" json:"grant,omitempty"`
+	// refunded (>= 0) is the cumulative tokens of this generation's
+	// admissions the node asks the owner to give back (requests another rule
+	// then rejected), and refund_base (0 <= refund_base <= refunded) the part
+	// of it the owner must not give back (acknowledged, or given up): the
+	// owner gives back what of (refund_base, refunded] it has not given back
+	// yet. An owner that does not know the fields gives nothing back.
+	Refunded      int64 `protobuf:"varint,7,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	RefundBase    int64 `protobuf:"varint,8,opt,name=refund_base,json=refundBase,proto3" json:"refund_base,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -445,6 +453,20 @@ func (x *SyncItem) GetGrant() int64 {
 	return 0
 }
 
+func (x *SyncItem) GetRefunded() int64 {
+	if x != nil {
+		return x.Refunded
+	}
+	return 0
+}
+
+func (x *SyncItem) GetRefundBase() int64 {
+	if x != nil {
+		return x.RefundBase
+	}
+	return 0
+}
+
 // AckItem acknowledges a SyncItem. debt is the owner's TAT minus its now in
 // ns, <= 0 when the bucket is full (hence sint64).
 type AckItem struct {
@@ -457,8 +479,11 @@ type AckItem struct {
 	// grant_epoch and grant are the owner's latest slack grant to the node
 	// for this generation: the extra slack (>= 0) beyond the base that the
 	// node may use. Demand-following slack only; 0 and 0 otherwise.
-	GrantEpoch    uint64 `protobuf:"varint,6,opt,name=grant_epoch,json=grantEpoch,proto3" json:"grant_epoch,omitempty"`
-	Grant         int64  `protobuf:"varint,7,opt,name=grant,proto3" json:"grant,omitempty"`
+	GrantEpoch uint64 `protobuf:"varint,6,opt,name=grant_epoch,json=grantEpoch,proto3" json:"grant_epoch,omitempty"`
+	Grant      int64  `protobuf:"varint,7,opt,name=grant,proto3" json:"grant,omitempty"`
+	// refunded (>= 0) is the highest SyncItem.refunded the owner has taken
+	// for the generation (given back, or not to be given back).
+	Refunded      int64 `protobuf:"varint,8,opt,name=refunded,proto3" json:"refunded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -538,6 +563,13 @@ func (x *AckItem) GetGrantEpoch() uint64 {
 func (x *AckItem) GetGrant() int64 {
 	if x != nil {
 		return x.Grant
+	}
+	return 0
+}
+
+func (x *AckItem) GetRefunded() int64 {
+	if x != nil {
+		return x.Refunded
 	}
 	return 0
 }
@@ -860,7 +892,7 @@ const file_peer_proto_rawDesc = "" +
 	"\aresults\x18\x06 \x03(\v2\x18.weir.peer.v1.ResultItemR\aresults\x125\n" +
 	"\bhandoffs\x18\a \x03(\v2\x19.weir.peer.v1.HandoffItemR\bhandoffs\x12\x1f\n" +
 	"\vhanded_over\x18\b \x01(\x06R\n" +
-	"handedOver\"\x99\x01\n" +
+	"handedOver\"\xd6\x01\n" +
 	"\bSyncItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
@@ -868,7 +900,10 @@ const file_peer_proto_rawDesc = "" +
 	"\x05total\x18\x04 \x01(\x03R\x05total\x12\x1f\n" +
 	"\vgrant_epoch\x18\x05 \x01(\x04R\n" +
 	"grantEpoch\x12\x14\n" +
-	"\x05grant\x18\x06 \x01(\x03R\x05grant\"\xac\x01\n" +
+	"\x05grant\x18\x06 \x01(\x03R\x05grant\x12\x1a\n" +
+	"\brefunded\x18\a \x01(\x03R\brefunded\x12\x1f\n" +
+	"\vrefund_base\x18\b \x01(\x03R\n" +
+	"refundBase\"\xc8\x01\n" +
 	"\aAckItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
@@ -877,7 +912,8 @@ const file_peer_proto_rawDesc = "" +
 	"\x04debt\x18\x05 \x01(\x12R\x04debt\x12\x1f\n" +
 	"\vgrant_epoch\x18\x06 \x01(\x04R\n" +
 	"grantEpoch\x12\x14\n" +
-	"\x05grant\x18\a \x01(\x03R\x05grant\"h\n" +
+	"\x05grant\x18\a \x01(\x03R\x05grant\x12\x1a\n" +
+	"\brefunded\x18\b \x01(\x03R\brefunded\"h\n" +
 	"\n" +
 	"DecideItem\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x12\n" +

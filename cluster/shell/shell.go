@@ -447,7 +447,11 @@ func (s *Node) Refund(ruleID, identity string, cost int64, src cluster.Source) {
 	sh := &s.shards[s.shardOf(identity)]
 	sh.lock()
 	sh.coord.Refund(s.now(), ruleID, identity, cost, src)
+	// A refund the owner gives back leaves in a sync: sent as a decision's
+	// messages are.
+	queued, ready := sh.coord.Queued(), sh.coord.HasReady()
 	sh.mu.Unlock()
+	s.nudge(false, ready, queued)
 }
 
 // Stats returns the core's counters, summed over the shards, and the

@@ -30,6 +30,7 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 		for i, s := range m.Syncs {
 			it := &items[i]
 			it.Rule, it.Identity, it.Gen, it.Total, it.GrantEpoch, it.Grant = s.Rule, []byte(s.Identity), s.Gen, s.Total, s.GrantEpoch, s.Grant
+			it.Refunded, it.RefundBase = s.Refunded, s.RefundBase
 			b.Syncs[i] = it
 		}
 	}
@@ -48,6 +49,7 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 		for i, a := range m.Acks {
 			it := &items[i]
 			it.Rule, it.Identity, it.Gen, it.Total, it.Debt, it.GrantEpoch, it.Grant = a.Rule, []byte(a.Identity), a.Gen, a.Total, a.Debt, a.GrantEpoch, a.Grant
+			it.Refunded = a.Refunded
 			b.Acks[i] = it
 		}
 	}
@@ -82,7 +84,8 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 //   - an identity over MaxIdentityBytes (identities are any bytes, and may
 //     be empty: a global rule's);
 //   - a negative Total, Cost, Remaining, Reset, RetryAfter, Delay, Grant,
-//     Count, or handoff Limit, Window, Burst or MaxDelay;
+//     Refunded, Count, or handoff Limit, Window, Burst or MaxDelay;
+//   - a sync's RefundBase negative or above its Refunded;
 //   - a zero Ticket (tickets start at 1).
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
@@ -100,22 +103,8 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 	}
 	m = &cluster.Message{Epoch: b.Epoch, HandedOver: b.HandedOver}
 	if len(b.Syncs) > 0 {
-		m.Syncs = make([]cluster.SyncItem, len(b.Syncs))
-		for i, s := range b.Syncs {
-			if s == nil {
-				return "", nil, itemErr("syncs", i, "nil item")
-			}
-			if err := checkKey("syncs", i, s.Rule, string(s.Identity)); err != nil {
-				return "", nil, err
-			}
-			if s.Total < 0 {
-				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative total %d", s.Total))
-			}
-			if s.Grant < 0 {
-				return "", nil, itemErr("syncs", i, fmt.Sprintf("negative grant %d", s.Grant))
-			}
-			m.Syncs[i] = cluster.SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
-				GrantEpoch: s.GrantEpoch, Grant: s.Grant}
+		if m.Syncs, err = decodeSyncs(b.Syncs); err != nil {
+			return "", nil, err
 		}
 	}
 	if len(b.Decides) > 0 {
@@ -151,8 +140,11 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 			if a.Grant < 0 {
 				return "", nil, itemErr("acks", i, fmt.Sprintf("negative grant %d", a.Grant))
 			}
+			if a.Refunded < 0 {
+				return "", nil, itemErr("acks", i, fmt.Sprintf("negative refunded %d", a.Refunded))
+			}
 			m.Acks[i] = cluster.AckItem{Rule: a.Rule, Identity: string(a.Identity), Gen: a.Gen, Total: a.Total, Debt: a.Debt,
-				GrantEpoch: a.GrantEpoch, Grant: a.Grant}
+				GrantEpoch: a.GrantEpoch, Grant: a.Grant, Refunded: a.Refunded}
 		}
 	}
 	if len(b.Results) > 0 {
@@ -231,4 +223,29 @@ func checkName(field, s string, limit int) string {
 		return field + " is not valid UTF-8"
 	}
 	return ""
+}
+
+// decodeSyncs converts and validates a batch's syncs (decodeBatch's rules).
+func decodeSyncs(in []*peerpb.SyncItem) ([]cluster.SyncItem, error) {
+	out := make([]cluster.SyncItem, len(in))
+	for i, s := range in {
+		if s == nil {
+			return nil, itemErr("syncs", i, "nil item")
+		}
+		if err := checkKey("syncs", i, s.Rule, string(s.Identity)); err != nil {
+			return nil, err
+		}
+		if s.Total < 0 {
+			return nil, itemErr("syncs", i, fmt.Sprintf("negative total %d", s.Total))
+		}
+		if s.Grant < 0 {
+			return nil, itemErr("syncs", i, fmt.Sprintf("negative grant %d", s.Grant))
+		}
+		if s.RefundBase < 0 || s.Refunded < s.RefundBase {
+			return nil, itemErr("syncs", i, fmt.Sprintf("refund base %d not within 0..refunded %d", s.RefundBase, s.Refunded))
+		}
+		out[i] = cluster.SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
+			GrantEpoch: s.GrantEpoch, Grant: s.Grant, Refunded: s.Refunded, RefundBase: s.RefundBase}
+	}
+	return out, nil
 }

@@ -21,15 +21,16 @@ func fullMessage() *cluster.Message {
 	return &cluster.Message{
 		Epoch: math.MaxUint64 - 1,
 		Syncs: []cluster.SyncItem{
-			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5},
-			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64, GrantEpoch: math.MaxUint64, Grant: math.MaxInt64},
+			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Refunded: 4, RefundBase: 1},
+			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64, GrantEpoch: math.MaxUint64, Grant: math.MaxInt64,
+				Refunded: math.MaxInt64, RefundBase: math.MaxInt64},
 		},
 		Decides: []cluster.DecideItem{
 			{Ticket: 1, Rule: "login", Identity: "10.0.0.1", Cost: 0},
 			{Ticket: math.MaxUint64, Rule: "login", Identity: strings.Repeat("i", cluster.MaxIdentityBytes), Cost: 3},
 		},
 		Acks: []cluster.AckItem{
-			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000, GrantEpoch: 3, Grant: 12},
+			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000, GrantEpoch: 3, Grant: 12, Refunded: 4},
 			{Rule: strings.Repeat("r", cluster.MaxRuleIDBytes), Identity: "x", Gen: 0, Total: 0, Debt: math.MinInt64},
 		},
 		Results: []cluster.ResultItem{
@@ -94,6 +95,8 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"negative ack total", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Total: -2}}}, "acks[0]: negative total"},
 		{"negative sync grant", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Grant: -1}}}, "syncs[0]: negative grant -1"},
 		{"negative ack grant", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Grant: -3}}}, "acks[0]: negative grant -3"},
+		{"negative ack refunded", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Refunded: -2}}}, "acks[0]: negative refunded -2"},
+		{"sync refund base above refunded", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Refunded: 1, RefundBase: 2}}}, "syncs[0]: refund base 2 not within 0..refunded 1"},
 		{"negative cost", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte("i"), Cost: -1}}}, "decides[0]: negative cost -1"},
 		{"zero decide ticket", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Rule: "r", Identity: []byte("i")}}}, "decides[0]: zero ticket"},
 		{"zero result ticket", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{}}}, "results[0]: zero ticket"},

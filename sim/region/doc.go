@@ -66,8 +66,12 @@
 //     until the completion arrives, and the policy continues in an event
 //     of its own at that instant (the completion's flush is not
 //     re-entered); a rejection refunds the rules admitted before it
-//     (Coordinator.Refund). Whether the coordinator gave a refund back is
-//     read from its own state (Coordinator.Inspect) before and after. The
+//     (Coordinator.Refund). Whether the coordinator gave a refund back
+//     itself is read from its own state (Coordinator.Inspect) before and
+//     after; a refund it asked of a remote owner holds its charge until
+//     the owner gives the range back (CoordinatorConfig.OnRefund: refunded
+//     then, at that instant) or can no longer (a decide timeout, a tick
+//     and two call timeouts after the ask: the charge stood). The
 //     reference is the same policy over exact buckets. A one-rule run
 //     charges its rule directly: the policy of one enforced rule is that
 //     one Take (policy.Single), as in weir.Node. Every rule is a cluster

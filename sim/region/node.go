@@ -184,7 +184,7 @@ func (n *node) start(view []bool) {
 	if n.rg.cfg.Sketch > 0 {
 		seed = n.rg.sim.Rand().Uint64()
 	}
-	n.coord = cluster.NewCoordinator(cluster.CoordinatorConfig{
+	cc := cluster.CoordinatorConfig{
 		Self:          n.name,
 		SyncInterval:  n.rg.cfg.Sync,
 		DecideTimeout: n.rg.cfg.DecideTimeout,
@@ -192,7 +192,11 @@ func (n *node) start(view []bool) {
 		SketchSeed:    seed,
 		MaxKeys:       n.rg.cfg.KeyCap,
 		OnEvict:       n.rg.evicted,
-	})
+	}
+	if n.rg.multi {
+		cc.OnRefund = n.rg.refundGiven // the refunds asked of this owner (refunds.go)
+	}
+	n.coord = cluster.NewCoordinator(cc)
 	if n.rg.multi {
 		n.coord.SetRules(n.now(), n.rg.allParams)
 	} else {

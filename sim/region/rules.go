@@ -191,6 +191,7 @@ type ruleRun struct {
 	bySource                        [cluster.NumSources]int64
 	degraded                        int64
 	maxLag                          int64 // the longest time from a charge to its refund
+	lateRefunds                     int64 // tokens given back after their ask's deadline (refunds.go)
 	refunds                         []refundSpans
 	refundTerm                      float64 // the largest refund term of one identity
 	refundID                        int
@@ -307,6 +308,7 @@ type charge struct {
 	at                                          int64
 	src                                         cluster.Source
 	taken, admitted, refunded, degraded, sketch bool
+	asked                                       bool // its refund was asked of the owner: held (refunds.go)
 }
 
 // requestRules is a client request for identity ident carrying every rule
@@ -399,12 +401,13 @@ func (n *node) noteCharge(r *ruleReq, k int, at int64, o *cluster.Outcome) {
 }
 
 // refundRule gives back rule k's admission of r (Coordinator.Refund, as
-// the gateway's Node does). The coordinator gives back only what it can
-// exactly: an owner's charge, or slack spend not yet reported; it keeps a
-// remote owner's or a sketch's admission, and slack spend already
-// reported (the owner has charged it). The node's own state, read before
-// and after (Coordinator.Inspect, which changes nothing), tells which: a
-// charge the coordinator kept stood.
+// the gateway's Node does). The coordinator gives back here what this node
+// holds: an owner's charge, or slack spend not yet reported; the node's own
+// state, read before and after (Coordinator.Inspect, which changes
+// nothing), tells whether it did. A remote owner's admission, or slack
+// spend already reported, is asked of the owner: the charge is held until
+// the owner gives it back or no longer can (refunds.go). A charge the
+// coordinator kept (a sketch's) stood.
 func (n *node) refundRule(r *ruleReq, k int) {
 	rg := n.rg
 	rr := rg.rules[k]
@@ -415,7 +418,22 @@ func (n *node) refundRule(r *ruleReq, k int) {
 	if ch.src == cluster.SourceOwner || ch.src == cluster.SourceSlack {
 		before, _ = n.coord.Inspect(n.now(), rr.id, name)
 	}
-	n.coord.Refund(n.now(), rr.id, name, r.cost, ch.src)
+	rng, asked := n.coord.Refund(n.now(), rr.id, name, r.cost, ch.src)
+	if asked {
+		// The owner gives it back when the sync carrying it arrives
+		// (refunds.go): it leaves as a decision's messages do.
+		ch.asked = true
+		rg.asked(k, r, ch, rng)
+		if n.coord.HasReady() {
+			switch n.lk.Decided(false, true, n.coord.Queued()) {
+			case cluster.NudgeFlush:
+				n.flush()
+			case cluster.NudgeLinger:
+				n.linger()
+			}
+		}
+		return
+	}
 	given := false
 	switch ch.src {
 	case cluster.SourceOwner:
@@ -520,15 +538,10 @@ func (n *node) endRules(slot int32, allowed bool) {
 	last := int64(-1)
 	for k, rr := range rg.rules {
 		ch := &r.charges[k]
-		if !ch.taken || !ch.admitted || ch.refunded {
+		if !ch.taken || !ch.admitted || ch.refunded || ch.asked {
 			continue
 		}
-		rr.stood += r.cost
-		rr.bySource[ch.src] += r.cost
-		if ch.degraded {
-			rr.degStood += r.cost
-		}
-		rr.chk.record(ch.at-rg.t0, int(rr.identity(r.ident)), r.cost, ch.degraded, ch.sketch)
+		rr.stand(rg, rr.identity(r.ident), r.cost, ch)
 		last = max(last, ch.at)
 	}
 	if allowed && last >= 0 {
@@ -558,7 +571,7 @@ func (rg *Region) ruleResults() []RuleResult {
 		ch := rr.chk
 		x := RuleResult{ID: rr.id, Spec: rr.spec, Takes: rr.takes, Rejects: rr.rejects, Reports: rr.reports,
 			Refunded: rr.refunded, Kept: rr.kept, Stood: rr.stood, BySource: rr.bySource, Degraded: rr.degraded,
-			DegradedStood: rr.degStood, RefundTerm: rr.refundTerm, RefundLag: time.Duration(rr.maxLag),
+			DegradedStood: rr.degStood, RefundTerm: rr.refundTerm, RefundLag: time.Duration(rr.maxLag), LateRefunds: rr.lateRefunds,
 			S: rr.sClean, SFault: rr.sFault,
 			Excess: ch.worstAcc - float64(rr.spec.Burst), ExcessAll: ch.worstAll - float64(rr.spec.Burst),
 			ExcessClean: ch.worstClean - float64(rr.spec.Burst), ExcessRaw: ch.worstAccRaw - float64(rr.spec.Burst)}
@@ -597,9 +610,9 @@ type RuleResult struct {
 	// requests it was not charged for (an earlier rule rejected them).
 	Takes, Rejects, Reports int64
 	// Refunded is the tokens given back; Kept the tokens the policy gave
-	// back that the coordinator keeps (a remote owner's or a sketch's
-	// admission, slack spend already reported); Stood the tokens admitted and not given back, BySource
-	// split by how they were decided.
+	// back that were not (a sketch's admission, a refund asked of the
+	// owner that it did not give back in time); Stood the tokens admitted
+	// and not given back, BySource split by how they were decided.
 	Refunded, Kept, Stood int64
 	BySource              [cluster.NumSources]int64
 	// Degraded counts its on_failure decisions, DegradedStood their tokens
@@ -611,6 +624,10 @@ type RuleResult struct {
 	RefundTerm float64
 	RefundID   string
 	RefundLag  time.Duration
+	// LateRefunds is the tokens an owner gave back after the simulator
+	// counted their charges as stood (refunds.go): a simulator error,
+	// reported as a violation.
+	LateRefunds int64
 	// S and SFault are the rule's S figures; Bound its upper bound on the
 	// excess beyond the refund term (S, or SFault plus the fault terms).
 	S, SFault int64
@@ -626,6 +643,12 @@ type RuleResult struct {
 // checkRules adds the violations of the extra rules' envelopes (rule 0's
 // are the run's own checks).
 func (r *Result) checkRules() {
+	for _, x := range r.Rules {
+		if x.LateRefunds > 0 {
+			r.Violations = append(r.Violations, fmt.Sprintf("rule %s: %d tokens given back after their charges were counted as stood (the ask's deadline is too short)",
+				x.ID, x.LateRefunds))
+		}
+	}
 	for _, x := range r.Rules[min(1, len(r.Rules)):] {
 		if x.Excess > x.Bound+eps {
 			r.Violations = append(r.Violations, fmt.Sprintf("rule %s: upper envelope: excess %.3f over B + r·Δ + refund term (%s) above the bound %.3f",
@@ -690,5 +713,5 @@ func (r *Result) summarizeRules(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "  stood: admitted and not refunded (the excess counts these, beyond each identity's refund term)")
-	fmt.Fprintln(w, "  kept: refunds the coordinator declines (a remote owner's or a sketch's admission, slack spend already reported)")
+	fmt.Fprintln(w, "  kept: refunds not given back (a sketch's admission; a refund asked of the owner that did not reach it in time)")
 }

@@ -39,6 +39,35 @@ func TestRulesRefundOnOneNode(t *testing.T) {
 	}
 }
 
+// TestRulesRefundsReachOwners: in a region whose owners stay up, a
+// refund that the non-owner cannot give back itself (a remote owner's
+// admission, slack spend already reported) reaches the owner, so that
+// rule 1's charges that stood are the requests admitted, in exact mode and
+// in shared mode (docs/overshoot.md, "Several rules on a request").
+func TestRulesRefundsReachOwners(t *testing.T) {
+	for _, cfg := range []Config{
+		{Nodes: 3, Mode: quota.ModeExact, Limit: 100, IDs: 4, Rules: []RuleSpec{{Limit: 150, Tenants: 2}}, Duration: 5 * time.Second, Seed: 5},
+		{Nodes: 3, Limit: 100, Traffic: TrafficSaturate, Rules: []RuleSpec{{Limit: 50}}, Duration: 5 * time.Second, Seed: 5},
+	} {
+		res, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.OK() {
+			t.Fatalf("%s: violations: %v", cfg.Mode, res.Violations)
+		}
+		r1, r2 := res.Rules[0], res.Rules[1]
+		switch {
+		case r2.Rejects < res.Requests/4:
+			t.Fatalf("%s: rule 2 rejected %d of %d requests: the scenario does not exercise refunds", cfg.Mode, r2.Rejects, res.Requests)
+		case r1.Kept != 0 || r1.Refunded != r2.Rejects*res.Config.Cost:
+			t.Fatalf("%s: rule 1 refunded %d tokens and kept %d for %d requests rule 2 rejected", cfg.Mode, r1.Refunded, r1.Kept, r2.Rejects)
+		case r1.Stood != res.Admitted:
+			t.Fatalf("%s: rule 1's charges that stood %d, admitted %d", cfg.Mode, r1.Stood, res.Admitted)
+		}
+	}
+}
+
 // TestRulesRegion runs a per-identity rule and a per-tenant rule (their
 // owners differ, so the second rule's answer is a round trip after the
 // first's charge) in a region of three exact-mode nodes, with an owner

@@ -76,6 +76,10 @@ type Region struct {
 	rules       []*ruleRun
 	allParams   []cluster.RuleParams
 	policyRules []policy.Rule
+	// Refunds asked of remote owners (refunds.go), in deadline order and
+	// by node, rule and identity.
+	asks    []*askedRefund
+	askedBy map[askKey][]*askedRefund
 }
 
 // Term is a fault term of the envelope: the extra tokens a fault may admit
@@ -129,6 +133,9 @@ func newRegion(c Config) *Region {
 		// ends: after each of its rules had its answer (at most a decide
 		// timeout and a tick each, the last one's result a reply later).
 		rg.horizon = k*int64(2*c.CallTimeout+c.DecideTimeout+c.Linger+2*c.Tick) + int64(time.Millisecond)
+		// A charge whose refund was asked of its owner is held until the
+		// owner gives it back or no longer can (refunds.go).
+		rg.horizon += c.askLife()
 	}
 	rg.params, _ = bucketFor(c)
 	rg.ref, _ = bucket.NewGCRA(c.Limit, c.Window, c.Burst)
@@ -229,6 +236,7 @@ func (rg *Region) run() {
 		for _, n := range rg.nodes {
 			n.dropRules() // requests still waiting at the end
 		}
+		rg.settleAsks(0, true)
 		for _, rr := range rg.rules[1:] {
 			rr.chk.finish()
 		}
@@ -425,6 +433,9 @@ func (rg *Region) arrive(ident, k int) {
 
 // drain feeds every checker the admissions up to upTo (run time).
 func (rg *Region) drain(upTo int64) {
+	if rg.multi {
+		rg.settleAsks(rg.sim.Now(), false)
+	}
 	rg.chk.drain(upTo)
 	for i := 1; i < len(rg.rules); i++ {
 		rg.rules[i].chk.drain(upTo)
