@@ -222,8 +222,9 @@ func (t *GRPCTransport) Exchange(ctx context.Context, addr string, m *cluster.Me
 
 // streamExchange sends in on a stream to addr and returns the answer. An
 // idle stream that turns out to have ended before it could carry the batch
-// (the peer restarted while it was idle) is replaced by a new one once: the
-// batch cannot have been delivered on it. A failed exchange drops its
+// (the peer restarted while it was idle: the send fails, or see
+// staleStream) is replaced by a new one once: the batch cannot have been
+// delivered on it. A failed exchange drops its
 // stream, since its answer may still be on the way; a peer without Stream
 // is marked and answered by a unary call.
 func (t *GRPCTransport) streamExchange(ctx context.Context, cc *grpc.ClientConn, addr string, in *peerpb.Batch) (*peerpb.Batch, error) {
@@ -247,11 +248,25 @@ func (t *GRPCTransport) streamExchange(ctx context.Context, cc *grpc.ClientConn,
 			t.mu.Unlock()
 			t.log.Info("peer has no Peer.Stream: exchanges use unary calls", "addr", addr)
 			return peerpb.NewPeerClient(cc).Exchange(ctx, in)
-		case reused && !sent && attempt == 0 && ctx.Err() == nil:
+		case reused && attempt == 0 && ctx.Err() == nil && (!sent || staleStream(err, cc)):
 			continue
 		}
 		return nil, err
 	}
+}
+
+// staleStream reports whether an idle stream whose batch went out and whose
+// answer failed (err) had ended with its connection before it was taken: the
+// connection failed under it (Unavailable) and the client connection is
+// ready again on a new one. A send on such a stream can succeed (it is
+// buffered for a connection already closing), but the batch cannot have
+// been delivered. A connection that dies during an exchange answers the
+// failure at once, before a new one can be ready; should one be ready that
+// fast, the batch goes again, which a peer takes as a second forward (charged
+// twice: tokens lost, never an extra admission) or a repeated sync (reports
+// are cumulative).
+func staleStream(err error, cc *grpc.ClientConn) bool {
+	return status.Code(err) == codes.Unavailable && cc.GetState() == connectivity.Ready
 }
 
 // roundTrip sends in and receives the answer, opening the stream first if

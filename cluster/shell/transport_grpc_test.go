@@ -233,6 +233,15 @@ func TestGRPCStreamReusedAndRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b2.Close() })
+	// Let the connection come back first: a call while it is in its
+	// reconnect backoff fails at once by design (ErrUnreachable), and the
+	// idle stream it would then drop unused is not the case checked here.
+	cc.Connect()
+	for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, st) {
+			t.Fatalf("the connection to the restarted peer did not come back (%v)", st)
+		}
+	}
 	if got, err := a.Exchange(callCtx(t), addr, &cluster.Message{Epoch: 9}); err != nil || got.Epoch != 9 {
 		t.Errorf("first exchange after the peer restarted: %+v, %v", got, err)
 	}
