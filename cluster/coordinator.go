@@ -473,17 +473,17 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity strin
 		if !looked {
 			oe = c.ownedOf(r).GetH(h, identity)
 		}
-		if oe != nil && !oe.warming {
-			// The common case, stepped here: the bucket is here and no
-			// previous owner may still hold its state.
-			if scored {
-				oe.mineIn = c.tables
+		if oe == nil || oe.warming {
+			// A first request, a gated identity or a warm-up: readied
+			// apart, off the common path.
+			if oe = c.ownedBucket(out, now, r, k, h, oe, scored, gated, cost); oe == nil {
+				return nil
 			}
-			d, _ := c.ownerStep(now, r, k, h, cost, oe)
-			*out = Outcome{Decision: d, Source: SourceOwner}
-			return nil
+		} else if scored {
+			oe.mineIn = c.tables
 		}
-		c.decideOwned(out, now, r, k, h, oe, scored, gated, cost)
+		d, _ := c.ownerStep(now, r, k, h, cost, oe)
+		*out = Outcome{Decision: d, Source: SourceOwner}
 		return nil
 	}
 	c.decideAsNode(out, now, r, k, h, e, owner, gated, cost)

@@ -554,15 +554,15 @@ func (c *Coordinator) markHandedOver(t OwnerTable) {
 	}
 }
 
-// decideOwned decides a request for an identity this node owns: the gate
-// for a gated rule's new identity, the relay to its previous owner while it
-// warms up, else its bucket here. oe is its bucket, or nil for none yet
-// (DecideInto steps a settled bucket itself).
-func (c *Coordinator) decideOwned(out *Outcome, now int64, r *RuleParams, k entryKey, h uint64, oe *ownerEntry, scored, gated bool, cost int64) {
+// ownedBucket readies this node's bucket oe of k (nil for none yet) for a
+// decision: the gate for a gated rule's new identity, the bucket made for a
+// first request, the relay to its previous owner while it warms up. It
+// returns the bucket to step, or nil when out holds the decision already.
+func (c *Coordinator) ownedBucket(out *Outcome, now int64, r *RuleParams, k entryKey, h uint64, oe *ownerEntry, scored, gated bool, cost int64) *ownerEntry {
 	if r.sk != nil && oe == nil && !gated {
 		if o, ok := c.gate(now, r, k.identity, cost); ok {
 			*out = o
-			return
+			return nil
 		}
 	}
 	if oe == nil {
@@ -575,9 +575,8 @@ func (c *Coordinator) decideOwned(out *Outcome, now int64, r *RuleParams, k entr
 		// Its previous owner may still hold its state: it decides.
 		if to := c.relayTarget(now, oe, ""); to != "" {
 			*out = Outcome{Pending: true, Ticket: c.relay(now, k, h, cost, to, "", 0), Source: SourceRemote}
-			return
+			return nil
 		}
 	}
-	d, _ := c.ownerStep(now, r, k, h, cost, oe)
-	*out = Outcome{Decision: d, Source: SourceOwner}
+	return oe
 }

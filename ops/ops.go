@@ -18,7 +18,6 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/nodeops"
-	"github.com/weir-dev/weir/lease/raftgroup"
 )
 
 // view is what ops reads of a node (package weir's opsView satisfies it).
@@ -39,7 +38,6 @@ type view interface {
 	RulesAdminHandler() http.Handler
 	AdminUnauthorized() uint64
 	Guard(h http.Handler) http.Handler
-	LeaseGroup() *raftgroup.Group
 	LookupIdentity(ctx context.Context, id string, q weir.IdentityQuery) (weir.IdentityReport, error)
 }
 
