@@ -19,14 +19,11 @@ package weircaddy
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +31,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/hashicorp/memberlist"
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keyfile"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -234,14 +232,7 @@ func readKey(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n := len(b); n == 16 || n == 24 || n == 32 {
-		return b, nil
-	}
-	k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
-		return nil, errors.New("want 16, 24 or 32 bytes, raw or in base64")
-	}
-	return k, nil
+	return keyfile.Decode(b)
 }
 
 // configs builds mutual-TLS configs for the peer RPC server and client.
@@ -250,13 +241,9 @@ func (t *TLSFiles) configs() (server, client *tls.Config, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	pem, err := os.ReadFile(t.CA)
+	pool, err := keyfile.CertPool(t.CA)
 	if err != nil {
 		return nil, nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("%s: no PEM certificate in it", t.CA)
 	}
 	server = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}

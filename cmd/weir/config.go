@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weir-dev/weir/internal/keyfile"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -515,14 +515,8 @@ func (k KeySource) load() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		raw = b
-		if t := bytes.TrimSpace(b); !validKeyLen(len(t)) || len(t) != len(b) {
-			// Not a raw key: base64 text.
-			d, err := base64.StdEncoding.DecodeString(string(t))
-			if err != nil {
-				return nil, fmt.Errorf("%s: neither a raw key of 16, 24 or 32 bytes nor base64", k.File)
-			}
-			raw = d
+		if raw, err = keyfile.Decode(b); err != nil {
+			return nil, fmt.Errorf("%s: %w", k.File, err)
 		}
 	default:
 		d, err := base64.StdEncoding.DecodeString(strings.TrimSpace(k.Base64))
@@ -531,7 +525,7 @@ func (k KeySource) load() ([]byte, error) {
 		}
 		raw = d
 	}
-	if !validKeyLen(len(raw)) {
+	if !keyfile.ValidLen(len(raw)) {
 		return nil, fmt.Errorf("a gossip key is 16, 24 or 32 bytes, got %d", len(raw))
 	}
 	return raw, nil
@@ -551,8 +545,6 @@ func regularFile(path string) error {
 	}
 	return nil
 }
-
-func validKeyLen(n int) bool { return n == 16 || n == 24 || n == 32 }
 
 // tokens reads the rules API's bearer tokens: token → principal.
 func (c *Config) tokens(getenv func(string) string) (map[string]string, error) {
@@ -629,7 +621,7 @@ func serverTLS(t *TLSFiles, requireClient bool) (*tls.Config, error) {
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if t.CA != "" {
-		pool, err := loadPool(t.CA)
+		pool, err := keyfile.CertPool(t.CA)
 		if err != nil {
 			return nil, err
 		}
@@ -654,25 +646,13 @@ func clientTLS(t *TLSFiles) (*tls.Config, error) {
 		cfg.Certificates = []tls.Certificate{cert}
 	}
 	if t.CA != "" {
-		pool, err := loadPool(t.CA)
+		pool, err := keyfile.CertPool(t.CA)
 		if err != nil {
 			return nil, err
 		}
 		cfg.RootCAs = pool
 	}
 	return cfg, nil
-}
-
-func loadPool(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s: no PEM certificate in it", path)
-	}
-	return pool, nil
 }
 
 // loadConfig reads the config file (none when path is empty), applies the
