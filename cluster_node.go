@@ -425,9 +425,9 @@ func (n *Node) crash() {
 // clusterRules registers the shared and exact rules of a set, and their
 // override and tier variants, with the coordinator, and marks each limit
 // spec with the coordinator rule id that decides it. The coordinator decides
-// gcra rules (shared or exact), and fixed_window and leaky_bucket rules in
-// exact mode (the owner counts the window, or keeps the queue); the other
-// algorithms in mode exact stay per node.
+// gcra rules (shared or exact), and fixed_window, sliding_window,
+// sliding_log and leaky_bucket rules in exact mode (the owner holds the
+// window, the log or the queue); a concurrency rule stays per node.
 func (n *Node) clusterRules(e *engine) {
 	if n.cluster == nil {
 		return
@@ -450,14 +450,11 @@ func (n *Node) clusterRules(e *engine) {
 	}
 	for i := range e.rules {
 		c := &e.rules[i]
-		centralised := c.r.Algorithm == quota.AlgorithmGCRA || c.r.Algorithm == quota.AlgorithmFixedWindow ||
-			c.r.Algorithm == quota.AlgorithmLeakyBucket
+		centralised := c.r.Algorithm != quota.AlgorithmConcurrency
 		if !centralised && c.r.Mode == quota.ModeExact {
-			// Validation allows it (exact on one node); the coordinator
-			// decides gcra, fixed_window and leaky_bucket rules only, so
-			// in a cluster a sliding_window, sliding_log or concurrency
-			// rule is per node.
-			n.log.Warn("rule is decided per node: the cluster decides only gcra, fixed_window and leaky_bucket rules in mode exact (and gcra in shared); with more than one node it admits up to nodes × its limit",
+			// Validation allows it (exact on one node); a concurrency
+			// rule's slots are held per node.
+			n.log.Warn("rule is decided per node: the cluster does not yet hold concurrency slots; with more than one node it admits up to nodes × its limit in flight",
 				"rule", c.r.ID, "algorithm", c.r.Algorithm)
 		}
 		if !centralised || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {

@@ -1,7 +1,9 @@
 package bucket
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -173,3 +175,56 @@ func (s *SlidingLogState) grow(limit int) {
 	}
 	s.ring, s.head = r, 0
 }
+
+// LogEntry is one admission a sliding log holds: when it was admitted (ns)
+// and its tokens.
+type LogEntry struct {
+	At, Cost int64
+}
+
+// Entries returns a copy of the admissions s holds, oldest first (those a
+// later Step would expire included).
+func (s *SlidingLogState) Entries() []LogEntry {
+	out := make([]LogEntry, s.n)
+	for k := range s.n {
+		e := s.ring[(s.head+k)%len(s.ring)]
+		out[k] = LogEntry{At: e.at, Cost: e.cost}
+	}
+	return out
+}
+
+// Merge adds the admissions in to s, in any order, as if each had been
+// admitted at its time: the log stays sorted, admissions at one instant
+// share an entry, entries of no token are left out, and Until follows the
+// newest. Nothing is decided: the log may hold more than Limit tokens
+// afterwards (two logs of one identity merged), and its next Steps reject
+// until enough leaves the window. It is for a log handed from another
+// holder; the result shares no memory with in.
+func (l *SlidingLog) Merge(s *SlidingLogState, in []LogEntry) {
+	all := append(s.Entries(), in...)
+	slices.SortStableFunc(all, func(a, b LogEntry) int { return cmp.Compare(a.At, b.At) })
+	merged := all[:0]
+	for _, e := range all {
+		switch {
+		case e.Cost <= 0:
+		case len(merged) > 0 && merged[len(merged)-1].At == e.At:
+			merged[len(merged)-1].Cost = satAdd(merged[len(merged)-1].Cost, e.Cost)
+		default:
+			merged = append(merged, e)
+		}
+	}
+	*s = SlidingLogState{}
+	if len(merged) == 0 {
+		return
+	}
+	s.ring = make([]logEntry, max(len(merged), 8))
+	for k, e := range merged {
+		s.ring[k] = logEntry{at: e.At, cost: e.Cost}
+		s.total = satAdd(s.total, e.Cost)
+	}
+	s.n = len(merged)
+	s.Until = satAdd(merged[len(merged)-1].At, l.w)
+}
+
+// Limit returns the tokens the last window may hold.
+func (l SlidingLog) Limit() int64 { return l.limit }

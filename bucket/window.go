@@ -249,3 +249,9 @@ func mulDivFloor(a, b, c int64) int64 {
 	q, _ := bits.Div64(hi, lo, uint64(c))
 	return int64(q)
 }
+
+// Limit returns the tokens a window admits.
+func (f FixedWindow) Limit() int64 { return f.limit }
+
+// Limit returns the tokens the last window may hold.
+func (sw SlidingWindow) Limit() int64 { return sw.limit }

@@ -50,9 +50,10 @@ import (
 // "exact" is the same path with a slack of zero and no view: every request
 // of a non-owner goes to the owner, batched. On the owner itself both modes are
 // one map access. "local" rules never reach the coordinator. Exact mode also
-// takes fixed_window and leaky_bucket rules: their owner entry holds the
-// window or the queue instead of a TAT (see ownerEntry) and is decided by
-// bucket's step of that algorithm, handed over on ring changes like a TAT.
+// takes fixed_window, sliding_window, sliding_log and leaky_bucket rules:
+// their owner entry holds the window, the counts, the log or the queue
+// instead of a TAT (see ownerEntry), decided by bucket's step of that
+// algorithm and handed over on ring changes (exact.go).
 
 // DefaultSyncInterval is how often unacknowledged spend is reported when the
 // half-slack trigger has not fired, when CoordinatorConfig.SyncInterval is 0.
@@ -345,7 +346,7 @@ func (c *Coordinator) SetRules(now int64, rules []RuleParams) {
 			// converts the bucket; a window's is dropped (the next sync
 			// brings it). The fallback is a GCRA bucket of the rule.
 			if o := c.rules[k.rule]; o != nil && convertible(o, r) {
-				if !r.fixed && e.view != 0 {
+				if r.exact == nil && e.view != 0 {
 					e.view = int64(r.convertTAT(o, bucket.TAT(e.view), now))
 				} else {
 					e.view = 0
@@ -675,8 +676,8 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 					oe = c.newOwnerEntry(now, k, hk)
 					c.owned.setH(k, hk, oe)
 				}
-				if r.fixed {
-					chargeFixed(now, r, oe, unconf)
+				if r.exact != nil {
+					r.exact.charge(oe, now, unconf)
 				} else {
 					r.gcra.Charge(&oe.tat, now, unconf)
 				}

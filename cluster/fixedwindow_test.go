@@ -321,7 +321,7 @@ func TestFixedWindowChargedSpend(t *testing.T) {
 }
 
 // TestNewRuleParamsAlgorithms: the coordinator takes gcra rules in shared
-// or exact mode and fixed_window and leaky_bucket rules in exact mode;
+// or exact mode and the other algorithms but concurrency in exact mode;
 // anything else is an error naming the rule.
 func TestNewRuleParamsAlgorithms(t *testing.T) {
 	ok := []quota.Rule{gcraRule("g", quota.ModeShared, 10, time.Second, 5), fixedRule("f", 10, time.Second),
@@ -331,20 +331,26 @@ func TestNewRuleParamsAlgorithms(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: %v", ok[i].ID, err)
 		}
-		if ok[i].Algorithm == quota.AlgorithmFixedWindow && (p.Burst != 10 || !p.fixed || p.Algorithm != quota.AlgorithmFixedWindow) {
-			t.Errorf("fixed window params %+v: want burst = limit, fixed", p)
+		if ok[i].Algorithm == quota.AlgorithmFixedWindow {
+			if _, fixed := p.exact.(*fixedAlgo); p.Burst != 10 || !fixed || p.Algorithm != quota.AlgorithmFixedWindow {
+				t.Errorf("fixed window params %+v: want burst = limit, fixed", p)
+			}
 		}
-		if ok[i].Algorithm == quota.AlgorithmLeakyBucket && (p.Burst != 4 || !p.leaky || p.gcra.Interval() != p.lk.Interval()) {
-			t.Errorf("leaky params %+v: want burst = 4 positions, leaky, gcra's interval = the queue's", p)
+		if ok[i].Algorithm == quota.AlgorithmLeakyBucket {
+			if lk, leaky := p.exact.(*leakyAlgo); p.Burst != 4 || !leaky || p.gcra.Interval() != lk.lk.Interval() {
+				t.Errorf("leaky params %+v: want burst = 4 positions, leaky, gcra's interval = the queue's", p)
+			}
 		}
 	}
 	shared := fixedRule("fw-shared", 10, time.Second)
 	shared.Mode = quota.ModeShared
 	sliding := fixedRule("sliding", 10, time.Second)
-	sliding.Algorithm = quota.AlgorithmSlidingWindow
+	sliding.Algorithm, sliding.Mode = quota.AlgorithmSlidingWindow, quota.ModeShared
+	concurrency := fixedRule("concurrency", 10, time.Second)
+	concurrency.Algorithm = quota.AlgorithmConcurrency
 	leakyShared := leakyRule("leaky-shared", 10, time.Second, time.Second)
 	leakyShared.Mode = quota.ModeShared
-	for _, r := range []quota.Rule{shared, sliding, leakyShared} {
+	for _, r := range []quota.Rule{shared, sliding, concurrency, leakyShared} {
 		if _, err := NewRuleParams(&r, 1); err == nil || !strings.Contains(err.Error(), r.ID) {
 			t.Errorf("%s: error %v, want one naming the rule", r.ID, err)
 		}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/weir-dev/weir/bucket"
 )
 
 // BucketState is one identity's bucket under one rule as one node knows it:
@@ -24,7 +22,9 @@ type BucketState struct {
 	// no entry).
 	Held bool
 	// Algorithm is the rule's: quota.AlgorithmGCRA ("gcra"),
-	// quota.AlgorithmFixedWindow ("fixed_window") or
+	// quota.AlgorithmFixedWindow ("fixed_window"),
+	// quota.AlgorithmSlidingWindow ("sliding_window"),
+	// quota.AlgorithmSlidingLog ("sliding_log") or
 	// quota.AlgorithmLeakyBucket ("leaky_bucket").
 	Algorithm string
 	// Burst is the bucket's capacity in tokens and Interval the time one
@@ -35,10 +35,11 @@ type BucketState struct {
 	// spacing; ResetAfter is when the queue drains.
 	Burst    int64
 	Interval time.Duration
-	// Count is, for a fixed_window rule on its owner, the tokens counted
-	// in the current window (Burst − Remaining, or more when spend from
-	// before the rule became exact was charged); 0 for the other
-	// algorithms.
+	// Count is, on the owner, for a fixed_window rule the tokens counted
+	// in the current window, for a sliding_window rule the estimate of the
+	// tokens in the last window, for a sliding_log rule the tokens logged
+	// in it (Burst − Remaining, or more when spend from before the rule
+	// became exact was charged); 0 for the other algorithms.
 	Count int64
 	// Remaining is what a request could spend now; ResetAfter is how long
 	// until the bucket is full again (the TAT counted from now).
@@ -87,10 +88,11 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 		st.Unconfirmed = e.spent - e.acked
 	}
 	switch {
-	case r.fixed:
-		inspectFixed(now, r, oe, &st)
-	case r.leaky:
-		inspectLeaky(now, r, oe, &st)
+	case r.exact != nil:
+		// The owner's state; elsewhere a node keeps none (exact mode:
+		// every request goes to the owner), so it shows an empty one.
+		st.Burst = r.Burst
+		r.exact.inspect(oe, now, &st)
 	default:
 		// Not the owner: this node's view of the owner's bucket.
 		inspectGCRA(now, r, oe, e != nil && st.Owner != c.cfg.Self, e, &st)
@@ -121,36 +123,6 @@ func inspectGCRA(now int64, r *RuleParams, oe *ownerEntry, viewed bool, e *nodeE
 	if over := used - tau; over > 0 {
 		st.Debt = (over + t - 1) / t
 	}
-}
-
-// inspectFixed fills st for a fixed_window rule: on the owner, the window
-// it decides on; elsewhere a node keeps no state of it (exact mode: every
-// request goes to the owner), so it shows an empty window.
-func inspectFixed(now int64, r *RuleParams, oe *ownerEntry, st *BucketState) {
-	st.Burst, st.Remaining = r.Burst, r.Burst
-	if oe == nil {
-		return
-	}
-	if fs := oe.fixedState(); !fs.Idle(now) {
-		st.Held = true
-		st.Count = fs.Count
-		st.ResetAfter = time.Duration(fs.End - now)
-		st.Remaining = max(r.Burst-fs.Count, 0)
-		st.Debt = max(fs.Count-r.Burst, 0)
-	}
-}
-
-// inspectLeaky fills st for a leaky_bucket rule: on the owner, the queue
-// it decides on; elsewhere an empty queue (exact mode, as inspectFixed).
-func inspectLeaky(now int64, r *RuleParams, oe *ownerEntry, st *BucketState) {
-	st.Burst, st.Interval = r.Burst, r.lk.Interval()
-	dep := bucket.Departure(0)
-	if oe != nil {
-		dep = bucket.Departure(oe.tat)
-		st.Held = !dep.Idle(now)
-	}
-	d := r.lk.Peek(dep, now)
-	st.Remaining, st.ResetAfter = d.Remaining, d.Reset
 }
 
 // ErrUnknownRule wraps an Inspect answer for a rule the peer does not

@@ -428,12 +428,12 @@ func (c *Coordinator) findNode(now int64, rk *ruleKeys) *nodeEntry {
 	return nil
 }
 
-// debtTokens is what oe holds against its identity, in tokens: a fixed
-// window's count (admitted again if the entry goes), else its debt, or a
-// leaky queue's positions, rounded up.
+// debtTokens is what oe holds against its identity, in tokens: a GCRA
+// bucket's debt, rounded up, or what another algorithm's state counts
+// (admitted again if the entry goes).
 func (r *RuleParams) debtTokens(now int64, oe *ownerEntry) int64 {
-	if r.fixed {
-		return oe.count
+	if r.exact != nil {
+		return r.exact.debtTokens(oe, now)
 	}
 	t := r.gcra.Interval().Nanoseconds()
 	if t <= 0 {

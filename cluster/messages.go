@@ -203,11 +203,16 @@ type ResultItem struct {
 	Delay      int64
 }
 
-// HandoffItem hands an identity's bucket (as Debt) to its new owner: for a
-// leaky_bucket rule Debt is the time until its queue drains (the handed
-// queue is appended to the new owner's, as debts add); for a fixed_window
-// rule the time until the window ends (ns), and Count the tokens counted
-// in it. Count is 0 for the other algorithms.
+// HandoffItem hands an identity's bucket (as Debt) to its new owner. Debt
+// is, for a gcra rule, the bucket's TAT from now; for a leaky_bucket rule
+// the time until its queue drains (the handed queue is appended to the new
+// owner's, as debts add); for a fixed_window rule the time until the window
+// ends (ns), and Count the tokens counted in it; for a sliding_window rule
+// the time until the current window ends, Span its length (ns), Count its
+// tokens and Prev the previous window's; for a sliding_log rule the time
+// until the newest admission leaves the window, and Log the admissions
+// still in view. Count, Prev, Span and Log are zero for the algorithms that
+// do not use them.
 //
 // Algorithm, Limit, Window, Burst and MaxDelay are the parameters of the
 // rule the state was written under: a new owner whose rule has changed
@@ -219,11 +224,20 @@ type HandoffItem struct {
 	Identity  string
 	Debt      int64
 	Count     int64
+	Prev      int64
+	Span      int64 // ns
+	Log       []LogItem
 	Algorithm quota.Algorithm
 	Limit     int64
 	Window    int64 // ns
 	Burst     int64
 	MaxDelay  int64 // ns
+}
+
+// LogItem is one admission of a handed sliding log: Age ns before the
+// sender's now, of Cost tokens.
+type LogItem struct {
+	Age, Cost int64
 }
 
 // Envelope is a message and its destination.

@@ -11,18 +11,20 @@ import (
 // ownerEntry is an identity's bucket on its owner, with the last report of
 // every node's current generation.
 //
-// For a fixed_window rule the entry is the window instead: tat holds the
-// window's End and count its Count (bucket.FixedState); for a leaky_bucket
-// rule tat is the queue's bucket.Departure. Either way tat is when the
-// entry equals no entry (a full bucket, an ended window, a drained queue),
-// which is all the wake heaps and the key cap read of it (keycap.go).
+// For a rule of another algorithm (exact.go) the entry holds that
+// algorithm's state instead: a fixed window's End in tat and its Count in
+// count, a leaky queue's departure in tat, a sliding window's or a log's in
+// ext. Whatever the algorithm, tat is when the entry equals no entry (a
+// full bucket, an ended window, a drained queue, an empty log), which is
+// all the wake heaps and the key cap read of it (keycap.go).
 type ownerEntry struct {
 	key      entryKey
 	h        uint64    // hashID(key.identity)
 	rk       *ruleKeys // its rule's keys (keycap.go)
 	heapAt   int64     // the earliest time it is queued at in rk.owners (never: not queued)
 	tat      bucket.TAT
-	count    int64 // fixed_window rules: the tokens counted in the window ending at tat
+	count    int64       // fixed_window rules: the tokens counted in the window ending at tat
+	ext      *exactState // sliding_window and sliding_log rules: their state
 	reports  []report
 	dead     bool   // dropped: items left in the heap are stale
 	handed   bool   // handed to a new owner: kept only for lagging peers
@@ -91,8 +93,8 @@ func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
 			continue
 		}
 		o, r := c.rules[k.rule], next[k.rule]
-		if r.fixed {
-			oe.setFixed(r.fw.Convert(o.fw, oe.fixedState(), now))
+		if r.exact != nil {
+			r.exact.convert(o.exact, oe, now)
 		} else {
 			oe.tat = r.convertTAT(o, oe.tat, now)
 		}
@@ -123,12 +125,10 @@ func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
 			continue
 		}
 		spent := o.spentOwned(oe, now)
-		switch {
-		case r.fixed:
-			oe.setFixed(r.fw.Booked(spent, now))
-		case r.leaky:
-			oe.tat, oe.count = bucket.TAT(r.lk.Booked(spent, now)), 0
-		default:
+		oe.ext = nil
+		if r.exact != nil {
+			r.exact.book(oe, spent, now)
+		} else {
 			oe.tat, oe.count = r.gcra.Booked(spent, now), 0
 		}
 		c.watchOwned(oe)
@@ -137,11 +137,8 @@ func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
 
 // spentOwned returns the whole tokens oe had spent under rule o at now.
 func (o *RuleParams) spentOwned(oe *ownerEntry, now int64) int64 {
-	switch {
-	case o.fixed:
-		return o.fw.Spent(oe.fixedState(), now)
-	case o.leaky:
-		return o.lk.Spent(bucket.Departure(oe.tat), now)
+	if o.exact != nil {
+		return o.exact.spent(oe, now)
 	}
 	return o.gcra.Spent(oe.tat, now)
 }
@@ -164,29 +161,25 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, 
 		oe = c.ownedEntry(now, r, k, h)
 	}
 	var d bucket.Decision
-	if r.plain {
+	switch {
+	case r.plain:
 		d = r.gcra.Step(&oe.tat, now, cost)
-	} else {
+	case r.exact != nil:
+		d = r.exact.step(oe, now, cost)
+	default:
 		d = c.otherStep(now, r, k, oe, cost)
 	}
 	c.watchOwned(oe)
 	return d, oe
 }
 
-// otherStep is ownerStep's decision for a rule that is not plain gcra: a
-// fixed_window rule's window, a leaky_bucket rule's queue, or a leased
+// otherStep is ownerStep's decision for a rule that is not plain gcra: an
+// exact algorithm's own step on the entry's state (exact.go), or a leased
 // rule's share.
 func (c *Coordinator) otherStep(now int64, r *RuleParams, k entryKey, oe *ownerEntry, cost int64) bucket.Decision {
 	switch {
-	case r.fixed:
-		// The window: bucket.FixedWindow's own step on the entry's state.
-		st := oe.fixedState()
-		d := r.fw.Step(&st, now, cost)
-		oe.setFixed(st)
-		return d
-	case r.leaky:
-		// The queue: its departure time is the entry's tat.
-		return r.lk.Step((*bucket.Departure)(&oe.tat), now, cost)
+	case r.exact != nil:
+		return r.exact.step(oe, now, cost)
 	case r.leased:
 		return c.shareStep(now, r, k, oe, cost)
 	}
@@ -252,8 +245,8 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 		// per ring change, never an excess.)
 		switch {
 		case !keep:
-		case r != nil && r.fixed:
-			mergeFixed(now, oe, h)
+		case r != nil && r.exact != nil:
+			r.exact.take(oe, now, &h)
 		default:
 			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
 		}
@@ -290,44 +283,20 @@ func convertHandoff(now int64, r *RuleParams, h *HandoffItem) bool {
 		// node that names none.
 		return true
 	}
-	if r.fixed {
-		st := r.fw.Convert(o.fw, bucket.FixedState{End: now + max(h.Debt, 0), Count: h.Count}, now)
-		h.Debt, h.Count = st.End-now, st.Count
-		if st.Idle(now) {
-			h.Debt, h.Count = 0, 0
-		}
+	if r.exact != nil {
+		r.exact.convertHandoff(o.exact, now, h)
 		return true
 	}
 	h.Debt = int64(r.convertTAT(&o, bucket.TAT(now+max(h.Debt, 0)), now)) - now
 	return true
 }
 
-// mergeFixed merges a handed-over window into oe's under a fixed_window
-// rule. The old owner's window ends h.Debt from now on this node's clock
-// (late by the message's delay: held longer, never shorter); after it this
-// node's own aligned windows resume (bucket.FixedWindow rolls an ended
-// window to the one containing now). When both are live the counts add and
-// the later end holds: what either admitted counts until both windows are
-// over, so a join or a graceful leave never gives a fresh window.
-func mergeFixed(now int64, oe *ownerEntry, h HandoffItem) {
-	in := bucket.FixedState{End: now + max(h.Debt, 0), Count: max(h.Count, 0)}
-	cur := oe.fixedState()
-	switch {
-	case in.Idle(now):
-	case cur.Idle(now):
-		cur = in
-	default:
-		cur.End, cur.Count = max(cur.End, in.End), cur.Count+in.Count
-	}
-	oe.setFixed(cur)
-}
-
 // chargeOwned charges spent tokens a node reported to this node's bucket of
 // k: at the rule's rate, or at the region's share for a leased rule
 // (CoordinatorConfig.Shares), which also observes it as demand.
 func (c *Coordinator) chargeOwned(now int64, r *RuleParams, k entryKey, oe *ownerEntry, spent int64) {
-	if r.fixed {
-		chargeFixed(now, r, oe, spent)
+	if r.exact != nil {
+		r.exact.charge(oe, now, spent)
 		return
 	}
 	if r.leased {
@@ -339,30 +308,12 @@ func (c *Coordinator) chargeOwned(now int64, r *RuleParams, k entryKey, oe *owne
 	r.gcra.Charge(&oe.tat, now, spent)
 }
 
-// chargeFixed charges spent tokens to oe's window under the fixed_window
-// rule r unconditionally (the count may pass the limit, as a GCRA bucket
-// goes into debt). An exact rule's nodes admit nothing on their own, so this
-// is only reached by spend a node admitted before its rule became exact.
-func chargeFixed(now int64, r *RuleParams, oe *ownerEntry, spent int64) {
-	if spent <= 0 {
-		return
-	}
-	st := oe.fixedState()
-	// The window in force at now, as bucket.FixedWindow rolls it: a peek
-	// reports its end; another end than the state's is a new window.
-	if end := now + int64(r.fw.Peek(st, now).Reset); end != st.End || st.Count <= 0 {
-		st = bucket.FixedState{End: end}
-	}
-	st.Count += spent
-	oe.setFixed(st)
-}
-
 // ownerDebt is what an owner tells a node of oe's state after a decision
-// or a charge: the bucket's TAT minus now. The nodes of a fixed_window or
-// leaky_bucket rule keep no view of it (exact mode: the owner decides every
+// or a charge: the bucket's TAT minus now. The nodes of a rule of another
+// algorithm keep no view of it (exact mode: the owner decides every
 // request), so it is 0 there and their entries go once nothing is pending.
 func ownerDebt(now int64, r *RuleParams, oe *ownerEntry) int64 {
-	if r.fixed || r.leaky {
+	if r.exact != nil {
 		return 0
 	}
 	return int64(oe.tat) - now
@@ -527,16 +478,19 @@ func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 	c.FlushAll(now)
 }
 
-// handOff queues oe's state for its new owner `to`: its debt (the TAT, a
-// window's end or a queue's departure, from now) and a window's count. A
-// bucket that is full again (tat ≤ now) equals no entry: nothing to send.
+// handOff queues oe's state for its new owner `to`: its debt (the TAT from
+// now), or its algorithm's state (exact.go). A bucket that is full again
+// (tat ≤ now) equals no entry: nothing to send.
 func (c *Coordinator) handOff(now int64, to string, oe *ownerEntry) {
 	if int64(oe.tat) <= now {
 		return
 	}
-	h := HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now, Count: oe.count}
+	h := HandoffItem{Rule: oe.key.rule, Identity: oe.key.identity, Debt: int64(oe.tat) - now}
 	if r := c.rules[oe.key.rule]; r != nil {
 		h.Algorithm, h.Limit, h.Window, h.Burst, h.MaxDelay = r.Algorithm, r.Limit, int64(r.Window), r.Burst, r.maxDelay
+		if r.exact != nil {
+			r.exact.handOff(oe, now, &h)
+		}
 	}
 	m := c.outbox(to)
 	m.Handoffs = appendItem(m.Handoffs, &c.pools.handoffs, h)

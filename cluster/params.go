@@ -28,22 +28,18 @@ type RuleParams struct {
 	// Scheme is how the rule's slack is spread over the nodes (shared
 	// rules only); NewRuleParams sets DefaultSlackScheme.
 	Scheme SlackScheme
-	// Algorithm is the rule's algorithm: quota.AlgorithmGCRA, or
-	// quota.AlgorithmFixedWindow or quota.AlgorithmLeakyBucket (exact mode
-	// only).
+	// Algorithm is the rule's algorithm: quota.AlgorithmGCRA, or (exact
+	// mode only) quota.AlgorithmFixedWindow, AlgorithmSlidingWindow,
+	// AlgorithmSlidingLog or AlgorithmLeakyBucket.
 	Algorithm quota.Algorithm
 	gcra      bucket.GCRA
-	// fixed is true for a fixed_window rule: the owner decides with fw on
-	// the window its entry holds (ownerEntry.count), not with gcra, which
-	// then serves only the node side's arithmetic and on_failure.
-	fixed bool
-	fw    bucket.FixedWindow
-	// leaky is true for a leaky_bucket rule: the owner decides with lk on
-	// the queue's departure time, which its entry holds in tat. Its
-	// spacing T equals gcra's (both ⌈window ÷ limit⌉), so gcra's Charge
-	// and the handoff's debt arithmetic apply to the departure unchanged.
-	leaky bool
-	lk    bucket.Leaky
+	// exact is how the owner decides a rule of an algorithm other than
+	// gcra (exact.go), nil for gcra; gcra then serves only the node side's
+	// arithmetic and on_failure.
+	exact exactAlgo
+	// maxCost is the largest cost a request can be admitted at: the burst,
+	// or any cost for a leaky queue (which admits it into an empty queue).
+	maxCost int64
 	// maxDelay is the leaky queue's longest wait (ns; the rule's MaxDelay,
 	// else its default, quota.Rule.QueueDelay), which a handoff names with
 	// the other parameters (HandoffItem).
@@ -64,34 +60,29 @@ type RuleParams struct {
 }
 
 // NewRuleParams builds the coordinator's view of a gcra rule in shared or
-// exact mode, or of a fixed_window or leaky_bucket rule in exact mode (the
-// burst of a fixed_window rule is its limit, the window's capacity; that of
-// a leaky_bucket rule its queue's positions, MaxDelay ÷ T + 1). version is
+// exact mode, or of a fixed_window, sliding_window, sliding_log or
+// leaky_bucket rule in exact mode (the burst of a window or log rule is its
+// limit, the most the window holds; that of a leaky_bucket rule its queue's
+// positions, MaxDelay ÷ T + 1). version is
 // the rule set's version.
 func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	if r.Mode != quota.ModeShared && r.Mode != quota.ModeExact {
 		return RuleParams{}, fmt.Errorf("cluster: rule %q: mode %q is not decided by the coordinator", r.ID, r.Mode)
 	}
 	algo, burst := quota.AlgorithmGCRA, r.Burst
-	var fw bucket.FixedWindow
-	var lk bucket.Leaky
+	var ex exactAlgo
 	var maxDelay time.Duration
 	switch r.Algorithm {
 	case "", quota.AlgorithmGCRA, quota.AlgorithmTokenBucket:
-	case quota.AlgorithmFixedWindow, quota.AlgorithmLeakyBucket:
+	case quota.AlgorithmFixedWindow, quota.AlgorithmSlidingWindow, quota.AlgorithmSlidingLog, quota.AlgorithmLeakyBucket:
 		if r.Mode != quota.ModeExact {
 			return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %s is decided by the coordinator in mode exact only, not %q", r.ID, r.Algorithm, r.Mode)
 		}
-		var err error
-		if r.Algorithm == quota.AlgorithmFixedWindow {
-			fw, err = bucket.NewFixedWindow(r.Limit, r.Window)
-			burst = r.Limit
-		} else {
+		if r.Algorithm == quota.AlgorithmLeakyBucket {
 			maxDelay = r.QueueDelay(r.Limit, r.Burst)
-			lk, err = bucket.NewLeaky(r.Limit, r.Window, maxDelay)
-			burst = lk.Limit()
 		}
-		if err != nil {
+		var err error
+		if ex, burst, err = newExactAlgo(r.Algorithm, r.Limit, r.Window, maxDelay); err != nil {
 			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
 		}
 		algo = r.Algorithm
@@ -112,10 +103,13 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
 		}
 	}
-	return RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
+	p := RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
 		Limit: r.Limit, Window: r.Window, Burst: burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme,
-		Algorithm: algo, gcra: g, fixed: algo == quota.AlgorithmFixedWindow, fw: fw, leaky: algo == quota.AlgorithmLeakyBucket, lk: lk,
-		maxDelay: int64(maxDelay)}, nil
+		Algorithm: algo, gcra: g, exact: ex, maxCost: burst, maxDelay: int64(maxDelay)}
+	if ex != nil {
+		p.maxCost = ex.maxCost()
+	}
+	return p, nil
 }
 
 // Slack returns the slack sᵢ every node of a region of n live nodes holds
@@ -146,15 +140,14 @@ func convertible(o, r *RuleParams) bool {
 
 // sameState reports whether o and r read a stored state alike.
 func sameState(o, r *RuleParams) bool {
-	return o.gcra == r.gcra && o.fw == r.fw && o.lk == r.lk
+	if o.exact != nil || r.exact != nil {
+		return o.exact != nil && r.exact != nil && r.exact.same(o.exact)
+	}
+	return o.gcra == r.gcra
 }
 
-// convertTAT carries a TAT (a GCRA bucket's, or a leaky queue's departure)
-// of rule o over to r at now.
+// convertTAT carries a gcra bucket's TAT of rule o over to r at now.
 func (r *RuleParams) convertTAT(o *RuleParams, tat bucket.TAT, now int64) bucket.TAT {
-	if r.leaky {
-		return bucket.TAT(r.lk.Convert(o.lk, bucket.Departure(tat), now))
-	}
 	return r.gcra.Convert(o.gcra, tat, now)
 }
 

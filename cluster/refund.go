@@ -53,8 +53,8 @@ type RefundRange struct {
 //
 // Not given back: a sketch's admission (its counters are shared by
 // colliding identities, so lowering them could undercount another), an
-// on_failure decision, and a fixed_window or leaky_bucket rule's admission
-// by a remote owner (refundOwned says why).
+// on_failure decision, and an exact algorithm's admission other than
+// GCRA's by a remote owner (refundOwned says why).
 func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src Source) (RefundRange, bool) {
 	now = c.clock(now)
 	r, ok := c.rules[ruleID]
@@ -84,7 +84,7 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 			c.watch(e)
 			return RefundRange{}, false
 		}
-		if r.fixed || r.leaky {
+		if r.exact != nil {
 			return RefundRange{}, false // the owner could not give it back exactly
 		}
 		rg := RefundRange{Node: c.cfg.Self, Rule: ruleID, Identity: identity, Gen: e.gen, From: e.refunded, To: e.refunded + cost}
@@ -107,25 +107,15 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 //   - gcra: the TAT moves back by cost·T (the share's T for a leased
 //     rule), never below now: a bucket fuller than full would admit more
 //     than the burst.
-//   - fixed_window: the count goes down while a window lasts, for the
-//     owner's own charge (Refund follows its charge within the request).
-//     A remote charge is not given back: the owner cannot tell from a
-//     report which window the charge was counted in, and a count given
-//     back in a later window would admit past the limit in it.
-//   - leaky_bucket: the owner's own charge moves the queue's departure
-//     back by its spacing. A remote charge is not given back: requests
-//     queued behind it since were spaced after it, and a departure moved
-//     back past them would let the next request leave too close to them.
+//   - the other algorithms: their own refund (exact.go), which gives back
+//     the owner's own charges only.
 func (c *Coordinator) refundOwned(now int64, r *RuleParams, k entryKey, oe *ownerEntry, cost int64, remote bool) bool {
-	switch {
-	case r.fixed:
-		if remote || int64(oe.tat) <= now || oe.count <= 0 {
+	if r.exact != nil {
+		if !r.exact.refund(oe, now, cost, remote) {
 			return false
 		}
-		oe.count = max(oe.count-cost, 0)
+		c.watchOwned(oe)
 		return true
-	case r.leaky && remote:
-		return false
 	}
 	t := r.gcra.Interval().Nanoseconds()
 	if r.leased {

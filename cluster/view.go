@@ -331,7 +331,7 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 	// The view: the owner's state as last seen plus this node's
 	// unconfirmed spend, which the owner has not charged yet.
 	v := max(e.view, now) + (unconf+cost)*t
-	if cost > r.Burst && !r.leaky { // a leaky bucket admits any cost into an empty queue
+	if cost > r.maxCost { // a leaky bucket admits any cost into an empty queue
 		c.watch(e)
 		*out = Outcome{Decision: bucket.Decision{Limit: r.Burst, RetryAfter: bucket.Never}, Source: SourceView}
 		return

@@ -241,8 +241,8 @@ func (c *Coordinator) decideHanded(now int64, r *RuleParams, k entryKey, h uint6
 		oe.handed = true
 	case d.Allowed && cost > 0:
 		it := HandoffItem{Rule: k.rule, Identity: k.identity}
-		if r.fixed {
-			it.Debt, it.Count = int64(oe.tat)-now, cost
+		if r.exact != nil {
+			r.exact.handDelta(oe, now, bucket.TAT(before), cost, &it)
 		} else {
 			it.Debt = int64(oe.tat) - before
 		}

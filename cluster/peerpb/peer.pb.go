@@ -741,9 +741,14 @@ func (x *ResultItem) GetDelay() int64 {
 }
 
 // HandoffItem hands an identity's bucket (as debt) to its new owner: for a
-// leaky_bucket rule the time until its queue drains; for a fixed_window rule
-// the time until the window ends, and count the tokens counted in it (>= 0;
-// 0 for the other algorithms).
+// gcra rule its TAT from now; for a leaky_bucket rule the time until its
+// queue drains; for a fixed_window rule the time until the window ends, and
+// count the tokens counted in it; for a sliding_window rule the time until
+// the current window ends, span its length, count its tokens and prev the
+// previous window's; for a sliding_log rule the time until the newest
+// admission leaves the window, and log_ages and log_costs the admissions
+// still in view (the same length: each one's age before the sender's now,
+// ns, and its tokens). Fields an algorithm does not use are 0 or empty.
 type HandoffItem struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Rule     string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
@@ -754,11 +759,15 @@ type HandoffItem struct {
 	// owner whose rule changed since converts it (docs/rules.md, "When a rule
 	// changes"). limit 0 means unknown: the state is read under the new
 	// owner's rule as it is.
-	Algorithm     string `protobuf:"bytes,5,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
-	Limit         int64  `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                       // tokens per window (>= 0)
-	Window        int64  `protobuf:"varint,7,opt,name=window,proto3" json:"window,omitempty"`                     // ns (>= 0)
-	Burst         int64  `protobuf:"varint,8,opt,name=burst,proto3" json:"burst,omitempty"`                       // tokens (>= 0)
-	MaxDelay      int64  `protobuf:"varint,9,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"` // ns (>= 0; leaky_bucket rules)
+	Algorithm     string  `protobuf:"bytes,5,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	Limit         int64   `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                               // tokens per window (>= 0)
+	Window        int64   `protobuf:"varint,7,opt,name=window,proto3" json:"window,omitempty"`                             // ns (>= 0)
+	Burst         int64   `protobuf:"varint,8,opt,name=burst,proto3" json:"burst,omitempty"`                               // tokens (>= 0)
+	MaxDelay      int64   `protobuf:"varint,9,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`         // ns (>= 0; leaky_bucket rules)
+	Prev          int64   `protobuf:"varint,10,opt,name=prev,proto3" json:"prev,omitempty"`                                // tokens (>= 0; sliding_window rules)
+	Span          int64   `protobuf:"varint,11,opt,name=span,proto3" json:"span,omitempty"`                                // ns (>= 0; sliding_window rules)
+	LogAges       []int64 `protobuf:"varint,12,rep,packed,name=log_ages,json=logAges,proto3" json:"log_ages,omitempty"`    // ns (>= 0; sliding_log rules)
+	LogCosts      []int64 `protobuf:"varint,13,rep,packed,name=log_costs,json=logCosts,proto3" json:"log_costs,omitempty"` // tokens (>= 1; sliding_log rules)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -856,6 +865,34 @@ func (x *HandoffItem) GetMaxDelay() int64 {
 	return 0
 }
 
+func (x *HandoffItem) GetPrev() int64 {
+	if x != nil {
+		return x.Prev
+	}
+	return 0
+}
+
+func (x *HandoffItem) GetSpan() int64 {
+	if x != nil {
+		return x.Span
+	}
+	return 0
+}
+
+func (x *HandoffItem) GetLogAges() []int64 {
+	if x != nil {
+		return x.LogAges
+	}
+	return nil
+}
+
+func (x *HandoffItem) GetLogCosts() []int64 {
+	if x != nil {
+		return x.LogCosts
+	}
+	return nil
+}
+
 var File_peer_proto protoreflect.FileDescriptor
 
 const file_peer_proto_rawDesc = "" +
@@ -930,7 +967,7 @@ const file_peer_proto_rawDesc = "" +
 	"\vretry_after\x18\x05 \x01(\x03R\n" +
 	"retryAfter\x12\x12\n" +
 	"\x04debt\x18\x06 \x01(\x12R\x04debt\x12\x14\n" +
-	"\x05delay\x18\a \x01(\x03R\x05delay\"\xe6\x01\n" +
+	"\x05delay\x18\a \x01(\x03R\x05delay\"\xc6\x02\n" +
 	"\vHandoffItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
@@ -940,7 +977,12 @@ const file_peer_proto_rawDesc = "" +
 	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x16\n" +
 	"\x06window\x18\a \x01(\x03R\x06window\x12\x14\n" +
 	"\x05burst\x18\b \x01(\x03R\x05burst\x12\x1b\n" +
-	"\tmax_delay\x18\t \x01(\x03R\bmaxDelay2\xb9\x01\n" +
+	"\tmax_delay\x18\t \x01(\x03R\bmaxDelay\x12\x12\n" +
+	"\x04prev\x18\n" +
+	" \x01(\x03R\x04prev\x12\x12\n" +
+	"\x04span\x18\v \x01(\x03R\x04span\x12\x19\n" +
+	"\blog_ages\x18\f \x03(\x03R\alogAges\x12\x1b\n" +
+	"\tlog_costs\x18\r \x03(\x03R\blogCosts2\xb9\x01\n" +
 	"\x04Peer\x124\n" +
 	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch\x126\n" +
 	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01\x12C\n" +

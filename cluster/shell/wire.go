@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
 	"github.com/weir-dev/weir/cluster/peerpb"
 	"github.com/weir-dev/weir/quota"
@@ -69,6 +70,13 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 			it := &items[i]
 			it.Rule, it.Identity, it.Debt, it.Count = h.Rule, []byte(h.Identity), h.Debt, h.Count
 			it.Algorithm, it.Limit, it.Window, it.Burst, it.MaxDelay = string(h.Algorithm), h.Limit, h.Window, h.Burst, h.MaxDelay
+			it.Prev, it.Span = h.Prev, h.Span
+			if len(h.Log) > 0 {
+				it.LogAges, it.LogCosts = make([]int64, len(h.Log)), make([]int64, len(h.Log))
+				for j, e := range h.Log {
+					it.LogAges[j], it.LogCosts[j] = e.Age, e.Cost
+				}
+			}
 			b.Handoffs[i] = it
 		}
 	}
@@ -184,16 +192,43 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 			for _, f := range []struct {
 				name string
 				v    int64
-			}{{"limit", h.Limit}, {"window", h.Window}, {"burst", h.Burst}, {"max_delay", h.MaxDelay}} {
+			}{{"limit", h.Limit}, {"window", h.Window}, {"burst", h.Burst}, {"max_delay", h.MaxDelay}, {"prev", h.Prev}, {"span", h.Span}} {
 				if f.v < 0 {
 					return "", nil, itemErr("handoffs", i, fmt.Sprintf("negative %s %d", f.name, f.v))
 				}
 			}
+			log, err := decodeLog(i, h.LogAges, h.LogCosts)
+			if err != nil {
+				return "", nil, err
+			}
 			m.Handoffs[i] = cluster.HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count,
+				Prev: h.Prev, Span: h.Span, Log: log,
 				Algorithm: quota.Algorithm(h.Algorithm), Limit: h.Limit, Window: h.Window, Burst: h.Burst, MaxDelay: h.MaxDelay}
 		}
 	}
 	return b.From, m, nil
+}
+
+// decodeLog checks and converts handoff i's sliding log: as many ages as
+// costs, at most bucket.MaxSlidingLogLimit entries (a log holds at most one
+// per token of its limit), every age >= 0 and every cost >= 1.
+func decodeLog(i int, ages, costs []int64) ([]cluster.LogItem, error) {
+	switch {
+	case len(ages) != len(costs):
+		return nil, itemErr("handoffs", i, fmt.Sprintf("%d log ages but %d log costs", len(ages), len(costs)))
+	case len(ages) > bucket.MaxSlidingLogLimit:
+		return nil, itemErr("handoffs", i, fmt.Sprintf("log of %d entries, more than %d", len(ages), bucket.MaxSlidingLogLimit))
+	case len(ages) == 0:
+		return nil, nil
+	}
+	log := make([]cluster.LogItem, len(ages))
+	for j := range ages {
+		if ages[j] < 0 || costs[j] < 1 {
+			return nil, itemErr("handoffs", i, fmt.Sprintf("log entry %d: age %d, cost %d (want age >= 0, cost >= 1)", j, ages[j], costs[j]))
+		}
+		log[j] = cluster.LogItem{Age: ages[j], Cost: costs[j]}
+	}
+	return log, nil
 }
 
 func itemErr(kind string, i int, problem string) error {

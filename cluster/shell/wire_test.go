@@ -13,6 +13,7 @@ import (
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster/peerpb"
+	"github.com/weir-dev/weir/quota"
 )
 
 // fullMessage sets every field of every item kind, with edge values: zero
@@ -41,6 +42,10 @@ func fullMessage() *cluster.Message {
 			{Rule: "api", Identity: "user:2", Debt: -5},
 			{Rule: "api", Identity: "user:3", Debt: 0},
 			{Rule: "fw", Identity: "user:4", Debt: 59_000_000_000, Count: math.MaxInt64},
+			{Rule: "sw", Identity: "user:5", Debt: 400_000_000, Count: 3, Prev: 9, Span: 1_000_000_000,
+				Algorithm: quota.AlgorithmSlidingWindow, Limit: 10, Window: 1_000_000_000, Burst: 10},
+			{Rule: "log", Identity: "user:6", Debt: 700_000_000, Log: []cluster.LogItem{{Age: 300_000_000, Cost: 2}, {Age: 0, Cost: 1}},
+				Algorithm: quota.AlgorithmSlidingLog, Limit: 5, Window: 1_000_000_000, Burst: 5},
 		},
 		HandedOver: math.MaxUint64,
 	}
@@ -104,6 +109,11 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"negative reset", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, ResetAfter: -1}}}, "negative reset_after"},
 		{"negative retry", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, RetryAfter: -1}}}, "negative retry_after"},
 		{"negative delay", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{Ticket: 1, Delay: -1}}}, "results[0]: negative delay -1"},
+		{"handoff log ages and costs differ", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: []int64{1, 2}, LogCosts: []int64{1}}}}, "handoffs[0]: 2 log ages but 1 log costs"},
+		{"handoff log negative age", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: []int64{-1}, LogCosts: []int64{1}}}}, "handoffs[0]: log entry 0: age -1"},
+		{"handoff log zero cost", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: []int64{5}, LogCosts: []int64{0}}}}, "log entry 0: age 5, cost 0"},
+		{"handoff log too long", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: make([]int64, bucket.MaxSlidingLogLimit+1), LogCosts: make([]int64, bucket.MaxSlidingLogLimit+1)}}}, "more than 10000"},
+		{"negative handoff prev", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Prev: -1}}}, "handoffs[0]: negative prev -1"},
 		{"negative handoff count", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Count: -2}}}, "handoffs[0]: negative count -2"},
 	}
 	for _, c := range cases {
