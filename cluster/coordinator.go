@@ -410,15 +410,15 @@ func (c *Coordinator) slack(r *RuleParams) int64 {
 // timeout passes and on_failure decides).
 func (c *Coordinator) Decide(now int64, ruleID, identity string, cost int64) (Outcome, error) {
 	var o Outcome
-	err := c.DecideInto(&o, now, ruleID, identity, 0, cost)
+	err := c.DecideInto(&o, now, ruleID, Key{Identity: identity}, cost)
 	return o, err
 }
 
 // DecideInto is Decide writing its outcome to *out (the zero Outcome with
 // an error), for an adapter that keeps the outcome in place rather than
-// copying it out of the call. hash is TableHash(identity), or 0 to have
-// it computed here; any other value makes the decision wrong.
-func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID, identity string, hash uint64, cost int64) error {
+// copying it out of the call, of the identity key.Identity (see Key).
+func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID string, key Key, cost int64) error {
+	identity, hash := key.Identity, key.hash
 	now = c.clock(now)
 	r, ok := c.rule(ruleID)
 	if !ok {

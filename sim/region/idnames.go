@@ -21,11 +21,11 @@ import (
 type idNames struct {
 	prefix string
 	names  []string
-	// hashes[i] is cluster.TableHash(names[i]) (identities only): the
+	// keys[i] is cluster.KeyOf(names[i]) (identities only): the
 	// coordinators need not hash a name on every decision.
-	hashes []uint64
-	all    string // the names' bytes, name i at i<<shift
-	shift  uint
+	keys  []cluster.Key
+	all   string // the names' bytes, name i at i<<shift
+	shift uint
 	// base, size and mask are all's address and length and the stride
 	// less one, for index (all keeps the bytes alive; Go's heap does not
 	// move them).
@@ -39,9 +39,9 @@ func newIDNames(n int) *idNames { return newIDNamesPrefix("id-", n) }
 // their hashes.
 func newIDNamesPrefix(prefix string, n int) *idNames {
 	t := newNames(prefix, n)
-	t.hashes = make([]uint64, n)
+	t.keys = make([]cluster.Key, n)
 	for i, name := range t.names {
-		t.hashes[i] = cluster.TableHash(name)
+		t.keys[i] = cluster.KeyOf(name)
 	}
 	return t
 }

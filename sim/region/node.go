@@ -270,7 +270,7 @@ func addEvictions(p *cluster.Stats, s cluster.Stats) {
 func (n *node) request(ident int, cost int64) {
 	var o cluster.Outcome // written in place, not copied out of the call
 	ids := n.rg.ids
-	if err := n.coord.DecideInto(&o, n.now(), ruleID, ids.names[ident], ids.hashes[ident], cost); err != nil {
+	if err := n.coord.DecideInto(&o, n.now(), ruleID, ids.keys[ident], cost); err != nil {
 		panic(err) // the only rule is always installed
 	}
 	vnow := n.rg.sim.Now()

@@ -362,7 +362,7 @@ func (n *node) takeRule(slot int32, k int) bool {
 	id := rr.identity(r.ident)
 	rr.takes++
 	var o cluster.Outcome
-	if err := n.coord.DecideInto(&o, n.now(), rr.id, rr.names.names[id], rr.names.hashes[id], r.cost); err != nil {
+	if err := n.coord.DecideInto(&o, n.now(), rr.id, rr.names.keys[id], r.cost); err != nil {
 		panic(err) // every rule of the run is installed
 	}
 	if o.Pending {
