@@ -81,11 +81,17 @@ func sharedClock() Clock {
 // left a goroutine behind.
 func startAccCluster(t *testing.T, label string, slots, n int) *accCluster {
 	t.Helper()
+	return startClusterWith(t, label, accRules, slots, n)
+}
+
+// startClusterWith is startAccCluster with the rules of the YAML rulesYAML.
+func startClusterWith(t *testing.T, label, rulesYAML string, slots, n int) *accCluster {
+	t.Helper()
 	// Registered first, so it runs last: no goroutine outlives the nodes,
 	// crashed ones included.
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	rules, err := quota.Parse("acc.yaml", []byte(accRules))
+	rules, err := quota.Parse("acc.yaml", []byte(rulesYAML))
 	if err != nil {
 		t.Fatal(err)
 	}

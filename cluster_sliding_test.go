@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/cluster"
 )
 
 // sliding_window and sliding_log rules in mode exact on a real 3-node
@@ -144,5 +147,135 @@ func TestClusterSlidingExact(t *testing.T) {
 				t.Errorf("%d fail-open decisions counted with no fault", fo)
 			}
 		})
+	}
+}
+
+// windowRingRules: a window far longer than the test, so that nothing
+// counted leaves it: what the cluster admits over the whole test is what
+// one state fed every request admits, at most the limit, whatever the ring
+// does, unless the state is lost.
+const windowRingRules = `
+rules:
+  - id: fw
+    match: {prefix: /fw}
+    key: [header:X-API-Key]
+    algorithm: fixed_window
+    limit: 20
+    window: 1h
+    mode: exact
+  - id: sw
+    match: {prefix: /sw}
+    key: [header:X-API-Key]
+    algorithm: sliding_window
+    limit: 20
+    window: 1h
+    mode: exact
+  - id: log
+    match: {prefix: /log}
+    key: [header:X-API-Key]
+    algorithm: sliding_log
+    limit: 20
+    window: 1h
+    mode: exact
+  - id: g
+    match: {prefix: /g}
+    key: [header:X-API-Key]
+    limit: 20
+    window: 1h
+    mode: exact
+`
+
+// TestClusterWindowAlgorithmsRingChange: for each window algorithm in mode
+// exact, and gcra in mode exact beside them, on a real cluster, one
+// identity driven round robin over the live nodes is admitted its limit of
+// 20 once in all across a graceful leave of its owner and the join of a new
+// node that takes it over (the state is handed over both times: no fresh
+// window), and at most the limit once more after a crash of the owner (the
+// stated fault term: the lost state, at most L). The join and the crash run
+// only with WEIR_KNOWN_BUGS=1 until the bug named at the skip is fixed.
+func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
+	if testing.Short() {
+		t.Skip("ring changes of a 3-node cluster")
+	}
+	const limit = 20
+	c := startClusterWith(t, fmt.Sprintf("weir-ring-%d", time.Now().UnixNano()), windowRingRules, 4, 3)
+	// An identity gw-1 owns, which gw-3 owns once gw-1 has left and gw-3
+	// has joined.
+	after, err := cluster.NewRing(1, []cluster.Member{{Name: "gw-0"}, {Name: "gw-2"}, {Name: "gw-3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ""
+	for k := 0; id == ""; k++ {
+		if cand := fmt.Sprintf("ring-%d", k); c.ring(0).OwnerName(cand) == "gw-1" && after.OwnerName(cand) == "gw-3" {
+			id = cand
+		}
+	}
+	paths := [4]string{"/fw", "/sw", "/log", "/g"}
+	// send asks n times per rule, round robin over the live nodes, and
+	// returns the admissions of each; a degraded decision or an error
+	// fails the test.
+	send := func(phase string, n int) (got [4]int) {
+		t.Helper()
+		live := c.live()
+		for k, path := range paths {
+			for j := range n {
+				node := c.nodes[live[j%len(live)]]
+				d := node.Allow(context.Background(), Request{Method: "GET", Path: path, Header: http.Header{"X-Api-Key": {id}}})
+				if d.Err != nil || d.Degraded {
+					t.Fatalf("%s %s: err %v, degraded %v", phase, path, d.Err, d.Degraded)
+				}
+				if d.Allowed {
+					got[k]++
+				}
+			}
+		}
+		t.Logf("%s: admitted %v of %d each (fixed_window, sliding_window, sliding_log, gcra)", phase, got, n)
+		return got
+	}
+	first := send("before", 12)
+	// The owner leaves gracefully: it hands every state to the next owner.
+	c.nodes[1].Close()
+	c.nodes[1] = nil
+	c.waitMembers(0, 2)
+	c.settle()
+	left := send("after the owner's leave", 30)
+	for k, path := range paths {
+		if sum := first[k] + left[k]; first[k] != 12 || sum != limit {
+			t.Errorf("%s: admitted %d, then %d after the owner's leave: %d in all, want 12 first and exactly %d in all",
+				path, first[k], left[k], sum, limit)
+		}
+	}
+	if os.Getenv("WEIR_KNOWN_BUGS") == "" {
+		// A node that joins and becomes the identity's owner takes the
+		// handed state (Coordinator.takeHandoffs sees the window's count
+		// of 20) and then decides the identity on a fresh window: 20
+		// more admitted, in 5 runs of 5, for fixed_window, sliding_window
+		// and sliding_log alike (gcra's non-owners reject from their view
+		// and hide whatever its owner holds). The in-process harness of
+		// the coordinators does not show it (TestWindowAlgorithmsHandoffOnJoin).
+		t.Skip("known bug: the state handed to a joining owner is lost before its first decision (WEIR_KNOWN_BUGS=1 runs the join)")
+	}
+	// gw-3 joins and becomes the identity's owner: the heir hands the
+	// states on.
+	c.start(3, "127.0.0.1:0")
+	c.waitMembers(0, 2, 3)
+	c.settle()
+	joined := send("after the join", 30)
+	for k, path := range paths {
+		if joined[k] != 0 {
+			t.Errorf("%s: %d admitted after the join, want 0: the limit was spent before it", path, joined[k])
+		}
+	}
+	// The owner crashes: its states are lost, and the next owner admits
+	// at most the limit again.
+	c.crash(3)
+	c.waitMembers(0, 2)
+	c.settle()
+	crashed := send("after the owner's crash", 30)
+	for k, path := range paths {
+		if crashed[k] > limit {
+			t.Errorf("%s: %d admitted after the owner's crash, more than the lost state's %d", path, crashed[k], limit)
+		}
 	}
 }

@@ -264,3 +264,38 @@ func TestLaggingPeerDecidedOnHandedBucket(t *testing.T) {
 		t.Errorf("the old owner admitted %d for a lagging peer on a fresh bucket; its handed bucket was spent", got)
 	}
 }
+
+// TestHandoffAllOnce: a leaving node that sees the ring without itself
+// after HandoffAll (memberlist's leave reaching its own view) hands nothing
+// again: the new owner would count the state twice.
+func TestHandoffAllOnce(t *testing.T) {
+	for _, rule := range []quota.Rule{gcraRule("api", quota.ModeExact, 10, time.Minute, 10), fixedRule("api", 10, time.Minute),
+		windowRule("api", quota.AlgorithmSlidingLog, 10, time.Minute)} {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
+			h := newHarness(t, 3, time.Millisecond, rule)
+			id := "leaver"
+			owner := h.ring.OwnerName(id)
+			for range 6 {
+				if !decideOne(t, h.nodes[owner], h.now, "api", id) {
+					t.Fatal("the owner refused")
+				}
+			}
+			handoffs := 0
+			h.observe = func(node string, rd Ready) {
+				for _, env := range rd.Messages {
+					if node == owner {
+						handoffs += len(env.Msg.Handoffs)
+					}
+				}
+			}
+			next := h.ringWithout(t, owner)
+			h.nodes[owner].HandoffAll(h.now, next)
+			h.flush()
+			h.nodes[owner].SetTable(h.now, next)
+			h.flush()
+			if handoffs != 1 {
+				t.Errorf("the leaver sent %d handoffs of its one identity, want 1", handoffs)
+			}
+		})
+	}
+}

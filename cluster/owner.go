@@ -472,6 +472,9 @@ func (c *Coordinator) HandoffAll(now int64, next OwnerTable) {
 		oe := c.owned.get(k)
 		if o := next.OwnerName(k.identity); o != "" && o != c.cfg.Self && !oe.handed {
 			c.handOff(now, o, oe)
+			// Handed: a ring change seen while leaving must not hand it
+			// again (the new owner would count it twice).
+			oe.handed = true
 		}
 	}
 	c.markHandedOver(next)
