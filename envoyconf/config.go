@@ -27,6 +27,13 @@ type Options struct {
 	// Redis would; a join or a graceful leave hands the window's count to
 	// the new owner, and an owner crash forgets it (docs/envoy.md).
 	FixedWindow bool
+	// Fidelity counts as envoyproxy/ratelimit counts: FixedWindow, and
+	// every rule counts rejected hits too (quota.Rule.CountRejected), so a
+	// rejection's remaining is 0 and a window whose count passed the
+	// limit refuses even a hits_addend 0 check until it ends. A
+	// requests_per_unit 0 limit then answers a check that charges nothing
+	// OK, as envoyproxy/ratelimit does (docs/envoy.md, "Fidelity mode").
+	Fidelity bool
 	// OnFailure is every imported rule's on_failure; "" means local.
 	OnFailure quota.OnFailure
 	// Accuracy is every imported shared rule's accuracy; zero means
@@ -57,6 +64,12 @@ type Limit struct {
 	Blocked bool
 	// Shadow: counted, never rejects.
 	Shadow bool
+	// Quota: quota_mode; over the limit the descriptor answers OK with
+	// the limit and remaining but no duration until reset, and the
+	// request is not over the limit for it (as envoyproxy/ratelimit).
+	Quota bool
+	// Fidelity is Options.Fidelity of the config the limit was compiled in.
+	Fidelity bool
 	// Domain is the limit's domain; StatsKey its descriptor path as
 	// envoyproxy/ratelimit names it in its stats after the domain:
 	// "key_value.key" for ratelimit.service.rate_limit.<domain>.key_value.key.total_hits
@@ -140,6 +153,7 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 				if rl := ds.RateLimit; rl != nil {
 					lim := &Limit{Name: rl.Name, Replaces: rl.Replaces, Unit: rl.Unit, RequestsPerUnit: rl.RequestsPerUnit,
 						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode,
+						Quota: ds.QuotaMode, Fidelity: opts.Fidelity,
 						Domain: d.Name, StatsKey: sanitizeStatName(full[1:])}
 					c.limits = append(c.limits, lim)
 					if !lim.Unlimited && !lim.Blocked {
@@ -189,9 +203,10 @@ func rule(opts Options, lim *Limit, desc string) (quota.Rule, error) {
 	if r.Mode == "" {
 		r.Mode = quota.ModeShared
 	}
-	if opts.FixedWindow {
+	if opts.FixedWindow || opts.Fidelity {
 		r.Algorithm, r.Mode, r.Accuracy = quota.AlgorithmFixedWindow, quota.ModeExact, 0
 	}
+	r.CountRejected = opts.Fidelity
 	if _, err := quota.NewSet([]quota.Rule{r}, 1); err != nil {
 		return quota.Rule{}, err
 	}
