@@ -34,6 +34,12 @@ type Options struct {
 	// requests_per_unit 0 limit then answers a check that charges nothing
 	// OK, as envoyproxy/ratelimit does (docs/envoy.md, "Fidelity mode").
 	Fidelity bool
+	// MergeDomains merges the files of one domain into one descriptor
+	// tree, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true: a later
+	// file's top-level descriptors join the domain's; one that repeats a
+	// top-level key and value already loaded is an error. Without it two
+	// files of one domain are an error.
+	MergeDomains bool
 	// OnFailure is every imported rule's on_failure; "" means local.
 	OnFailure quota.OnFailure
 	// Accuracy is every imported shared rule's accuracy; zero means
@@ -115,7 +121,8 @@ type wildChild struct {
 }
 
 // Compile turns parsed domains into weir rules and a matcher. Two files of
-// one domain are an error (as in envoyproxy/ratelimit without merging). The
+// one domain are an error (as in envoyproxy/ratelimit without merging),
+// unless Options.MergeDomains. The
 // rules are validated with quota.NewSet; errors name the file, line and
 // field.
 func Compile(opts Options, domains ...*Domain) (*Config, error) {
@@ -130,18 +137,26 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 		if d == nil {
 			continue
 		}
-		if prev, dup := files[d.Name]; dup {
+		root := c.domains[d.Name]
+		if prev, dup := files[d.Name]; dup && !opts.MergeDomains {
 			errs = append(errs, &quota.Error{File: d.File, Field: "domain", Msg: fmt.Sprintf("duplicate domain %q (also in %s)", d.Name, prev), Err: quota.ErrInvalidRule})
 			continue
+		} else if !dup {
+			files[d.Name] = d.File
+			root = &node{}
+			c.domains[d.Name] = root
 		}
-		files[d.Name] = d.File
-		root := &node{}
-		c.domains[d.Name] = root
 		var walk func(parent *node, ds []*Descriptor, path string)
 		walk = func(parent *node, ds []*Descriptor, path string) {
 			for _, ds := range ds {
 				ck := compositeKey(ds.Key, ds.Value)
 				full := path + "." + ck
+				if _, dup := parent.children[ck]; dup {
+					// Only across merged files: Parse refuses duplicates within one.
+					errs = append(errs, &quota.Error{File: d.File, Line: ds.Line, Field: ds.Field,
+						Msg: fmt.Sprintf("duplicate descriptor %q in domain %q (also in %s)", ck, d.Name, files[d.Name]), Err: quota.ErrInvalidRule})
+					continue
+				}
 				n := &node{share: ds.ShareThreshold, pattern: ds.Value}
 				if parent.children == nil {
 					parent.children = map[string]*node{}
