@@ -53,8 +53,12 @@ type Options struct {
 
 // Limit is one compiled descriptor limit.
 type Limit struct {
-	// RuleID is the weir rule that counts this limit; empty when Unlimited
-	// or Blocked (no rule counts them).
+	// RuleID is the weir rule that counts this limit; empty when Unlimited,
+	// or Blocked without Fidelity (no rule counts them). Under Fidelity a
+	// Blocked limit's rule is a window of 1 that counts rejected hits: the
+	// service charges it hits + 1 for hits > 0 (always over) and looks with
+	// 0 for a check, which is over exactly when the window counted a hit
+	// before, as envoyproxy/ratelimit's counter of a zero limit.
 	RuleID string
 	// Name is the rate_limit's name ("" when none); Replaces the names it
 	// replaces.
@@ -171,7 +175,7 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 						Quota: ds.QuotaMode, Fidelity: opts.Fidelity,
 						Domain: d.Name, StatsKey: sanitizeStatName(full[1:])}
 					c.limits = append(c.limits, lim)
-					if !lim.Unlimited && !lim.Blocked {
+					if !lim.Unlimited && (!lim.Blocked || opts.Fidelity) {
 						lim.RuleID = ruleID(opts.RulePrefix, d.Name, full)
 						where := fmt.Sprintf("%s:%d", d.File, ds.Line)
 						if prev, dup := ids[lim.RuleID]; dup {
@@ -206,9 +210,9 @@ func rule(opts Options, lim *Limit, desc string) (quota.Rule, error) {
 	r := quota.Rule{
 		ID:          lim.RuleID,
 		Description: desc,
-		Limit:       int64(lim.RequestsPerUnit),
+		Limit:       max(int64(lim.RequestsPerUnit), 1), // 1: a Blocked limit's rule under Fidelity (Limit.RuleID)
 		Window:      lim.Unit.Duration(),
-		Burst:       int64(lim.RequestsPerUnit),
+		Burst:       max(int64(lim.RequestsPerUnit), 1),
 		Algorithm:   quota.AlgorithmGCRA,
 		Mode:        opts.Mode,
 		OnFailure:   opts.OnFailure,

@@ -70,18 +70,15 @@ func unitReset(u envoyconf.Unit, now time.Time) *durationpb.Duration {
 	return &durationpb.Duration{Seconds: sec - now.Unix()%sec}
 }
 
-// blocked answers a requests_per_unit 0 limit into st: over the limit
-// unless shadow, or, under Fidelity, unless the descriptor charges nothing
-// (0 hits are not over 0, as in envoyproxy/ratelimit, which also gives it
-// the time to its window's end). It reports whether it is over.
-func blocked(st *rlsv3.RateLimitResponse_DescriptorStatus, lim *envoyconf.Limit, hits int64, now time.Time) bool {
-	st.CurrentLimit = currentLimit(lim)
-	over := true
-	if lim.Fidelity {
-		st.DurationUntilReset = unitReset(lim.Unit, now)
-		over = hits > 0
+// blockedCost is the cost charged to lim's rule for hits: hits, or for a
+// zero limit under Fidelity hits + 1 when hits > 0, so that its window of 1
+// is over on every hit and a check (0) is over once a hit was counted
+// (envoyconf.Limit.RuleID).
+func blockedCost(lim *envoyconf.Limit, hits int64) int64 {
+	if lim.Blocked && hits > 0 {
+		return min(hits, maxCost-1) + 1
 	}
-	return over
+	return hits
 }
 
 // envoyHeaders are envoyproxy/ratelimit's response headers for statuses:

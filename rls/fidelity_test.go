@@ -99,8 +99,12 @@ func TestFidelity(t *testing.T) {
 	if z.OverallCode != rlsv3.RateLimitResponse_OK || z.Statuses[0].DurationUntilReset == nil || z.Statuses[0].DurationUntilReset.Seconds > 60 {
 		t.Errorf("a 0-hit check on a zero limit: %v, want OK with a duration until reset", z)
 	}
-	if z := call(desc("zero", "x")); z.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+	if z := call(desc("zero", "x")); z.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || z.Statuses[0].LimitRemaining != 0 {
 		t.Errorf("a hit on a zero limit: %v", z)
+	}
+	// The hit was counted: a check after it is over the zero limit too.
+	if z := call(hitsDesc(0, "zero", "x")); z.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || z.Statuses[0].DurationUntilReset == nil {
+		t.Errorf("a 0-hit check on a zero limit after a hit: %v", z)
 	}
 	for i := range 3 {
 		q := call(desc("quota", "q"))

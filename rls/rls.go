@@ -140,19 +140,17 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case lim == nil || replaced[i]:
 		case lim.Unlimited:
 			st.LimitRemaining = math.MaxUint32
-		case lim.Blocked:
-			hits := cost(req, req.Descriptors[i])
-			o := blocked(st, lim, hits, now)
-			sv.stats[lim].count(0, uint64(hits), o, lim.Shadow, 0)
-			over[i] = o && !lim.Shadow && !lim.Quota
+		case lim.Blocked && lim.RuleID == "":
+			// A zero limit counted by no rule: every request is over it.
+			st.CurrentLimit = currentLimit(lim)
+			sv.stats[lim].count(0, uint64(cost(req, req.Descriptors[i])), true, lim.Shadow, 0)
+			over[i] = !lim.Shadow && !lim.Quota
 			if over[i] {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			} else if o && lim.Quota {
-				st.DurationUntilReset = nil
 			}
 		default:
-			checks = append(checks, weir.KeyCheck{Rule: lim.RuleID, Key: s.identity(matches[i].Identity), Cost: cost(req, req.Descriptors[i])})
+			checks = append(checks, weir.KeyCheck{Rule: lim.RuleID, Key: s.identity(matches[i].Identity), Cost: blockedCost(lim, cost(req, req.Descriptors[i]))})
 			checked = append(checked, i)
 		}
 	}
@@ -170,9 +168,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		i := checked[j]
 		st := resp.Statuses[i]
 		st.CurrentLimit = currentLimit(limits[i])
-		st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
+		remaining := max(r.Remaining, 0)
+		if limits[i].Blocked {
+			remaining = 0 // the window of 1 standing in for a zero limit
+		}
+		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(r.Reset)
-		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(checks[j].Cost), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(max(r.Remaining, 0)))
+		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(cost(req, req.Descriptors[i])), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(remaining))
 		switch {
 		case r.Allowed:
 		case limits[i].Quota:
