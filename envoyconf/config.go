@@ -27,12 +27,16 @@ type Options struct {
 	// Redis would; a join or a graceful leave hands the window's count to
 	// the new owner, and an owner crash forgets it (docs/envoy.md).
 	FixedWindow bool
-	// Fidelity counts as envoyproxy/ratelimit counts: FixedWindow, and
-	// every rule counts rejected hits too (quota.Rule.CountRejected), so a
-	// rejection's remaining is 0 and a window whose count passed the
-	// limit refuses even a hits_addend 0 check until it ends. A
-	// requests_per_unit 0 limit then answers a check that charges nothing
-	// OK, as envoyproxy/ratelimit does (docs/envoy.md, "Fidelity mode").
+	// Fidelity counts as envoyproxy/ratelimit counts, in its Redis: one
+	// counter per descriptor's entries and unit window, to which every
+	// request adds its hits, admitted or not, compared with the limit
+	// after the addition. The rules are then one per unit
+	// (Config.CounterRule): a fixed_window rule in exact mode that counts
+	// rejected hits (quota.Rule.CountRejected), of FidelityCounterLimit per
+	// window, which counts and never limits; the service (package rls)
+	// compares each count with the descriptor's limit, the configured one
+	// or the override Envoy sends. Mode, FixedWindow and Accuracy are
+	// ignored (docs/envoy.md, "Fidelity mode").
 	Fidelity bool
 	// MergeDomains merges the files of one domain into one descriptor
 	// tree, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true: a later
@@ -53,12 +57,10 @@ type Options struct {
 
 // Limit is one compiled descriptor limit.
 type Limit struct {
-	// RuleID is the weir rule that counts this limit; empty when Unlimited,
-	// or Blocked without Fidelity (no rule counts them). Under Fidelity a
-	// Blocked limit's rule is a window of 1 that counts rejected hits: the
-	// service charges it hits + 1 for hits > 0 (always over) and looks with
-	// 0 for a check, which is over exactly when the window counted a hit
-	// before, as envoyproxy/ratelimit's counter of a zero limit.
+	// RuleID is the weir rule that counts this limit; empty when Unlimited
+	// or Blocked (no rule counts them). Under Fidelity it is the counter
+	// rule of the limit's unit (Config.CounterRule), Blocked limits
+	// included.
 	RuleID string
 	// Name is the rate_limit's name ("" when none); Replaces the names it
 	// replaces.
@@ -78,8 +80,6 @@ type Limit struct {
 	// the limit and remaining but no duration until reset, and the
 	// request is not over the limit for it (as envoyproxy/ratelimit).
 	Quota bool
-	// Fidelity is Options.Fidelity of the config the limit was compiled in.
-	Fidelity bool
 	// Domain is the limit's domain; StatsKey its descriptor path as
 	// envoyproxy/ratelimit names it in its stats after the domain:
 	// "key_value.key" for ratelimit.service.rate_limit.<domain>.key_value.key.total_hits
@@ -109,6 +109,9 @@ type Config struct {
 	domains map[string]*node
 	rules   []quota.Rule
 	limits  []*Limit // every limit, in file order
+	// fidelity: Options.Fidelity; prefix its RulePrefix (CounterRule).
+	fidelity bool
+	prefix   string
 }
 
 type node struct {
@@ -172,10 +175,12 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 				if rl := ds.RateLimit; rl != nil {
 					lim := &Limit{Name: rl.Name, Replaces: rl.Replaces, Unit: rl.Unit, RequestsPerUnit: rl.RequestsPerUnit,
 						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode,
-						Quota: ds.QuotaMode, Fidelity: opts.Fidelity,
+						Quota:  ds.QuotaMode,
 						Domain: d.Name, StatsKey: sanitizeStatName(full[1:])}
 					c.limits = append(c.limits, lim)
-					if !lim.Unlimited && (!lim.Blocked || opts.Fidelity) {
+					if opts.Fidelity && !lim.Unlimited {
+						lim.RuleID = counterRuleID(opts.RulePrefix, lim.Unit)
+					} else if !lim.Unlimited && !lim.Blocked {
 						lim.RuleID = ruleID(opts.RulePrefix, d.Name, full)
 						where := fmt.Sprintf("%s:%d", d.File, ds.Line)
 						if prev, dup := ids[lim.RuleID]; dup {
@@ -198,6 +203,14 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 		}
 		walk(root, d.Descriptors, "")
 	}
+	if opts.Fidelity {
+		c.fidelity, c.prefix = true, opts.RulePrefix
+		rules, err := counterRules(opts)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.rules = rules
+	}
 	if len(errs) > 0 {
 		return nil, joinErrors(errs)
 	}
@@ -210,9 +223,9 @@ func rule(opts Options, lim *Limit, desc string) (quota.Rule, error) {
 	r := quota.Rule{
 		ID:          lim.RuleID,
 		Description: desc,
-		Limit:       max(int64(lim.RequestsPerUnit), 1), // 1: a Blocked limit's rule under Fidelity (Limit.RuleID)
+		Limit:       int64(lim.RequestsPerUnit),
 		Window:      lim.Unit.Duration(),
-		Burst:       max(int64(lim.RequestsPerUnit), 1),
+		Burst:       int64(lim.RequestsPerUnit),
 		Algorithm:   quota.AlgorithmGCRA,
 		Mode:        opts.Mode,
 		OnFailure:   opts.OnFailure,
@@ -222,10 +235,9 @@ func rule(opts Options, lim *Limit, desc string) (quota.Rule, error) {
 	if r.Mode == "" {
 		r.Mode = quota.ModeShared
 	}
-	if opts.FixedWindow || opts.Fidelity {
+	if opts.FixedWindow {
 		r.Algorithm, r.Mode, r.Accuracy = quota.AlgorithmFixedWindow, quota.ModeExact, 0
 	}
-	r.CountRejected = opts.Fidelity
 	if _, err := quota.NewSet([]quota.Rule{r}, 1); err != nil {
 		return quota.Rule{}, err
 	}
@@ -365,4 +377,73 @@ func escape(b *strings.Builder, s string) {
 			b.WriteByte(c)
 		}
 	}
+}
+
+// FidelityCounterLimit is the limit of each counter rule under
+// Options.Fidelity: a count per window the counters never reach in
+// practice (hits beyond it in one window are rejected, and counted).
+const FidelityCounterLimit = 1_000_000_000
+
+// counterUnits are the units of the counter rules, in the order of Unit.
+var counterUnits = []Unit{UnitSecond, UnitMinute, UnitHour, UnitDay, UnitMonth, UnitYear, UnitWeek}
+
+// counterRuleID is the id of the counter rule of unit u.
+func counterRuleID(prefix string, u Unit) string { return prefix + "fidelity." + u.String() }
+
+// counterRules are the counter rules of Options.Fidelity, one per unit.
+func counterRules(opts Options) ([]quota.Rule, error) {
+	var rules []quota.Rule
+	for _, u := range counterUnits {
+		rules = append(rules, quota.Rule{
+			ID:          counterRuleID(opts.RulePrefix, u),
+			Description: "envoy fidelity counter, per " + u.String() + " window (envoyproxy/ratelimit's Redis counters)",
+			Limit:       FidelityCounterLimit, Window: u.Duration(), Burst: FidelityCounterLimit,
+			Algorithm: quota.AlgorithmFixedWindow, Mode: quota.ModeExact, CountRejected: true, OnFailure: opts.OnFailure,
+		})
+	}
+	if _, err := quota.NewSet(rules, 1); err != nil {
+		return nil, fmt.Errorf("envoyconf: fidelity counter rules: %w", err)
+	}
+	return rules, nil
+}
+
+// Fidelity reports whether the config was compiled with Options.Fidelity.
+func (c *Config) Fidelity() bool { return c.fidelity }
+
+// CounterRule is the id of the counter rule of unit u under
+// Options.Fidelity, or "" without it or for an invalid unit.
+func (c *Config) CounterRule(u Unit) string {
+	if !c.fidelity || u.Duration() == 0 {
+		return ""
+	}
+	return counterRuleID(c.prefix, u)
+}
+
+// Identity is the value path of entries as Match.Identity writes it, with
+// every value as sent (no share_threshold pattern): the counter of a
+// descriptor Envoy sends with a limit override, which envoyproxy/ratelimit
+// keys by the entries as sent.
+func Identity(entries []Entry) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		escape(&b, e.Key)
+		b.WriteByte('=')
+		escape(&b, e.Value)
+	}
+	return b.String()
+}
+
+// CounterKey is the key of a descriptor's counter under Options.Fidelity:
+// its domain (escaped as in Identity) and its identity, so that the
+// counters of two domains never meet, as envoyproxy/ratelimit's keys start
+// with the domain.
+func CounterKey(domain, identity string) string {
+	var b strings.Builder
+	escape(&b, domain)
+	b.WriteByte('/')
+	b.WriteString(identity)
+	return b.String()
 }

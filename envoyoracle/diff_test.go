@@ -141,11 +141,8 @@ var clusterMismatches = map[string]string{
 }
 
 // fidelityMismatches are the classes of weir's fidelity mode, on one node
-// and in a cluster.
-var fidelityMismatches = map[string]string{
-	"limit override ignored": "weir applies the configured limit where Envoy sends a descriptor's limit override " +
-		"(and charges that counter instead of the override's)",
-}
+// and in a cluster: none.
+var fidelityMismatches = map[string]string{}
 
 func init() {
 	for _, m := range []weirMode{weirDefault, weirFixedWindow, weirFixedX3} {

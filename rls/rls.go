@@ -114,6 +114,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if cfg == nil { // New(node, nil): no domain is configured
 		cfg = &envoyconf.Config{}
 	}
+	if cfg.Fidelity() {
+		return s.shouldFidelity(ctx, req, sv)
+	}
 	n := len(req.Descriptors)
 	now := time.Now()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
@@ -140,8 +143,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case lim == nil || replaced[i]:
 		case lim.Unlimited:
 			st.LimitRemaining = math.MaxUint32
-		case lim.Blocked && lim.RuleID == "":
-			// A zero limit counted by no rule: every request is over it.
+		case lim.Blocked:
+			// A zero limit, counted by no rule: every request is over it.
 			st.CurrentLimit = currentLimit(lim)
 			sv.stats[lim].count(0, uint64(cost(req, req.Descriptors[i])), true, lim.Shadow, 0)
 			over[i] = !lim.Shadow && !lim.Quota
@@ -150,7 +153,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 		default:
-			checks = append(checks, weir.KeyCheck{Rule: lim.RuleID, Key: s.identity(matches[i].Identity), Cost: blockedCost(lim, cost(req, req.Descriptors[i]))})
+			checks = append(checks, weir.KeyCheck{Rule: lim.RuleID, Key: s.identity(matches[i].Identity), Cost: cost(req, req.Descriptors[i])})
 			checked = append(checked, i)
 		}
 	}
@@ -169,9 +172,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		st := resp.Statuses[i]
 		st.CurrentLimit = currentLimit(limits[i])
 		remaining := max(r.Remaining, 0)
-		if limits[i].Blocked {
-			remaining = 0 // the window of 1 standing in for a zero limit
-		}
 		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(r.Reset)
 		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(cost(req, req.Descriptors[i])), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(remaining))
