@@ -174,9 +174,10 @@ const minRequestsForAbsence = 2000
 
 // TestDifferential sends the same seeded random request streams, after a
 // few fixed sequences, to envoyproxy/ratelimit (on Redis, the test's clock)
-// and to three `weir serve` targets (one node with the default token
-// buckets, one node with envoy.fixed_window: true, and a 3-node cluster
-// with envoy.fixed_window: true asked node by node), and compares every
+// and to five `weir serve` targets (allModes: one node with the default
+// token buckets, one node and a 3-node cluster with envoy.fixed_window:
+// true, one node and a 3-node cluster with envoy.fidelity: true; a cluster
+// asked node by node), and compares every
 // field of every answer. The known classes are checked for absence only
 // in runs of at least minRequestsForAbsence random requests.
 func TestDifferential(t *testing.T) {

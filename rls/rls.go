@@ -101,7 +101,9 @@ const maxCost = math.MaxInt64 / 4
 // 1; a cost of zero looks without charging. Descriptors with
 // is_negative_hits (a refund) are looked at, not charged: weir does not
 // give tokens back on request. A per-descriptor limit override (the
-// descriptor's limit field) is ignored: the configured limit applies.
+// descriptor's limit field) is ignored: the configured limit applies,
+// except under envoyconf's Fidelity, where the answers are
+// envoyproxy/ratelimit's (shouldFidelity), overrides honoured.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
