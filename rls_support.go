@@ -28,7 +28,9 @@ type KeyCheck struct {
 // each bounded by ctx and the node's decide timeout. Nothing is charged
 // when a rule id is unknown (ErrUnknownRule), a key is longer than
 // Config.MaxIdentityBytes (ErrIdentityTooLong) or a cost is negative.
-// Concurrency rules' slots are released at once, as in Check.
+// A cost-0 look at a count_rejected rule decided by the cluster asks the
+// identity's owner, as a charge does. Concurrency rules' slots are released
+// at once, as in Check.
 func (n *Node) CheckKeys(ctx context.Context, checks []KeyCheck) (Decision, error) {
 	e := n.eng.load()
 	var pbuf [inlineResults]pending
@@ -52,10 +54,13 @@ func (n *Node) CheckKeys(ctx context.Context, checks []KeyCheck) (Decision, erro
 	d := Decision{Allowed: true, limiting: -1, now: now, At: time.Unix(0, now)}
 	for i := range ps {
 		p := &ps[i]
-		if p.cost == 0 {
+		if p.cost == 0 && !(p.c.r.CountRejected && p.remote()) {
 			n.reportUncharged(&d, p, now)
 			continue
 		}
+		// A look at a count_rejected rule decided by the cluster asks the
+		// identity's owner with cost 0 (a step that charges nothing): its
+		// count may be past the limit, which this node cannot see.
 		n.record(ctx, &d, p, now)
 	}
 	d.finish()

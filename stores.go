@@ -302,6 +302,9 @@ func (s *stores) spec(r *quota.Rule, limit, burst int64) (limitSpec, error) {
 		if err != nil {
 			return out, err
 		}
+		if r.CountRejected {
+			f = f.CountingRejected()
+		}
 		out.burst, pr.fixed = limit, f
 		out.lim = &storeLimiter[bucket.FixedState, *bucket.FixedState]{s: s, st: s.fixed, alg: &f, peekFn: valuePeek[bucket.FixedState](&f),
 			field: func(a *anyState) *bucket.FixedState { return &a.fixed }}

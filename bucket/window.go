@@ -27,14 +27,28 @@ func (s *FixedState) Idle(now int64) bool { return s.End <= now || s.Count == 0 
 // 10 at 0:59.9 and 10 at 1:00.0 pass, 20 within 100 ms). Use GCRA or
 // SlidingLog when that matters.
 //
+// Counting. By default only admitted tokens are counted: a rejected
+// request leaves the window as it was, so a smaller one may pass after it.
+// CountingRejected returns the variant that counts every request's tokens,
+// admitted or not, as envoyproxy/ratelimit's Redis counter does (INCRBY,
+// then compare): a request of cost c passes iff Count + c <= Limit after
+// Count was raised by c either way, so once a rejection pushed Count past
+// Limit nothing passes, not even a cost-0 look, until the window ends, and a
+// rejection's Remaining is 0. That variant admits at most Limit per window
+// too, and never more than the default; under overload it admits less
+// (docs/overshoot.md).
+//
 // Edge cases: cost 0 is a peek; a negative cost is treated as 0; cost >
-// Limit is rejected with RetryAfter Never. If now goes backwards into an
-// earlier window than the state's, the request counts against the state's
-// (later) window: conservative, never over-admitting. The zero FixedWindow
-// is not valid; use NewFixedWindow. Immutable, safe for concurrent use.
+// Limit is rejected with RetryAfter Never (and counted by the counting
+// variant). If now goes backwards into an earlier window than the state's,
+// the request counts against the state's (later) window: conservative,
+// never over-admitting. The zero FixedWindow is not valid; use
+// NewFixedWindow. Immutable, safe for concurrent use.
 type FixedWindow struct {
 	limit int64
 	w     int64
+	// countRejected: rejected tokens are counted too (CountingRejected).
+	countRejected bool
 }
 
 // NewFixedWindow returns a FixedWindow of limit tokens per window. It
@@ -49,14 +63,31 @@ func NewFixedWindow(limit int64, window time.Duration) (FixedWindow, error) {
 	return FixedWindow{limit: limit, w: int64(window)}, nil
 }
 
-// Step decides a request of cost tokens at now, counting it when admitted.
+// CountingRejected returns f counting every request's tokens, admitted or
+// not (see FixedWindow). f itself is unchanged.
+func (f FixedWindow) CountingRejected() FixedWindow {
+	f.countRejected = true
+	return f
+}
+
+// CountsRejected reports whether f counts rejected tokens too.
+func (f FixedWindow) CountsRejected() bool { return f.countRejected }
+
+// Step decides a request of cost tokens at now, counting it when admitted
+// (or always, under CountingRejected).
 func (f *FixedWindow) Step(s *FixedState, now, cost int64) Decision {
 	st := f.current(*s, now)
 	d := f.decide(st, now, cost)
-	if d.Allowed && cost > 0 {
+	switch {
+	case cost <= 0:
+	case d.Allowed:
 		st.Count += cost
 		*s = st
 		d.Remaining = f.limit - st.Count
+	case f.countRejected:
+		st.Count = satAdd(st.Count, cost)
+		*s = st
+		d.Remaining = 0
 	}
 	return d
 }

@@ -32,7 +32,11 @@ type RuleParams struct {
 	// mode only) quota.AlgorithmFixedWindow, AlgorithmSlidingWindow,
 	// AlgorithmSlidingLog or AlgorithmLeakyBucket.
 	Algorithm quota.Algorithm
-	gcra      bucket.GCRA
+	// CountRejected is a fixed_window rule's count_rejected: its window
+	// counts every request's cost, admitted or not
+	// (bucket.FixedWindow.CountingRejected), so any cost goes to the owner.
+	CountRejected bool
+	gcra          bucket.GCRA
 	// exact is how the owner decides a rule of an algorithm other than
 	// gcra (exact.go), nil for gcra; gcra then serves only the node side's
 	// arithmetic and on_failure.
@@ -85,6 +89,9 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 		if ex, burst, err = newExactAlgo(r.Algorithm, r.Limit, r.Window, maxDelay); err != nil {
 			return RuleParams{}, fmt.Errorf("cluster: rule %q: %w", r.ID, err)
 		}
+		if fa, ok := ex.(*fixedAlgo); ok && r.CountRejected {
+			fa.fw = fa.fw.CountingRejected()
+		}
 		algo = r.Algorithm
 	default:
 		return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %q is not decided by the coordinator", r.ID, r.Algorithm)
@@ -108,6 +115,10 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 		Algorithm: algo, gcra: g, exact: ex, maxCost: burst, maxDelay: int64(maxDelay)}
 	if ex != nil {
 		p.maxCost = ex.maxCost()
+	}
+	if fa, ok := ex.(*fixedAlgo); ok && fa.fw.CountsRejected() {
+		// A rejected cost is counted too: the owner must see every cost.
+		p.CountRejected, p.maxCost = true, math.MaxInt64
 	}
 	return p, nil
 }

@@ -356,7 +356,9 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 	if r.Scheme == SlackDemand {
 		s += e.grant.extraAt(now)
 	}
-	if unconf+cost <= s {
+	// A cost-0 look at a count_rejected window goes to the owner: only it
+	// knows whether the count passed the limit.
+	if unconf+cost <= s && (cost > 0 || !r.CountRejected) {
 		e.spent += cost
 		c.stats.LocalAdmits++
 		if e.spent-e.sent >= max((s+1)/2, 1) {

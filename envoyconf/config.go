@@ -27,6 +27,23 @@ type Options struct {
 	// Redis would; a join or a graceful leave hands the window's count to
 	// the new owner, and an owner crash forgets it (docs/envoy.md).
 	FixedWindow bool
+	// Fidelity counts as envoyproxy/ratelimit counts, in its Redis: one
+	// counter per descriptor's entries and unit window, to which every
+	// request adds its hits, admitted or not, compared with the limit
+	// after the addition. The rules are then one per unit
+	// (Config.CounterRule): a fixed_window rule in exact mode that counts
+	// rejected hits (quota.Rule.CountRejected), of FidelityCounterLimit per
+	// window, which counts and never limits; the service (package rls)
+	// compares each count with the descriptor's limit, the configured one
+	// or the override Envoy sends. Mode, FixedWindow and Accuracy are
+	// ignored (docs/envoy.md, "Fidelity mode").
+	Fidelity bool
+	// MergeDomains merges the files of one domain into one descriptor
+	// tree, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true: a later
+	// file's top-level descriptors join the domain's; one that repeats a
+	// top-level key and value already loaded is an error. Without it two
+	// files of one domain are an error.
+	MergeDomains bool
 	// OnFailure is every imported rule's on_failure; "" means local.
 	OnFailure quota.OnFailure
 	// Accuracy is every imported shared rule's accuracy; zero means
@@ -41,7 +58,9 @@ type Options struct {
 // Limit is one compiled descriptor limit.
 type Limit struct {
 	// RuleID is the weir rule that counts this limit; empty when Unlimited
-	// or Blocked (no rule counts them).
+	// or Blocked (no rule counts them). Under Fidelity it is the counter
+	// rule of the limit's unit (Config.CounterRule), Blocked limits
+	// included.
 	RuleID string
 	// Name is the rate_limit's name ("" when none); Replaces the names it
 	// replaces.
@@ -57,6 +76,10 @@ type Limit struct {
 	Blocked bool
 	// Shadow: counted, never rejects.
 	Shadow bool
+	// Quota: quota_mode; over the limit the descriptor answers OK with
+	// the limit and remaining but no duration until reset, and the
+	// request is not over the limit for it (as envoyproxy/ratelimit).
+	Quota bool
 	// Domain is the limit's domain; StatsKey its descriptor path as
 	// envoyproxy/ratelimit names it in its stats after the domain:
 	// "key_value.key" for ratelimit.service.rate_limit.<domain>.key_value.key.total_hits
@@ -86,6 +109,9 @@ type Config struct {
 	domains map[string]*node
 	rules   []quota.Rule
 	limits  []*Limit // every limit, in file order
+	// fidelity: Options.Fidelity; prefix its RulePrefix (CounterRule).
+	fidelity bool
+	prefix   string
 }
 
 type node struct {
@@ -102,7 +128,8 @@ type wildChild struct {
 }
 
 // Compile turns parsed domains into weir rules and a matcher. Two files of
-// one domain are an error (as in envoyproxy/ratelimit without merging). The
+// one domain are an error (as in envoyproxy/ratelimit without merging),
+// unless Options.MergeDomains. The
 // rules are validated with quota.NewSet; errors name the file, line and
 // field.
 func Compile(opts Options, domains ...*Domain) (*Config, error) {
@@ -117,18 +144,26 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 		if d == nil {
 			continue
 		}
-		if prev, dup := files[d.Name]; dup {
+		root := c.domains[d.Name]
+		if prev, dup := files[d.Name]; dup && !opts.MergeDomains {
 			errs = append(errs, &quota.Error{File: d.File, Field: "domain", Msg: fmt.Sprintf("duplicate domain %q (also in %s)", d.Name, prev), Err: quota.ErrInvalidRule})
 			continue
+		} else if !dup {
+			files[d.Name] = d.File
+			root = &node{}
+			c.domains[d.Name] = root
 		}
-		files[d.Name] = d.File
-		root := &node{}
-		c.domains[d.Name] = root
 		var walk func(parent *node, ds []*Descriptor, path string)
 		walk = func(parent *node, ds []*Descriptor, path string) {
 			for _, ds := range ds {
 				ck := compositeKey(ds.Key, ds.Value)
 				full := path + "." + ck
+				if _, dup := parent.children[ck]; dup {
+					// Only across merged files: Parse refuses duplicates within one.
+					errs = append(errs, &quota.Error{File: d.File, Line: ds.Line, Field: ds.Field,
+						Msg: fmt.Sprintf("duplicate descriptor %q in domain %q (also in %s)", ck, d.Name, files[d.Name]), Err: quota.ErrInvalidRule})
+					continue
+				}
 				n := &node{share: ds.ShareThreshold, pattern: ds.Value}
 				if parent.children == nil {
 					parent.children = map[string]*node{}
@@ -140,9 +175,12 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 				if rl := ds.RateLimit; rl != nil {
 					lim := &Limit{Name: rl.Name, Replaces: rl.Replaces, Unit: rl.Unit, RequestsPerUnit: rl.RequestsPerUnit,
 						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode,
+						Quota:  ds.QuotaMode,
 						Domain: d.Name, StatsKey: sanitizeStatName(full[1:])}
 					c.limits = append(c.limits, lim)
-					if !lim.Unlimited && !lim.Blocked {
+					if opts.Fidelity && !lim.Unlimited {
+						lim.RuleID = counterRuleID(opts.RulePrefix, lim.Unit)
+					} else if !lim.Unlimited && !lim.Blocked {
 						lim.RuleID = ruleID(opts.RulePrefix, d.Name, full)
 						where := fmt.Sprintf("%s:%d", d.File, ds.Line)
 						if prev, dup := ids[lim.RuleID]; dup {
@@ -164,6 +202,14 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 			}
 		}
 		walk(root, d.Descriptors, "")
+	}
+	if opts.Fidelity {
+		c.fidelity, c.prefix = true, opts.RulePrefix
+		rules, err := counterRules(opts)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.rules = rules
 	}
 	if len(errs) > 0 {
 		return nil, joinErrors(errs)
@@ -331,4 +377,73 @@ func escape(b *strings.Builder, s string) {
 			b.WriteByte(c)
 		}
 	}
+}
+
+// FidelityCounterLimit is the limit of each counter rule under
+// Options.Fidelity: a count per window the counters never reach in
+// practice (hits beyond it in one window are rejected, and counted).
+const FidelityCounterLimit = 1_000_000_000
+
+// counterUnits are the units of the counter rules, in the order of Unit.
+var counterUnits = []Unit{UnitSecond, UnitMinute, UnitHour, UnitDay, UnitMonth, UnitYear, UnitWeek}
+
+// counterRuleID is the id of the counter rule of unit u.
+func counterRuleID(prefix string, u Unit) string { return prefix + "fidelity." + u.String() }
+
+// counterRules are the counter rules of Options.Fidelity, one per unit.
+func counterRules(opts Options) ([]quota.Rule, error) {
+	var rules []quota.Rule
+	for _, u := range counterUnits {
+		rules = append(rules, quota.Rule{
+			ID:          counterRuleID(opts.RulePrefix, u),
+			Description: "envoy fidelity counter, per " + u.String() + " window (envoyproxy/ratelimit's Redis counters)",
+			Limit:       FidelityCounterLimit, Window: u.Duration(), Burst: FidelityCounterLimit,
+			Algorithm: quota.AlgorithmFixedWindow, Mode: quota.ModeExact, CountRejected: true, OnFailure: opts.OnFailure,
+		})
+	}
+	if _, err := quota.NewSet(rules, 1); err != nil {
+		return nil, fmt.Errorf("envoyconf: fidelity counter rules: %w", err)
+	}
+	return rules, nil
+}
+
+// Fidelity reports whether the config was compiled with Options.Fidelity.
+func (c *Config) Fidelity() bool { return c.fidelity }
+
+// CounterRule is the id of the counter rule of unit u under
+// Options.Fidelity, or "" without it or for an invalid unit.
+func (c *Config) CounterRule(u Unit) string {
+	if !c.fidelity || u.Duration() == 0 {
+		return ""
+	}
+	return counterRuleID(c.prefix, u)
+}
+
+// Identity is the value path of entries as Match.Identity writes it, with
+// every value as sent (no share_threshold pattern): the counter of a
+// descriptor Envoy sends with a limit override, which envoyproxy/ratelimit
+// keys by the entries as sent.
+func Identity(entries []Entry) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		escape(&b, e.Key)
+		b.WriteByte('=')
+		escape(&b, e.Value)
+	}
+	return b.String()
+}
+
+// CounterKey is the key of a descriptor's counter under Options.Fidelity:
+// its domain (escaped as in Identity) and its identity, so that the
+// counters of two domains never meet, as envoyproxy/ratelimit's keys start
+// with the domain.
+func CounterKey(domain, identity string) string {
+	var b strings.Builder
+	escape(&b, domain)
+	b.WriteByte('/')
+	b.WriteString(identity)
+	return b.String()
 }

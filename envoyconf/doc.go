@@ -20,6 +20,11 @@
 // instead, and Options.FixedWindow keeps envoy's fixed windows (algorithm
 // fixed_window, mode exact).
 //
-// detailed_metric is accepted and ignored: it changes only the names of
-// envoyproxy/ratelimit's statsd counters, and weir's counters are per rule.
+// Options.Fidelity counts as envoyproxy/ratelimit counts instead: one
+// counter rule per unit (Config.CounterRule) to which every request adds
+// its hits, compared with the descriptor's limit by package rls.
+//
+// detailed_metric and value_to_metric are accepted and ignored: they change
+// only the names of envoyproxy/ratelimit's statsd counters, and weir's
+// counters are per rule. quota_mode is Limit.Quota.
 package envoyconf

@@ -208,3 +208,39 @@ func TestRuleIDs(t *testing.T) {
 		t.Error("a path with a replaced character shares the id of its look-alike")
 	}
 }
+
+// TestMergeDomains: with MergeDomains two files of one domain make one
+// tree, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG; a top-level
+// descriptor in both is refused with its file, line and field; without it
+// the second file is refused.
+func TestMergeDomains(t *testing.T) {
+	parse := func(name, text string) *Domain {
+		t.Helper()
+		d, err := Parse(name, []byte(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	a := parse("a.yaml", "domain: m\ndescriptors:\n  - key: k1\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	b := parse("b.yaml", "domain: m\ndescriptors:\n  - key: k2\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
+	if _, err := Compile(Options{}, a, b); err == nil || !strings.Contains(err.Error(), "duplicate domain") {
+		t.Fatalf("without merging: %v", err)
+	}
+	cfg, err := Compile(Options{MergeDomains: true}, a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"k1", "k2"} {
+		if _, ok := cfg.Match("m", []Entry{{Key: k, Value: "v"}}); !ok {
+			t.Errorf("merged: %s does not match", k)
+		}
+	}
+	if len(cfg.Rules()) != 2 {
+		t.Errorf("merged: %d rules, want 2", len(cfg.Rules()))
+	}
+	c := parse("c.yaml", "domain: m\ndescriptors:\n  - key: x\n  - key: k1\n    rate_limit: {unit: second, requests_per_unit: 3}\n")
+	if _, err := Compile(Options{MergeDomains: true}, a, c); err == nil || !strings.Contains(err.Error(), `c.yaml:4: descriptors[1]: duplicate descriptor "k1"`) {
+		t.Fatalf("a descriptor in both files: %v", err)
+	}
+}

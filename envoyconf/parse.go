@@ -100,6 +100,13 @@ type Descriptor struct {
 	ShadowMode bool
 	// DetailedMetric is accepted and ignored (see the package doc).
 	DetailedMetric bool
+	// QuotaMode: over the limit the descriptor answers OK (see
+	// Limit.Quota).
+	QuotaMode bool
+	// ValueToMetric is accepted: in envoyproxy/ratelimit it puts the
+	// request's value into the stats name; weir's per-descriptor metrics
+	// name the configured path only (docs/envoy.md, "Stats").
+	ValueToMetric bool
 	// ShareThreshold makes every value matching a wildcard value share one
 	// bucket instead of one bucket per distinct value.
 	ShareThreshold bool
@@ -312,7 +319,7 @@ func (p *parser) descriptors(n *yaml.Node, f string, depth int) []*Descriptor {
 			continue
 		}
 		d := &Descriptor{Line: item.Line, Field: df}
-		p.mapping(item, df, []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "share_threshold"},
+		p.mapping(item, df, []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold"},
 			func(key string, v *yaml.Node, ff string) {
 				switch key {
 				case "key":
@@ -327,6 +334,10 @@ func (p *parser) descriptors(n *yaml.Node, f string, depth int) []*Descriptor {
 					d.ShadowMode = p.boolean(v, ff)
 				case "detailed_metric":
 					d.DetailedMetric = p.boolean(v, ff)
+				case "quota_mode":
+					d.QuotaMode = p.boolean(v, ff)
+				case "value_to_metric":
+					d.ValueToMetric = p.boolean(v, ff)
 				case "share_threshold":
 					d.ShareThreshold = p.boolean(v, ff)
 				}

@@ -94,26 +94,20 @@ func outcome(err error) string {
 // knownConfigDifferences are the loads where weir's outcome differs from
 // envoyproxy/ratelimit's, with the cause. The test fails when this table is
 // not exactly the set of differences: a new difference, or a fixed one.
-var knownConfigDifferences = map[string]string{
-	// envoyproxy/ratelimit accepts value_to_metric (the value goes into the
-	// stats name); weir refuses it as an unknown field.
-	"test/config/share_threshold.yaml": "value_to_metric: unknown field in weir",
-	// envoyproxy/ratelimit merges one domain spread over several files under
-	// MERGE_DOMAIN_CONFIG=true; weir has no merge option and refuses a
-	// domain in two files.
-	"test/config/merge_domain_key{1,2}.yaml (together, MERGE_DOMAIN_CONFIG=true)": "no MERGE_DOMAIN_CONFIG in weir",
-}
+var knownConfigDifferences = map[string]string{}
 
 // TestConfigCorpus loads every descriptor file of envoyproxy/ratelimit's
 // module into envoyproxy/ratelimit's own config loader and into
-// `weir serve --check`, and compares accept or refuse.
+// `weir serve --check` (in fidelity mode, with merge_domains where
+// envoyproxy/ratelimit has MERGE_DOMAIN_CONFIG=true), and compares accept or
+// refuse.
 func TestConfigCorpus(t *testing.T) {
 	cases := corpus(t)
 	found := map[string]bool{}
 	same := 0
 	for _, c := range cases {
 		eErr := envoyLoads(c.files, c.merge)
-		wErr := weirChecks(t, c.files)
+		wErr := weirChecks(t, c.files, c.merge)
 		e, w := outcome(eErr), outcome(wErr)
 		line := fmt.Sprintf("%-80s envoy %-6s weir %-6s", c.name, e, w)
 		if e == w {

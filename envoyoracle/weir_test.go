@@ -54,20 +54,49 @@ const (
 	weirDefault     weirMode = "default"         // token buckets (envoy.mode: shared), one node
 	weirFixedWindow weirMode = "fixed_window"    // envoy.fixed_window: true, one node
 	weirFixedX3     weirMode = "fixed_window x3" // envoy.fixed_window: true, a 3-node cluster
+	weirFidelity    weirMode = "fidelity"        // envoy.fidelity: true, one node
+	weirFidelityX3  weirMode = "fidelity x3"     // envoy.fidelity: true, a 3-node cluster
 )
 
+// allModes are the weir targets of the differential test, in order.
+var allModes = []weirMode{weirDefault, weirFixedWindow, weirFixedX3, weirFidelity, weirFidelityX3}
+
+// clustered reports whether the mode is a 3-node cluster.
+func (m weirMode) clustered() bool { return m == weirFixedX3 || m == weirFidelityX3 }
+
+// fidelity reports whether the mode is weir's fidelity mode.
+func (m weirMode) fidelity() bool { return m == weirFidelity || m == weirFidelityX3 }
+
+// envoyOptions is the envoy section's options of mode (after the
+// descriptors), with envoy's response headers when headers is true and
+// the mode can give them (fidelity: response_headers: envoy), and
+// merge_domains when merge is true.
+func (m weirMode) envoyOptions(headers, merge bool) string {
+	var extra string
+	switch {
+	case m.fidelity():
+		extra = ", fidelity: true"
+		if headers {
+			extra += ", response_headers: envoy"
+		}
+	case m == weirFixedWindow || m == weirFixedX3:
+		extra = ", fixed_window: true"
+	}
+	if merge {
+		extra += ", merge_domains: true"
+	}
+	return extra
+}
+
 // weirConfig writes a `weir serve` config serving the descriptor files on
-// ephemeral loopback ports; gossip, when not empty, is the node's gossip
+// ephemeral loopback ports, with extra (weirMode.envoyOptions) in its envoy
+// section; gossip, when not empty, is the node's gossip
 // section (a cluster member).
-func weirConfig(t *testing.T, files []string, fixedWindow bool, name, gossip string) string {
+func weirConfig(t *testing.T, files []string, extra, name, gossip string) string {
 	t.Helper()
 	quoted := make([]string, len(files))
 	for i, f := range files {
 		quoted[i] = fmt.Sprintf("%q", f)
-	}
-	extra := ""
-	if fixedWindow {
-		extra = ", fixed_window: true"
 	}
 	body := fmt.Sprintf(`node: {name: %s, region: eu}
 envoy: {listen: "127.0.0.1:0", descriptors: [%s]%s}
@@ -84,11 +113,12 @@ log: {level: error}
 	return p
 }
 
-// weirChecks runs `weir serve --check` over the descriptor files: nil when
+// weirChecks runs `weir serve --check` over the descriptor files, in
+// fidelity mode (merge_domains when merge, as MERGE_DOMAIN_CONFIG): nil when
 // weir accepts them, else its error output.
-func weirChecks(t *testing.T, files []string) error {
+func weirChecks(t *testing.T, files []string, merge bool) error {
 	t.Helper()
-	cmd := exec.Command(weirBinary(t), "serve", "--check", "--config", weirConfig(t, files, false, "oracle", ""))
+	cmd := exec.Command(weirBinary(t), "serve", "--check", "--config", weirConfig(t, files, weirFidelity.envoyOptions(false, merge), "oracle", ""))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -125,17 +155,22 @@ type weirAddrs struct {
 	Pid int `json:"-"`
 }
 
-// startWeir starts `weir serve` over the descriptor files on one node.
-func startWeir(t *testing.T, files []string, mode weirMode) *weirServe {
+// startWeir starts `weir serve` over the descriptor files in mode (on one
+// node, or a cluster of 3 for a clustered mode); headers: envoy's response
+// headers are compared.
+func startWeir(t *testing.T, files []string, mode weirMode, headers bool) *weirServe {
 	t.Helper()
-	a := startWeirProc(t, weirConfig(t, files, mode == weirFixedWindow, "oracle", ""))
+	if mode.clustered() {
+		return startWeirCluster(t, files, mode, headers)
+	}
+	a := startWeirProc(t, weirConfig(t, files, mode.envoyOptions(headers, false), "oracle", ""))
 	return &weirServe{mode: mode, clients: []pb.RateLimitServiceClient{dial(t, a.RLS)}}
 }
 
 // startWeirCluster starts a 3-node cluster of `weir serve` with fixed
 // windows (each identity's owner counts its window) and waits until every
 // node sees the three members.
-func startWeirCluster(t *testing.T, files []string) *weirServe {
+func startWeirCluster(t *testing.T, files []string, mode weirMode, headers bool) *weirServe {
 	t.Helper()
 	label := fmt.Sprintf("oracle-%d-%d", os.Getpid(), time.Now().UnixNano())
 	gossip := func(join string) string {
@@ -145,10 +180,11 @@ func startWeirCluster(t *testing.T, files []string) *weirServe {
 		}
 		return g + "}"
 	}
-	first := startWeirProc(t, weirConfig(t, files, true, "n1", gossip("")))
+	extra := mode.envoyOptions(headers, false)
+	first := startWeirProc(t, weirConfig(t, files, extra, "n1", gossip("")))
 	nodes := []weirAddrs{first}
 	for _, name := range []string{"n2", "n3"} {
-		nodes = append(nodes, startWeirProc(t, weirConfig(t, files, true, name, gossip(first.Gossip))))
+		nodes = append(nodes, startWeirProc(t, weirConfig(t, files, extra, name, gossip(first.Gossip))))
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for !allSeeMembers(nodes, 3) {
@@ -157,7 +193,7 @@ func startWeirCluster(t *testing.T, files []string) *weirServe {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	w := &weirServe{mode: weirFixedX3}
+	w := &weirServe{mode: mode}
 	for _, n := range nodes {
 		w.clients = append(w.clients, dial(t, n.RLS))
 	}

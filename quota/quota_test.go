@@ -274,6 +274,10 @@ func TestValidate(t *testing.T) {
 		{"enforce regions dup", func(r *Rule) { r.Shadow = true; r.EnforceRegions = []string{"eu", "eu"} }, `rules[0].enforce_regions[1]: region "eu" appears twice`},
 		{"enforce regions bad", func(r *Rule) { r.Shadow = true; r.EnforceRegions = []string{"e u"} }, `rules[0].enforce_regions[0]: region "e u" must match`},
 		{"exact fw", func(r *Rule) { r.Algorithm = AlgorithmFixedWindow; r.Mode = ModeExact }, ""},
+		{"count rejected fw", func(r *Rule) { r.Algorithm = AlgorithmFixedWindow; r.Mode = ModeExact; r.CountRejected = true }, ""},
+		{"count rejected local fw", func(r *Rule) { r.Algorithm = AlgorithmFixedWindow; r.Mode = ModeLocal; r.CountRejected = true }, ""},
+		{"count rejected gcra", func(r *Rule) { r.CountRejected = true }, "rules[0].count_rejected: needs algorithm fixed_window, not gcra"},
+		{"count rejected sw", func(r *Rule) { r.Algorithm = AlgorithmSlidingWindow; r.CountRejected = true }, "count_rejected: needs algorithm fixed_window, not sliding_window"},
 		{"sliding log cap", func(r *Rule) { r.Algorithm = AlgorithmSlidingLog; r.Limit = 10001 }, "above 10000"},
 		{"sliding log override cap", func(r *Rule) {
 			r.Algorithm = AlgorithmSlidingLog
@@ -610,5 +614,42 @@ func TestEnforceRegionsRoundTrip(t *testing.T) {
 	b, _ := NewSet(back, 1)
 	if a.Digest() != b.Digest() {
 		t.Fatalf("round trip changed the rule:\n%s", out)
+	}
+}
+
+// TestCountRejectedRoundTrip: count_rejected parses, marshals and parses
+// back; it changes the digest, and a rule without it keeps its digest
+// (omitted from the canonical form when false).
+func TestCountRejectedRoundTrip(t *testing.T) {
+	in := "rules:\n- id: a\n  limit: 1\n  window: 1s\n  algorithm: fixed_window\n  mode: exact\n  count_rejected: true\n"
+	rules, err := Parse("r.yaml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rules[0].CountRejected {
+		t.Fatalf("count_rejected not parsed: %+v", rules[0])
+	}
+	out, err := Marshal(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "count_rejected: true") {
+		t.Fatalf("marshalled:\n%s", out)
+	}
+	back, err := Parse("r.yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := NewSet(rules, 1)
+	b, _ := NewSet(back, 1)
+	plain := rules[0]
+	plain.CountRejected = false
+	c, _ := NewSet([]Rule{plain}, 1)
+	if a.Digest() != b.Digest() || a.Digest() == c.Digest() {
+		t.Fatalf("digests: parsed %s, round trip %s, without count_rejected %s", a.Digest(), b.Digest(), c.Digest())
+	}
+	if _, err := Parse("r.yaml", []byte("rules:\n- id: a\n  limit: 1\n  window: 1s\n  count_rejected: true\n")); err == nil ||
+		!strings.Contains(err.Error(), "count_rejected: needs algorithm fixed_window") {
+		t.Fatalf("count_rejected on gcra: %v", err)
 	}
 }

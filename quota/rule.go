@@ -276,6 +276,15 @@ type Rule struct {
 	Accuracy float64
 	// Shadow makes the rule never reject; would-be rejections are counted.
 	Shadow bool
+	// CountRejected, for fixed_window only, counts every request's cost in
+	// the window, admitted or not, as envoyproxy/ratelimit's counter does
+	// (bucket.FixedWindow.CountingRejected): once a rejection pushed the
+	// count past Limit, nothing passes until the window ends, and a
+	// rejection's Remaining is 0. It admits less than the default under
+	// overload, by design (docs/overshoot.md). Omitted from the digest's
+	// canonical form when false, so that rules without it keep their
+	// digests.
+	CountRejected bool `json:",omitempty"`
 	// EnforceRegions, with Shadow, names the regions where the rule is
 	// enforced after all: a rule is shadowed first, then enforced region
 	// by region (the node's region is ClusterConfig.Region; a node with no

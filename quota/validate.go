@@ -207,6 +207,9 @@ func (v *validator) algorithmNeeds(p string, r *Rule, algo Algorithm) {
 	if r.Durable && r.Mode == ModeLocal {
 		v.add(p+".durable", "durable contradicts mode local (local is enforced per node)")
 	}
+	if r.CountRejected && algo != "" && algo != AlgorithmFixedWindow {
+		v.add(p+".count_rejected", "needs algorithm fixed_window, not %s (only a fixed window counts rejected requests)", algo)
+	}
 }
 
 // enforceRegions checks enforce_regions: it only means something on a

@@ -234,7 +234,7 @@ func (p *parser) top(root *yaml.Node) (rules []Rule, found bool) {
 }
 
 var ruleFields = []string{"id", "description", "match", "key", "limit", "window", "burst", "cost", "cost_by_method",
-	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "enforce_regions", "max_delay", "overrides", "tiers", "penalty", "sketch"}
+	"algorithm", "mode", "durable", "scope", "on_failure", "accuracy", "shadow", "count_rejected", "enforce_regions", "max_delay", "overrides", "tiers", "penalty", "sketch"}
 
 // rule parses one rule mapping into r, field by field; the nested mappings
 // (overrides, tiers, penalty, sketch, cost_by_method) each have a helper.
@@ -281,6 +281,8 @@ func (p *parser) rule(n *yaml.Node, path string, r *Rule) {
 			}
 		case "shadow":
 			r.Shadow = p.bool(v, f)
+		case "count_rejected":
+			r.CountRejected = p.bool(v, f)
 		case "enforce_regions":
 			p.list(v, f, func(item *yaml.Node, ip string) {
 				r.EnforceRegions = append(r.EnforceRegions, p.str(item, ip))
@@ -576,7 +578,7 @@ func Marshal(rules []Rule) ([]byte, error) {
 			ID: r.ID, Description: r.Description, Limit: r.Limit, Window: r.Window.String(),
 			Burst: r.Burst, Cost: r.Cost, CostByMethod: r.CostByMethod, Algorithm: string(r.Algorithm),
 			Mode: string(r.Mode), Durable: r.Durable, Scope: string(r.Scope), OnFailure: string(r.OnFailure),
-			Accuracy: r.Accuracy, Shadow: r.Shadow, EnforceRegions: r.EnforceRegions,
+			Accuracy: r.Accuracy, Shadow: r.Shadow, CountRejected: r.CountRejected, EnforceRegions: r.EnforceRegions,
 		}
 		if r.Match.Path != "" || r.Match.Prefix != "" || r.Match.Pattern != "" || len(r.Match.Methods) > 0 {
 			y.Match = &yMatch{Path: r.Match.Path, Prefix: r.Match.Prefix, Pattern: r.Match.Pattern, Methods: r.Match.Methods}
@@ -638,6 +640,7 @@ type yRule struct {
 	OnFailure      string           `yaml:"on_failure,omitempty"`
 	Accuracy       float64          `yaml:"accuracy,omitempty"`
 	Shadow         bool             `yaml:"shadow,omitempty"`
+	CountRejected  bool             `yaml:"count_rejected,omitempty"`
 	EnforceRegions []string         `yaml:"enforce_regions,omitempty,flow"`
 	MaxDelay       string           `yaml:"max_delay,omitempty"`
 	Overrides      []yOverride      `yaml:"overrides,omitempty"`

@@ -49,6 +49,10 @@ type Service struct {
 	cur   atomic.Pointer[served]
 	stats statsTable
 	maxID int
+	// headers, hLimit, hRemaining, hReset: WithHeaders, WithEnvoyHeaderNames.
+	headers                    HeaderMode
+	hLimit, hRemaining, hReset string
+	globalShadow               bool // WithGlobalShadow
 }
 
 // Option configures a Service.
@@ -65,7 +69,8 @@ func WithMaxIdentityBytes(n int) Option { return func(s *Service) { s.maxID = n 
 // domain: every call is OK). The node must hold cfg.Rules() (weir.Config.Rules, Node.SetRules, or a rules file written
 // from them).
 func New(node *weir.Node, cfg *envoyconf.Config, opts ...Option) *Service {
-	s := &Service{node: node, maxID: weir.DefaultMaxIdentityBytes}
+	s := &Service{node: node, maxID: weir.DefaultMaxIdentityBytes,
+		hLimit: "RateLimit-Limit", hRemaining: "RateLimit-Remaining", hReset: "RateLimit-Reset"}
 	for _, o := range opts {
 		o(s)
 	}
@@ -96,7 +101,9 @@ const maxCost = math.MaxInt64 / 4
 // 1; a cost of zero looks without charging. Descriptors with
 // is_negative_hits (a refund) are looked at, not charged: weir does not
 // give tokens back on request. A per-descriptor limit override (the
-// descriptor's limit field) is ignored: the configured limit applies.
+// descriptor's limit field) is ignored: the configured limit applies,
+// except under envoyconf's Fidelity, where the answers are
+// envoyproxy/ratelimit's (shouldFidelity), overrides honoured.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
@@ -109,8 +116,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if cfg == nil { // New(node, nil): no domain is configured
 		cfg = &envoyconf.Config{}
 	}
+	if cfg.Fidelity() {
+		return s.shouldFidelity(ctx, req, sv)
+	}
 	n := len(req.Descriptors)
+	now := time.Now()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	over := make([]bool, n) // the descriptor is over an enforced limit
 	matches := make([]envoyconf.Match, n)
 	limits := make([]*envoyconf.Limit, n)
 	entries := make([]envoyconf.Entry, 0, 4)
@@ -134,9 +146,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case lim.Unlimited:
 			st.LimitRemaining = math.MaxUint32
 		case lim.Blocked:
+			// A zero limit, counted by no rule: every request is over it.
 			st.CurrentLimit = currentLimit(lim)
 			sv.stats[lim].count(0, uint64(cost(req, req.Descriptors[i])), true, lim.Shadow, 0)
-			if !lim.Shadow {
+			over[i] = !lim.Shadow && !lim.Quota
+			if over[i] {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
@@ -146,7 +160,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	if len(checks) == 0 {
-		return resp, nil
+		return s.finish(resp, nil, over, now), nil
 	}
 	dec, err := s.node.CheckKeys(ctx, checks)
 	switch {
@@ -159,30 +173,52 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		i := checked[j]
 		st := resp.Statuses[i]
 		st.CurrentLimit = currentLimit(limits[i])
-		st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
+		remaining := max(r.Remaining, 0)
+		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(r.Reset)
-		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(checks[j].Cost), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(max(r.Remaining, 0)))
-		if !r.Allowed {
+		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(cost(req, req.Descriptors[i])), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(remaining))
+		switch {
+		case r.Allowed:
+		case limits[i].Quota:
+			// quota_mode: over the limit, answered OK, with no time to reset.
+			st.DurationUntilReset = nil
+		default:
+			over[i] = true
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		}
-	}
-	h := http.Header{}
-	dec.WriteHeaders(h)
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		for _, v := range h[k] {
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
 		}
 	}
 	if dec.Degraded {
 		resp.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{"weir.degraded": structpb.NewBoolValue(true)}}
 	}
-	return resp, nil
+	return s.finish(resp, &dec, over, now), nil
+}
+
+// finish adds the response headers of the service's HeaderMode (dec is the
+// node's decision, nil when nothing was checked) and applies the global
+// shadow mode.
+func (s *Service) finish(resp *rlsv3.RateLimitResponse, dec *weir.Decision, over []bool, now time.Time) *rlsv3.RateLimitResponse {
+	switch {
+	case s.headers == HeadersEnvoy:
+		resp.ResponseHeadersToAdd = s.envoyHeaders(resp.Statuses, over, now)
+	case s.headers == HeadersWeir && dec != nil:
+		h := http.Header{}
+		dec.WriteHeaders(h)
+		keys := make([]string, 0, len(h))
+		for k := range h {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			for _, v := range h[k] {
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
+			}
+		}
+	}
+	if s.globalShadow {
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+	}
+	return resp
 }
 
 // identity returns id, or its hash when it is too long to send as is.

@@ -148,6 +148,31 @@ type EnvoySection struct {
 	// FixedWindow keeps envoyproxy/ratelimit's fixed windows
 	// (envoyconf.Options.FixedWindow): fixed_window rules in exact mode.
 	FixedWindow bool `yaml:"fixed_window"`
+	// Fidelity answers as envoyproxy/ratelimit does
+	// (envoyconf.Options.Fidelity): fixed windows that count rejected hits,
+	// and no response headers unless ResponseHeaders asks for some.
+	Fidelity bool `yaml:"fidelity"`
+	// ResponseHeaders is weir (weir's set), none or envoy
+	// (envoyproxy/ratelimit's RateLimit-Limit, -Remaining, -Reset, as its
+	// LIMIT_RESPONSE_HEADERS_ENABLED=true); "" means weir, or none with
+	// Fidelity.
+	ResponseHeaders string `yaml:"response_headers"`
+	// HeaderNames rename envoy's three headers (its LIMIT_LIMIT_HEADER,
+	// LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER); empty keeps a default.
+	HeaderNames EnvoyHeaderNames `yaml:"header_names"`
+	// ShadowMode answers every call OK overall, as envoyproxy/ratelimit's
+	// SHADOW_MODE=true (statuses and counting unchanged).
+	ShadowMode bool `yaml:"shadow_mode"`
+	// MergeDomains merges the files of one domain, as
+	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true.
+	MergeDomains bool `yaml:"merge_domains"`
+}
+
+// EnvoyHeaderNames are the names of envoy's response headers.
+type EnvoyHeaderNames struct {
+	Limit     string `yaml:"limit"`
+	Remaining string `yaml:"remaining"`
+	Reset     string `yaml:"reset"`
 }
 
 // LeaseSection connects the node to the lease group, as a voter or as a

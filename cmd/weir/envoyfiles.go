@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir/envoyconf"
 	"github.com/weir-dev/weir/quota"
+	"github.com/weir-dev/weir/rls"
 )
 
 // envoyFile is one descriptor file as read: its path (as named in errors)
@@ -116,7 +117,8 @@ func (c *Config) compileEnvoy(fs *envoyFiles) (*envoyconf.Config, error) {
 	if len(domains) == 0 {
 		return nil, c.errf("envoy.directory", "%s holds no descriptor file (*.yaml, *.yml)", e.Directory)
 	}
-	opts := envoyconf.Options{Mode: quota.Mode(e.Mode), OnFailure: quota.OnFailure(e.OnFailure), Accuracy: e.Accuracy, FixedWindow: e.FixedWindow}
+	opts := envoyconf.Options{Mode: quota.Mode(e.Mode), OnFailure: quota.OnFailure(e.OnFailure), Accuracy: e.Accuracy,
+		FixedWindow: e.FixedWindow, Fidelity: e.Fidelity, MergeDomains: e.MergeDomains}
 	switch e.Mode {
 	case "", "shared", "exact":
 	default:
@@ -129,6 +131,12 @@ func (c *Config) compileEnvoy(fs *envoyFiles) (*envoyconf.Config, error) {
 	}
 	if e.FixedWindow && e.Mode == "shared" {
 		return nil, c.errf("envoy.fixed_window", "fixed windows are decided in exact mode: drop envoy.mode: shared, or fixed_window")
+	}
+	if e.Fidelity && e.Mode == "shared" {
+		return nil, c.errf("envoy.fidelity", "fidelity's fixed windows are decided in exact mode: drop envoy.mode: shared, or fidelity")
+	}
+	if _, err := e.headerMode(); err != nil {
+		return nil, c.errf("envoy.response_headers", "%v", err)
 	}
 	if e.Accuracy < 0 || e.Accuracy >= 1 {
 		return nil, c.errf("envoy.accuracy", "want a fraction in [0, 1), got %v", e.Accuracy)
@@ -182,4 +190,33 @@ func (c *Config) envoyWatchDirs() []string {
 		add(filepath.Dir(f))
 	}
 	return dirs
+}
+
+// headerMode is envoy.response_headers as an rls.HeaderMode.
+func (e *EnvoySection) headerMode() (rls.HeaderMode, error) {
+	switch e.ResponseHeaders {
+	case "":
+		if e.Fidelity {
+			return rls.HeadersNone, nil
+		}
+		return rls.HeadersWeir, nil
+	case "weir":
+		return rls.HeadersWeir, nil
+	case "none":
+		return rls.HeadersNone, nil
+	case "envoy":
+		return rls.HeadersEnvoy, nil
+	}
+	return 0, fmt.Errorf("want weir, none or envoy, got %q", e.ResponseHeaders)
+}
+
+// rlsOptions are the rls.Service options of the envoy section (none for a
+// nil section).
+func (e *EnvoySection) rlsOptions() []rls.Option {
+	if e == nil {
+		return nil
+	}
+	hm, _ := e.headerMode() // validated by compileEnvoy
+	return []rls.Option{rls.WithHeaders(hm), rls.WithGlobalShadow(e.ShadowMode),
+		rls.WithEnvoyHeaderNames(e.HeaderNames.Limit, e.HeaderNames.Remaining, e.HeaderNames.Reset)}
 }

@@ -315,7 +315,7 @@ func (d *daemon) countReloads(reg *prometheus.Registry) {
 func (d *daemon) serveRLS(st *startup, reg *prometheus.Registry, ln net.Listener) error {
 	cfg := d.cfg
 	d.rlsSrv = grpc.NewServer()
-	d.rls = rls.New(d.node, d.envoy)
+	d.rls = rls.New(d.node, d.envoy, cfg.Envoy.rlsOptions()...)
 	d.rls.Register(d.rlsSrv)
 	reg.MustRegister(d.rls.Collector())
 	if cfg.servesEnvoy() {
