@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +31,9 @@ import (
 // with a time bound; a failure writes the visualization to the test's
 // directory), a new leader was elected while the old one was stopped, the
 // old one rejoins, and a failed call only overlaps the pause (or the 10 s
-// after it, the new leader's election and the clients' retries).
+// after it, the new leader's election and the clients' retries). Then the
+// new leader is killed with SIGKILL mid-history and restarted, and every
+// identity with an acknowledged admission is probed at the end: none lost.
 func TestPausedLeaderDurable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three voters and pauses one")
@@ -126,14 +129,31 @@ func TestPausedLeaderDurable(t *testing.T) {
 		t.Fatalf("the group did not answer linearizable reads on every voter within 60s of resuming %s", old.name)
 	}
 	back := time.Since(h.start.Add(time.Duration(to)))
-	time.Sleep(3 * time.Second) // load after the fault: part of the history
+	time.Sleep(3 * time.Second) // load after the pause: part of the history
+	ws := []window{{from: from, to: to, paused: true}}
+
+	// kill -9 of the new leader mid-history, restarted after 2 s.
+	if killed := h.currentLeader(); killed == nil {
+		t.Error("no leader after the pause")
+	} else {
+		kfrom := h.kill(killed)
+		time.Sleep(2 * time.Second)
+		h.restart(killed, kfrom)
+		if !h.recovered(60 * time.Second) {
+			t.Fatalf("the group did not recover within 60s of restarting %s", killed.name)
+		}
+		ws = append(ws, window{from: kfrom, to: h.now()})
+		t.Logf("%s (leader) killed with SIGKILL and restarted: back in %v", killed.name, time.Duration(h.now()-kfrom).Round(time.Millisecond))
+	}
+	time.Sleep(3 * time.Second) // load after the kill
 	stopLoad()
+	recs = append(recs, probeSpent(t, h, rpcs, recs)...)
 	for _, v := range h.voters {
 		if v.current().cmd.ProcessState != nil {
 			t.Errorf("%s exited", v.name)
 		}
 	}
-	checkPausedHistory(t, recs, []window{{from: from, to: to, paused: true}}, back)
+	checkPausedHistory(t, recs, ws, back)
 }
 
 // checkPausedHistory holds the durable history of TestPausedLeaderDurable
@@ -181,4 +201,49 @@ func checkPausedHistory(t *testing.T, recs []durableRec, ws []window, back time.
 		}
 		t.Errorf("the durable history is %s against the bucket model; the operations are drawn in %s", res, path)
 	}
+}
+
+// probeSpent asks, for every identity with an acknowledged admission, one
+// token more than the burst minus what was acknowledged: a lost
+// acknowledged admission (or a lost identity) would admit it. A rejection
+// spends nothing. The probes are returned to join the history.
+func probeSpent(t *testing.T, h *harness, rpcs []string, recs []durableRec) []durableRec {
+	acked := map[uint32]int64{}
+	for _, r := range recs {
+		if r.Out == outAdmitted {
+			acked[r.ID] += int64(r.Cost)
+		}
+	}
+	lc, err := raftgroup.NewClient(raftgroup.ClientConfig{Voters: rpcs, Name: "pause-probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	ids := slices.Sorted(maps.Keys(acked))
+	var out []durableRec
+	var lost int
+	for _, id := range ids {
+		cost := durableBurst - acked[id] + 1
+		if cost <= 0 {
+			continue // past the burst: overAdmitted reports it
+		}
+		call := h.now()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		d, err := lc.Durable(ctx, durableRule, fmt.Sprintf("acct-%d", id), cost)
+		cancel()
+		if err != nil {
+			t.Fatalf("probe of acct-%d with no fault: %v", id, err)
+		}
+		r := durableRec{Call: call, Return: h.now(), ID: id, Cost: uint8(cost), Out: outRejected}
+		if d.Allowed {
+			r.Out = outAdmitted
+			lost++
+		}
+		out = append(out, r)
+	}
+	t.Logf("probes: %d identities with acknowledged admissions, %d admitted a cost that only a lost admission allows", len(out), lost)
+	if lost > 0 {
+		t.Errorf("%d identities lost acknowledged durable admissions", lost)
+	}
+	return out
 }
