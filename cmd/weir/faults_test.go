@@ -26,7 +26,8 @@ import (
 // The fleet is in faults_harness_test.go, the load in faults_load_test.go,
 // the faults in faults_inject_test.go, the checks in faults_check_test.go,
 // the shared and exact envelope in faults_envelope_test.go and the durable
-// model in faults_model_test.go.
+// model in faults_model_test.go. Its short, always-run members (a paused
+// lease leader, paused gateways) are in faults_pause_test.go.
 //
 //	WEIR_FAULTS=short go test -run TestFaults -v ./cmd/weir     # two faults of each kind, about 2 minutes
 //	WEIR_FAULTS=long WEIR_FAULTS_TIME=1h go test -run TestFaults -v -timeout 3h ./cmd/weir
