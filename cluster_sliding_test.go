@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -191,8 +190,7 @@ rules:
 // 20 once in all across a graceful leave of its owner and the join of a new
 // node that takes it over (the state is handed over both times: no fresh
 // window), and at most the limit once more after a crash of the owner (the
-// stated fault term: the lost state, at most L). The join and the crash run
-// only with WEIR_KNOWN_BUGS=1 until the bug named at the skip is fixed.
+// stated fault term: the lost state, at most L).
 func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("ring changes of a 3-node cluster")
@@ -245,16 +243,6 @@ func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
 			t.Errorf("%s: admitted %d, then %d after the owner's leave: %d in all, want 12 first and exactly %d in all",
 				path, first[k], left[k], sum, limit)
 		}
-	}
-	if os.Getenv("WEIR_KNOWN_BUGS") == "" {
-		// A node that joins and becomes the identity's owner takes the
-		// handed state (Coordinator.takeHandoffs sees the window's count
-		// of 20) and then decides the identity on a fresh window: 20
-		// more admitted, in 5 runs of 5, for fixed_window, sliding_window
-		// and sliding_log alike (gcra's non-owners reject from their view
-		// and hide whatever its owner holds). The in-process harness of
-		// the coordinators does not show it (TestWindowAlgorithmsHandoffOnJoin).
-		t.Skip("known bug: the state handed to a joining owner is lost before its first decision (WEIR_KNOWN_BUGS=1 runs the join)")
 	}
 	// gw-3 joins and becomes the identity's owner: the heir hands the
 	// states on.

@@ -211,6 +211,12 @@ type Stats struct {
 	// entries made over the cap because none could be evicted.
 	EvictedIdle, EvictedViews, EvictedForgiven, OverCap uint64
 	ForgivenTokens                                      int64
+	// HandoffsHeld counts the handed states this node keeps for rules it
+	// does not know yet (a joining node can be handed its states before
+	// its rules are loaded: held.go); HandoffsDropped those it let go
+	// over the key cap before their rule came.
+	HandoffsHeld    int
+	HandoffsDropped uint64
 }
 
 // Coordinator is one node's two-tier decision core. It is not safe for
@@ -287,6 +293,10 @@ type Coordinator struct {
 	// drops counts the node entries dropped so far.
 	lastView ViewReject
 	drops    uint64
+	// held are handed states of rules this node does not know yet, as
+	// they arrived (held.go).
+	held  []heldHandoff
+	heldN map[string]int // held states per rule
 }
 
 // Drops returns how many node entries the coordinator has dropped.
@@ -375,12 +385,14 @@ func (c *Coordinator) SetRules(now int64, rules []RuleParams) {
 	for _, r := range next { // any order: one flag
 		c.sketched = c.sketched || r.sk != nil
 	}
+	c.takeHeld(now)
 }
 
 // Stats returns the coordinator's counters.
 func (c *Coordinator) Stats() Stats {
 	s := c.stats
 	s.Entries, s.Owned = c.entries.len(), c.owned.len()
+	s.HandoffsHeld = len(c.held)
 	for _, r := range c.rules {
 		if r.sk != nil {
 			s.SketchBytes += r.sk.bytes()
@@ -744,4 +756,6 @@ func (st *Stats) Add(o *Stats) {
 	st.EvictedForgiven += o.EvictedForgiven
 	st.OverCap += o.OverCap
 	st.ForgivenTokens += o.ForgivenTokens
+	st.HandoffsHeld += o.HandoffsHeld
+	st.HandoffsDropped += o.HandoffsDropped
 }

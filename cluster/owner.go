@@ -224,10 +224,14 @@ func (c *Coordinator) ownedEntry(now int64, r *RuleParams, k entryKey, h uint64)
 // takeHandoffs is Step taking the buckets a previous owner handed over.
 func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 	for _, h := range hs {
+		r := c.rules[h.Rule]
+		if r == nil {
+			c.hold(now, &h)
+			continue
+		}
 		k := entryKey{h.Rule, h.Identity}
 		hk := hashID(k.identity)
-		r := c.rules[h.Rule]
-		keep := r == nil || convertHandoff(now, r, &h)
+		keep := convertHandoff(now, r, &h)
 		oe := c.owned.getH(k, hk)
 		if oe == nil || oe.handed {
 			// What we kept after handing it over is in the state
@@ -245,7 +249,7 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 		// per ring change, never an excess.)
 		switch {
 		case !keep:
-		case r != nil && r.exact != nil:
+		case r.exact != nil:
 			r.exact.take(oe, now, &h)
 		default:
 			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
