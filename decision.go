@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/clientip"
 )
 
 // Request is what Node.Allow needs to know about one request. The middleware
@@ -26,6 +27,21 @@ type Request struct {
 	// Cost overrides every rule's cost when positive; zero means the rule's
 	// own cost for Method.
 	Cost int64
+
+	// ipFrom, when set, is the HTTP request whose client IP (through ipRes's
+	// trusted proxies) is ClientIP, resolved when a key chain first reaches
+	// an ip source: the middleware's requests resolve it only when a rule
+	// counts by it.
+	ipFrom *http.Request
+	ipRes  *clientip.Resolver
+}
+
+// clientIP returns ClientIP, resolving it first if it is still pending.
+func (req *Request) clientIP() string {
+	if req.ipFrom != nil {
+		req.ClientIP, req.ipFrom = resolveIP(req.ipRes, req.ipFrom), nil
+	}
+	return req.ClientIP
 }
 
 // RuleResult is the outcome of one rule for one request.

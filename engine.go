@@ -203,8 +203,8 @@ func (c *crule) identity(req *Request) (string, int) {
 				return req.User, i
 			}
 		case quota.KeyIP:
-			if req.ClientIP != "" {
-				return req.ClientIP, i
+			if ip := req.clientIP(); ip != "" {
+				return ip, i
 			}
 		case quota.KeyGlobal:
 			return "", 0
@@ -273,17 +273,22 @@ const latencySampleMask = 63
 // Config.Lease.DurableTimeout and by ctx (docs/durable.md). Allow is safe
 // for concurrent use.
 func (n *Node) Allow(ctx context.Context, req Request) (d Decision) {
+	n.decide(ctx, &req, &d)
+	return d
+}
+
+// decide is Allow deciding req into d, which is zero.
+func (n *Node) decide(ctx context.Context, req *Request, d *Decision) {
 	sampled := rand.Uint32()&latencySampleMask == 0
 	var t0 time.Time
 	if sampled {
 		t0 = time.Now()
 	}
-	n.allow(ctx, &req, &d)
+	n.allow(ctx, req, d)
 	d.finish()
 	if sampled {
 		n.metrics.observeLatency(time.Since(t0))
 	}
-	return d
 }
 
 // allow decides req into d, which is zero.

@@ -15,7 +15,7 @@ import (
 // pass). A Decision with no rule sets nothing. It is how other transports
 // (Envoy's rate-limit service, gRPC) answer with the same fields.
 func (d *Decision) WriteHeaders(h http.Header) {
-	writeHeaders(h, d)
+	writeHeaders(h, d, new(headerValues))
 	if s, ok := retryAfterSeconds(d); ok && !d.Allowed {
 		h["Retry-After"] = []string{strconv.FormatInt(s, 10)}
 	}
@@ -50,6 +50,6 @@ func WriteRejection(w http.ResponseWriter, d *Decision) {
 	if d.Allowed {
 		return
 	}
-	writeHeaders(w.Header(), d)
+	writeHeaders(w.Header(), d, new(headerValues))
 	writeRejection(w, d)
 }

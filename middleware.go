@@ -3,13 +3,16 @@ package weir
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"path"
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/clientip"
 )
 
 // Middleware wraps next with rate limiting. For every request it derives
@@ -29,24 +32,27 @@ import (
 // next returns.
 func (n *Node) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req := n.requestFromHTTP(r, n.eng.load().needs)
-		d := n.Allow(r.Context(), req)
-		defer d.Done()
-		if d.Err != nil {
+		req := n.requestFromHTTP(r, n.eng.load().needs, true)
+		// The decision, the context that hands it to next and the header
+		// values are one allocation.
+		s := new(served)
+		n.decide(r.Context(), &req, &s.d)
+		defer s.d.Done()
+		if s.d.Err != nil {
 			writeProblem(w, http.StatusBadRequest, problem{
 				Title:  "Bad Request",
 				Status: http.StatusBadRequest,
-				Detail: d.Err.Error(),
+				Detail: s.d.Err.Error(),
 			})
 			return
 		}
-		writeHeaders(w.Header(), &d)
-		if !d.Allowed {
-			writeRejection(w, &d)
+		writeHeaders(w.Header(), &s.d, &s.hv)
+		if !s.d.Allowed {
+			writeRejection(w, &s.d)
 			return
 		}
-		if d.Delay > 0 {
-			t := time.NewTimer(d.Delay)
+		if s.d.Delay > 0 {
+			t := time.NewTimer(s.d.Delay)
 			select {
 			case <-t.C:
 			case <-r.Context().Done():
@@ -54,8 +60,38 @@ func (n *Node) Middleware(next http.Handler) http.Handler {
 				return
 			}
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), decisionKey{}, &d)))
+		s.ctx = decisionCtx{Context: r.Context(), d: &s.d}
+		next.ServeHTTP(w, r.WithContext(&s.ctx))
 	})
+}
+
+// served is what the middleware keeps of one request.
+type served struct {
+	d    Decision
+	ctx  decisionCtx
+	hv   headerValues
+}
+
+// decisionCtx is the request's context with its Decision, as
+// context.WithValue(parent, decisionKey{}, d) would make it, without an
+// allocation of its own.
+type decisionCtx struct {
+	context.Context
+	d *Decision
+}
+
+// Value returns the decision for decisionKey{} and asks the parent for
+// every other key.
+func (c *decisionCtx) Value(key any) any {
+	if _, ok := key.(decisionKey); ok {
+		return c.d
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context the way context's own types do.
+func (c *decisionCtx) String() string {
+	return fmt.Sprintf("%v.WithValue(weir.Decision)", c.Context)
 }
 
 type decisionKey struct{}
@@ -74,22 +110,23 @@ func FromContext(ctx context.Context) (d *Decision, ok bool) {
 // from Config.TrustedProxies), and the user and tier from Config.UserFunc
 // and Config.TierFunc.
 func (n *Node) RequestFromHTTP(r *http.Request) Request {
-	return n.requestFromHTTP(r, inputs{ip: true, user: true, tier: true})
+	return n.requestFromHTTP(r, inputs{ip: true, user: true, tier: true}, false)
 }
 
 // inputs says which request attributes some rule in force reads, so the
 // middleware derives (and allocates) only those.
 type inputs struct{ ip, user, tier bool }
 
-func (n *Node) requestFromHTTP(r *http.Request, need inputs) Request {
+// requestFromHTTP fills a Request with the attributes of r that need
+// names. With lazyIP the client IP is resolved only when a rule's key chain
+// reaches its ip source (Request.clientIP).
+func (n *Node) requestFromHTTP(r *http.Request, need inputs, lazyIP bool) Request {
 	req := Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
-	// An unparseable peer address (never from net/http's server, possible
-	// from a hand-made request) yields no client IP rather than an identity
-	// the caller did not mean.
-	if need.ip {
-		if ip, err := n.ip.ClientIP(r.RemoteAddr, r.Header); err == nil {
-			req.ClientIP = ip.String()
-		}
+	switch {
+	case need.ip && lazyIP:
+		req.ipFrom, req.ipRes = r, n.ip
+	case need.ip:
+		req.ClientIP = resolveIP(n.ip, r)
 	}
 	if need.user && n.cfg.UserFunc != nil {
 		req.User = n.cfg.UserFunc(r)
@@ -98,6 +135,18 @@ func (n *Node) requestFromHTTP(r *http.Request, need inputs) Request {
 		req.Tier = n.cfg.TierFunc(r)
 	}
 	return req
+}
+
+// resolveIP returns r's client IP through the trusted proxies of res. An
+// unparseable peer address (never from net/http's server, possible from a
+// hand-made request) yields no client IP rather than an identity the caller
+// did not mean.
+func resolveIP(res *clientip.Resolver, r *http.Request) string {
+	ip, err := res.ClientIP(r.RemoteAddr, r.Header)
+	if err != nil {
+		return ""
+	}
+	return ip.String()
 }
 
 // cleanPath returns p in the canonical form rules are matched against, so
@@ -125,8 +174,17 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// writeHeaders sets the rate-limit fields of a decision on h.
-func writeHeaders(h http.Header, d *Decision) {
+// headerValues holds what writeHeaders sets: the five values and their
+// bytes (while they fit in buf), so that they take no allocation of their
+// own where headerValues is part of one (the middleware's served).
+type headerValues struct {
+	vals [5]string
+	buf  [160]byte
+}
+
+// writeHeaders sets the rate-limit fields of a decision on h, their values
+// held in hv, which must not be written again.
+func writeHeaders(h http.Header, d *Decision, hv *headerValues) {
 	lim, ok := d.Limiting()
 	if !ok {
 		return
@@ -134,8 +192,7 @@ func writeHeaders(h http.Header, d *Decision) {
 	// All five values are built in one buffer and turned into one string;
 	// the header keys are written in canonical form, so net/http need not
 	// canonicalise (and allocate) them on every response.
-	var stack [256]byte
-	b := stack[:0]
+	b := hv.buf[:0]
 	var ends [5]int
 	b = strconv.AppendInt(b, lim.Limit, 10)
 	ends[0] = len(b)
@@ -163,8 +220,9 @@ func writeHeaders(h http.Header, d *Decision) {
 		b = strconv.AppendInt(append(b, ";t="...), ceilSeconds(r.Reset), 10)
 	}
 	ends[4] = len(b)
-	all := string(b)
-	vals := make([]string, 5)
+	// b is never written again, in hv.buf or (past its size) on the heap.
+	all := unsafe.String(unsafe.SliceData(b), len(b))
+	vals := &hv.vals
 	for i, start := range [5]int{0, ends[0], ends[1], ends[2], ends[3]} {
 		vals[i] = all[start:ends[i]]
 	}

@@ -719,6 +719,48 @@ func TestDecisionsAllocateNothing(t *testing.T) {
 	}
 }
 
+// TestMiddlewareAllocations: a request admitted through the middleware
+// allocates twice, whatever its rules' key chain: the decision with the
+// context that hands it to the upstream and the header values (one
+// allocation), and the request with that context (net/http's WithContext).
+// The client IP is resolved only when a rule counts by it.
+func TestMiddlewareAllocations(t *testing.T) {
+	clk := newFakeClock()
+	rules := parseRules(t, `
+rules:
+  - id: by-key
+    match: {prefix: /}
+    key: [header:X-Api-Key, ip]
+    limit: 1000000
+    window: 1s
+`)
+	n := newNode(t, weir.Config{Rules: rules, Clock: clk.Now})
+	h := n.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	w := httptest.NewRecorder()
+	keyed := httptest.NewRequest("GET", "/items", nil)
+	keyed.Header.Set("X-Api-Key", "k1")
+	anon := httptest.NewRequest("GET", "/items", nil)
+	for _, c := range []struct {
+		name string
+		r    *http.Request
+		want float64
+	}{
+		{"keyed (the ip is never resolved)", keyed, 2},
+		{"anonymous (counted by ip: its string)", anon, 3},
+	} {
+		h.ServeHTTP(w, c.r)
+		if a := testing.AllocsPerRun(100, func() {
+			clear(w.Header())
+			h.ServeHTTP(w, c.r)
+		}); a > c.want {
+			t.Errorf("%s: %v allocations per request, want at most %v", c.name, a, c.want)
+		}
+	}
+	if w.Code != http.StatusOK {
+		t.Fatalf("status %d: the rule should admit every request", w.Code)
+	}
+}
+
 // TestFromContext: the upstream behind the middleware sees the decision the
 // middleware made (to learn, for example, that it was Degraded).
 func TestFromContext(t *testing.T) {
@@ -740,6 +782,41 @@ func TestFromContext(t *testing.T) {
 	}
 	if _, ok := weir.FromContext(context.Background()); ok {
 		t.Fatal("FromContext found a decision outside the middleware")
+	}
+}
+
+// TestFromContextDerived: the context the upstream gets is its request's
+// context with the decision: the decision is found through contexts the
+// upstream derives from it, the request's own values stay visible, and a
+// cancellation of the request (a client gone) reaches the derived contexts.
+func TestFromContextDerived(t *testing.T) {
+	n := newNode(t, weir.Config{Rules: parseRules(t, searchRule), Clock: newFakeClock().Now})
+	type ownKey struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ownKey{}, "kept"))
+	defer cancel()
+	var found, own bool
+	var canceled error
+	h := n.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, stop := context.WithTimeout(r.Context(), time.Minute)
+		defer stop()
+		_, found = weir.FromContext(ctx)
+		own = ctx.Value(ownKey{}) == "kept"
+		cancel() // the client goes away
+		select {
+		case <-ctx.Done():
+			canceled = ctx.Err()
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequestWithContext(parent, "GET", "/search", nil))
+	if !found {
+		t.Error("FromContext found no decision through a context derived from the request's")
+	}
+	if !own {
+		t.Error("the request's own context value is not visible behind the middleware")
+	}
+	if !errors.Is(canceled, context.Canceled) {
+		t.Errorf("a cancelled request reached the derived context as %v, want context.Canceled", canceled)
 	}
 }
 
