@@ -67,9 +67,9 @@ func (n *Node) Middleware(next http.Handler) http.Handler {
 
 // served is what the middleware keeps of one request.
 type served struct {
-	d    Decision
-	ctx  decisionCtx
-	hv   headerValues
+	d   Decision
+	ctx decisionCtx
+	hv  headerValues
 }
 
 // decisionCtx is the request's context with its Decision, as
