@@ -236,6 +236,10 @@ func NewMachine(cfg Config) (*Machine, error) {
 	return m, nil
 }
 
+// Now returns the latest command time applied (unix ns, the leader's
+// clock).
+func (m *Machine) Now() int64 { return m.now }
+
 // Regions returns the regions, sorted; region indexes follow this order.
 func (m *Machine) Regions() []string { return slices.Clone(m.cfg.Regions) }
 
@@ -605,4 +609,42 @@ func (m *Machine) CheckAt(now int64) error {
 		}
 	}
 	return nil
+}
+
+// LeaseView is the leader's record of one region's lease on one (rule,
+// identity), as Machine.View returns it: tokens per window.
+type LeaseView struct {
+	Region string
+	// Share is the latest share granted, Epoch its epoch (0: none yet);
+	// Hold is the largest share the region may be enforcing, and Term what
+	// the invariant counts for the region at the time asked (Hold, or
+	// min(safe share, Hold) once the lease has expired past the skew).
+	Share, Hold, Term int64
+	Epoch             uint64
+	// Releasing: the region acknowledged a smaller share (or gave capacity
+	// back) and Hold drops once its debt is repaid.
+	Releasing bool
+	// Expired: the lease has expired past the skew margin at the time
+	// asked (after a takeover's guard).
+	Expired bool
+}
+
+// View returns the leader's record of every region's lease on (rule,
+// identity) at now, in region order, or nil for a key the machine does not
+// hold (no region holds or may hold anything) or a rule it does not know.
+// It changes nothing.
+func (m *Machine) View(rule, identity string, now int64) []LeaseView {
+	ks := m.keys[key{rule, identity}]
+	r, ok := m.rules[rule]
+	if ks == nil || !ok {
+		return nil
+	}
+	out := make([]LeaseView, len(ks.regions))
+	for i := range ks.regions {
+		l := &ks.regions[i]
+		out[i] = LeaseView{Region: m.cfg.Regions[i], Share: l.share, Hold: l.hold, Term: m.term(r, l, now), Epoch: l.epoch,
+			Releasing: l.release != 0,
+			Expired:   now >= m.guard && l.expiry != math.MaxInt64 && now >= l.expiry+m.skew}
+	}
+	return out
 }

@@ -48,6 +48,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&c.Warmup, "warmup", 0, "start excluded from the averages (0: a lease)")
 	fs.DurationVar(&c.Sample, "sample", time.Second, "how often Σ shares is sampled for its mean")
 	fs.Uint64Var(&c.Seed, "seed", 1, "the run's random seed")
+	fs.BoolVar(&c.Breakdown, "breakdown", false, "print where the capacity was over time: used, unused, granted but not delivered, awaiting acknowledgement, repayment or expiry, unallocated")
 	fs.StringVar(&sweep, "sweep", "", `run a grid instead ("default" or a spec, see below)`)
 	fs.Bool("quiet", false, "accepted for symmetry with the region simulator (the global one prints no progress)")
 	fs.BoolVar(&doorman, "doorman", false, "run Doorman's scenario seven in weir's mappings and print the comparison")

@@ -115,6 +115,9 @@ type Config struct {
 	Duration, Warmup, Sample time.Duration
 	// Seed names the run: the same Config prints the same bytes.
 	Seed uint64
+	// Breakdown measures where the capacity is over time (see
+	// breakdown.go) and prints it after the summary.
+	Breakdown bool
 
 	// probe, for tests, is called at every sample with the time since the
 	// start and, in each region, identity 0's share and whether it enforces
@@ -242,6 +245,9 @@ func (c Config) Flags() string {
 		fmt.Fprintf(&b, " -doorman-clients %d", d.DoormanClients)
 	}
 	fmt.Fprintf(&b, " -fallback %s -faults '%s' -duration %v -warmup %v -sample %v -seed %d", d.Fallback, FormatFaults(d.Faults), d.Duration, d.Warmup, d.Sample, d.Seed)
+	if d.Breakdown {
+		b.WriteString(" -breakdown")
+	}
 	return b.String()
 }
 

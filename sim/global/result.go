@@ -49,6 +49,12 @@ type Result struct {
 	Follow                                  []time.Duration
 	NotFollowed, Superseded, ShiftsInFaults int
 
+	// Intervals and SinceShift are the capacity breakdown (Config.Breakdown)
+	// per interval between demand shifts and by time since a shift, over
+	// BreakdownShifts shifts after the warm-up and outside faults.
+	Intervals, SinceShift []BreakdownRow
+	BreakdownShifts       int
+
 	// Protocol counts.
 	Reports, Retries, Grants, Applies, Takeovers, LostAtLeader int
 	LeaderCrashes, Partitions, Spikes, Elections, Outages      int
@@ -99,6 +105,7 @@ func (r *Result) Summary(w io.Writer) {
 	}
 	fmt.Fprintf(tw, "messages sent / lost / cut, events\t%d / %d / %d, %d\t\n", r.Sent, r.Lost, r.Cut, r.Events)
 	tw.Flush()
+	r.writeBreakdown(w)
 	if r.OK() {
 		fmt.Fprintf(w, "\nok: the invariant held at every event, Check after every Apply, and the envelope over every interval\n")
 		return
