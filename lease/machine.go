@@ -133,6 +133,17 @@ type ReportItem struct {
 	// (ns, ≤ 0 when full): capacity it gives up is handed on only after.
 	AckEpoch uint64
 	Debt     int64
+	// Capped: the region gives capacity back. It enforces at most Cap
+	// (tokens per window, ≥ 0) for the key from when it sent this report
+	// until it accepts a grant that answers this report or a later one,
+	// whatever epoch it holds. Only the report that sets a cap carries it
+	// (and its retries): a grant answering a later report made before
+	// this one was applied may lift the cap. Debt is then how long its
+	// bucket, at Cap, needs to be full. The leader lowers the hold to Cap
+	// once that debt is repaid, without waiting for a grant and its
+	// acknowledgement to travel.
+	Capped bool
+	Cap    int64
 }
 
 // Grant is a lease: the share a region enforces for (Rule, Identity) until
@@ -145,6 +156,11 @@ type Grant struct {
 	Share, Burst int64
 	// Lifetime is ns, counted by the region from when it sent its report.
 	Lifetime int64
+	// Pending is what the allocation would add to Share (tokens per
+	// window) once capacity other regions still hold is freed: the region
+	// asks again soon while it is throttled (Regional), rather than at its
+	// next periodic report. 0 when the share is the region's allocation.
+	Pending int64
 }
 
 // Result is what Apply returns for a command.
@@ -386,6 +402,9 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 		if it.Demand < 0 {
 			return Result{}, fmt.Errorf("%w: item %d: negative demand", ErrBadCommand, i)
 		}
+		if it.Capped && it.Cap < 0 {
+			return Result{}, fmt.Errorf("%w: item %d: negative cap", ErrBadCommand, i)
+		}
 	}
 	m.now = now
 	retry := rep.Seq <= m.seqs[rep.Reporter]
@@ -401,6 +420,7 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 			ks = m.newKey(r)
 			m.keys[k] = ks
 		}
+		var pending int64
 		if !retry {
 			l := &ks.regions[ri]
 			l.demand, l.seen = it.Demand, now
@@ -415,15 +435,33 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 				// never give capacity up).
 				l.release, l.relTo, l.relEp = now+max(it.Debt, 0), l.share, l.epoch
 			}
+			capTo := it.Cap
+			if it.AckEpoch != 0 && it.AckEpoch == l.epoch {
+				capTo = min(capTo, l.share) // it enforces the latest share too
+			}
+			if it.Capped && capTo < l.hold {
+				// The region gives capacity back: it enforces at most
+				// Cap since it sent this report, and until it accepts a
+				// grant answering this report or a later one. Every such
+				// grant is made from now on (a later report applied
+				// first makes this one a retry), at the share set here
+				// or one a later allocation counts in hold. So hold may
+				// drop to Cap once the debt is repaid, unless a grant
+				// changes the share first (a new epoch marks this one).
+				l.share = min(l.share, capTo)
+				l.epoch = m.bump()
+				l.release, l.relTo, l.relEp = now+max(it.Debt, 0), capTo, l.epoch
+			}
 			m.settle(r, ks, now)
-			m.allocate(r, ks, now)
+			target := m.allocate(r, ks, now)
 			// The report renews this region's lease.
 			if l.epoch != 0 {
 				l.expiry = now + m.lease
 			}
+			pending = max(target[ri]-ks.regions[ri].share, 0)
 		}
 		l := &ks.regions[ri]
-		g := Grant{Rule: it.Rule, Identity: it.Identity, Epoch: l.epoch, Share: l.share, Burst: burst(r, l.share)}
+		g := Grant{Rule: it.Rule, Identity: it.Identity, Epoch: l.epoch, Share: l.share, Burst: burst(r, l.share), Pending: pending}
 		if l.epoch != 0 {
 			g.Lifetime = l.expiry - now
 		}
@@ -467,8 +505,8 @@ func (m *Machine) settle(r Rule, ks *keyState, now int64) {
 
 // allocate moves every region's share toward the max-min fair allocation of
 // the demands: shrinks at once (hold follows on acknowledgement), grows
-// only by free capacity.
-func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
+// only by free capacity. It returns the allocation.
+func (m *Machine) allocate(r Rule, ks *keyState, now int64) []int64 {
 	n := len(ks.regions)
 	demand := make([]int64, n)
 	active := make([]bool, n)
@@ -523,6 +561,7 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 		l.share, l.hold, l.expiry = share, hold, now+m.lease
 		l.epoch = m.bump()
 	}
+	return target
 }
 
 // tick settles every key, and drops keys whose state is the initial one

@@ -120,6 +120,7 @@ func Run(cfg Config) (*Result, error) {
 	for _, g := range r.regions {
 		r.s.After(rng.Int64N(int64(cfg.Refresh)), &reportTick{g: g})
 		r.s.After(rng.Int64N(int64(cfg.Sync)), &syncTick{g: g})
+		r.s.After(rng.Int64N(int64(g.reg.Gap())), &pollTick{g: g})
 	}
 	r.s.After(int64(cfg.Tick), &leaderTick{r: r})
 	r.s.After(int64(cfg.Sample), &sampleTick{r: r})
