@@ -129,8 +129,9 @@ type ReportItem struct {
 	// (admitted plus rejected), over the last window.
 	Demand int64
 	// AckEpoch is the newest epoch the region enforces (0: none yet);
-	// Debt is how long its bucket needs, at that share, to be full again
-	// (ns, ≤ 0 when full): capacity it gives up is handed on only after.
+	// Debt is how long its bucket needs, at that share, to be out of debt
+	// (ns, ≤ 0 when it holds no debt): capacity it gives up is handed on
+	// only after.
 	AckEpoch uint64
 	Debt     int64
 	// Capped: the region gives capacity back. It enforces at most Cap
@@ -139,7 +140,7 @@ type ReportItem struct {
 	// whatever epoch it holds. Only the report that sets a cap carries it
 	// (and its retries): a grant answering a later report made before
 	// this one was applied may lift the cap. Debt is then how long its
-	// bucket, at Cap, needs to be full. The leader lowers the hold to Cap
+	// bucket, at Cap, needs to be out of debt. The leader lowers the hold to Cap
 	// once that debt is repaid, without waiting for a grant and its
 	// acknowledgement to travel.
 	Capped bool

@@ -33,10 +33,12 @@ import (
 // throttled reports what it observed, so an unused share shrinks.
 //
 // Debt. The first report that acknowledges an epoch carries how long the
-// owner's bucket, at that epoch's share, needs to be full again; every
-// later report acknowledging the same epoch carries what is left of that
-// same debt, not the bucket's debt at its own time: a region that stays
-// throttled at its new share never has a full bucket, and a debt measured
+// owner's bucket, at that epoch's share, needs to be out of debt (0 tokens
+// or more; the envelope needs no more: its tokens are then within the
+// share's burst, and the burst is proportional to the share); every later
+// report acknowledging the same epoch carries what is left of that same
+// debt, not the bucket's debt at its own time: a region that stays
+// throttled at its new share is in debt again and again, and a debt measured
 // afresh at every report would push the leader's release of the larger
 // hold back at every report, so the capacity a shrunk region gave up would
 // never reach the region that needs it. What the region owed when it
@@ -545,7 +547,7 @@ func (r *Regional) giveBack(rr *regRule, k *regKey, now int64, seq uint64, c int
 	// What the bucket owes at the cap is repaid before the leader hands
 	// the rest on.
 	p, _ := r.target(rr, k, now)
-	k.repaid = max(k.repaid, int64(rescale(k.tat, now, k.p.g, p.g)))
+	k.repaid = max(k.repaid, outOfDebt(rescale(k.tat, now, k.p.g, p.g), p.g))
 	k.restart()
 	return true
 }
@@ -582,7 +584,7 @@ func (r *Regional) item(rr *regRule, kk key, k *regKey, now int64, seq uint64, o
 		// bucket owes then, at the new share; later ones the rest of
 		// that same debt (see Debt below).
 		p, _ := r.target(rr, k, now)
-		k.repaid = int64(rescale(k.tat, now, k.p.g, p.g))
+		k.repaid = outOfDebt(rescale(k.tat, now, k.p.g, p.g), p.g)
 		k.acked = ep
 	}
 	it := ReportItem{Rule: kk.rule, Identity: kk.identity, Demand: d, AckEpoch: k.acked, Debt: max(k.repaid-now, 0)}
@@ -596,6 +598,12 @@ func (r *Regional) item(rr *regRule, kk key, k *regKey, now int64, seq uint64, o
 	}
 	k.reported, k.due, k.changed, k.demand = true, false, false, d
 	return it
+}
+
+// outOfDebt is when a bucket at g with TAT tat holds no debt any more (0
+// tokens or more): its burst's worth before it is full again.
+func outOfDebt(tat bucket.TAT, g bucket.GCRA) int64 {
+	return int64(tat) - g.Burst()*int64(g.Interval())
 }
 
 // ceilScale is x tokens over period ns as tokens per window w, rounded up.

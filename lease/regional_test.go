@@ -219,7 +219,7 @@ func TestRegionalWithMachine(t *testing.T) {
 }
 
 // TestRegionalDebt: the first acknowledgement of an epoch carries the
-// bucket's debt then; later ones what is left of it, however throttled the
+// bucket's debt then (how long until it holds no debt); later ones what is left of it, however throttled the
 // bucket still is.
 func TestRegionalDebt(t *testing.T) {
 	r := newTestRegional(t, "eu", FallbackShare)
@@ -228,8 +228,9 @@ func TestRegionalDebt(t *testing.T) {
 	r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 100, Burst: 10, Lifetime: 10 * sec}}})
 	g, _, _ := r.Share(sec, "g", "x", &tat)
 	for range 10 {
-		g.Step(&tat, sec, 1) // spent out: a full bucket is 1s away
+		g.Step(&tat, sec, 1) // spent out
 	}
+	g.Charge(&tat, sec, 10) // and 10 tokens in debt: out of it 1s away
 	r.Observe(sec, "g", "x", 1, false, tat)
 	rep, _ := r.Report(sec, nil)
 	if it := rep.Items[0]; it.AckEpoch != 1 || it.Debt != sec {
