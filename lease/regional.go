@@ -153,6 +153,8 @@ type regKey struct {
 	demand      int64  // the last demand reported
 	pending     int64  // the last grant's Pending
 	changed     bool   // watch saw the demand change: measured from the slot that showed it
+	ackNext     int64  // a shrink in a reply to a report sent before then waits for the periodic report
+	refusedAt   int64  // the last rejection
 	capSeq      uint64 // the first report that carried the cap in force (Holder.Capped)
 }
 
@@ -298,6 +300,7 @@ func (r *Regional) Observe(now int64, rule, identity string, cost int64, allowed
 	if !allowed {
 		k.refused += cost
 		k.slotRefused += cost
+		k.refusedAt = now
 	}
 	// How bursty the key's demand is: gaps longer than two intervals are
 	// idleness, not the spacing of bursts. The latest gap counts once
@@ -413,11 +416,12 @@ func (r *Regional) Report(now int64, owns func(identity string) bool) (Report, b
 //   - it is new (no report carried it yet), or its rule changed;
 //   - it accepted a grant smaller than the share it enforced: the report
 //     acknowledges it at once, so the leader can hand the difference on;
-//   - it is throttled (rejections since its slot began) and the leader's
+//   - it is throttled (a rejection in the last two gaps) and the leader's
 //     last grant said at least 5 % of L more is pending (Grant.Pending):
 //     the report collects capacity as soon as another region frees it;
 //   - it is throttled and asked over its last slot for more than twice
-//     what its last report said: the leader learns of the new demand;
+//     what its last report said, and at least 8 of the rule's largest
+//     costs: the leader learns of the new demand;
 //   - it had no request for a slot, or used at most a quarter of its share
 //     over its last slot (slots long enough that the share would have
 //     admitted at least 8 of the rule's largest costs): the region gives
@@ -483,7 +487,7 @@ func (r *Regional) build(now int64, owns func(identity string) bool, offCycle bo
 // that carries a cap set here first.
 func (r *Regional) watch(rr *regRule, k *regKey, now int64, seq uint64) bool {
 	due := k.due || !k.reported
-	if k.slotRefused > 0 && k.pending > 0 && 20*k.pending >= rr.Limit {
+	if now-k.refusedAt < 2*r.gap && k.pending > 0 && 20*k.pending >= rr.Limit {
 		// Throttled, and the leader has more for it (at least 5 % of
 		// L, not a token of rounding) once another region frees it:
 		// ask at every gap.
@@ -518,7 +522,7 @@ func (r *Regional) watch(rr *regRule, k *regKey, now int64, seq uint64) bool {
 	closed := true
 	switch {
 	case k.slotRefused > 0:
-		if k.reported && used > 2*k.demand {
+		if k.reported && used > 2*k.demand && k.slotAsked >= 8*rr.MaxCost {
 			due = true
 			k.restart()
 		}
@@ -636,11 +640,13 @@ func demand(rule Rule, k *regKey, share, period int64) int64 {
 // are older epochs (the Holder's fencing). A grant that answers the report
 // that carried a key's cap, or a later one, lifts the cap: the leader made
 // it knowing of the cap. A grant smaller than the share the key enforced
-// makes the key due off cycle (ReportDue acknowledges it at once).
+// by at least an eighth makes the key due off cycle (ReportDue acknowledges
+// it at once), at most once an interval.
 func (r *Regional) Accept(seq uint64, sentAt int64, res Result) (accepted int) {
 	for _, g := range res.Grants {
 		k := r.keys[key{g.Rule, g.Identity}]
-		if k == nil {
+		rr := r.rules[g.Rule]
+		if k == nil || rr == nil {
 			continue
 		}
 		was, _, _ := k.holder.At(sentAt)
@@ -657,8 +663,12 @@ func (r *Regional) Accept(seq uint64, sentAt int64, res Result) (accepted int) {
 		if _, capped := k.holder.Capped(); capped && seq >= k.capSeq {
 			k.holder.Uncap()
 		}
-		if wasEpoch != 0 && g.Epoch != wasEpoch && g.Share < was {
-			k.due = true
+		if wasEpoch != 0 && g.Epoch != wasEpoch && 8*(was-g.Share) >= max(was, 8*rr.MaxCost) && sentAt >= k.ackNext {
+			// A material shrink (an eighth of the share, at least the
+			// largest cost), acknowledged off cycle at most once an
+			// interval: the shrinks the noise of other regions' demand
+			// makes wait for the periodic report.
+			k.due, k.ackNext = true, sentAt+int64(r.cfg.Interval)
 		}
 	}
 	return accepted

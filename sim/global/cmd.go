@@ -21,7 +21,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	)
 	fs := flag.NewFlagSet("sim -global", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&c.Regions, "regions", 3, "regions r0, r1, ... (2 to 9)")
+	fs.IntVar(&c.Regions, "regions", 3, "regions r0, r1, ... (2 to 24)")
 	fs.Int64Var(&c.Limit, "limit", 200, "the global limit L: tokens per window")
 	fs.DurationVar(&c.Window, "window", time.Second, "the rule's window W")
 	fs.Int64Var(&c.Burst, "burst", 0, "the global burst B (0: L ÷ 10, at least regions × cost)")

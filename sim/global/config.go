@@ -61,7 +61,7 @@ type Shift struct {
 // Config is one simulated run of a global rule across Regions regions.
 // Zero durations take the defaults documented on each field.
 type Config struct {
-	// Regions is the number of regions, r0 ... r{Regions-1} (2 to 9).
+	// Regions is the number of regions, r0 ... r{Regions-1} (2 to 24).
 	Regions int
 	// The global rule: Limit tokens per Window, global burst Burst (0:
 	// Limit ÷ 10, at least Regions × Cost), Cost per request (0: 1), and
@@ -179,8 +179,8 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
-	case c.Regions < 2 || c.Regions > 9:
-		return fmt.Errorf("regions %d: want 2 to 9", c.Regions)
+	case c.Regions < 2 || c.Regions > 24:
+		return fmt.Errorf("regions %d: want 2 to 24", c.Regions)
 	case c.Limit < 1:
 		return fmt.Errorf("limit %d: want at least 1", c.Limit)
 	case c.Window <= 0:
