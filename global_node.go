@@ -255,22 +255,31 @@ func (gp *globalPart) Observe(now int64, rule, identity string, cost int64, allo
 	gp.mu.Unlock()
 }
 
-// reportLoop reports every RefreshInterval, and soon after a new identity
-// appears (at most ten times per interval).
+// reportLoop reports every RefreshInterval (every global identity this
+// node owns), and off cycle, at most once per Regional's gap, the
+// identities whose demand or lease changed (lease.Regional.ReportDue
+// decides which): it asks every gap, and soon after a new identity appears.
 func (n *Node) reportLoop() {
 	gp := n.global
 	defer gp.wg.Done()
 	t := time.NewTicker(gp.every)
 	defer t.Stop()
-	gap := max(gp.every/10, time.Millisecond)
+	gp.mu.Lock()
+	gap := gp.reg.Gap()
+	gp.mu.Unlock()
+	poll := time.NewTicker(gap)
+	defer poll.Stop()
 	var last time.Time
 	for {
+		offCycle := true
 		select {
 		case <-gp.done:
 			return
 		case <-gp.ctx.Done():
 			return
 		case <-t.C:
+			offCycle = false
+		case <-poll.C:
 		case <-gp.kick:
 			if wait := gap - time.Since(last); wait > 0 {
 				pause := time.NewTimer(wait)
@@ -282,14 +291,16 @@ func (n *Node) reportLoop() {
 				}
 			}
 		}
-		last = time.Now()
-		n.reportOnce()
+		if n.reportOnce(offCycle) {
+			last = time.Now()
+		}
 	}
 }
 
-// reportOnce sends one report of every global identity this node owns and
-// takes the grants.
-func (n *Node) reportOnce() {
+// reportOnce sends one report, periodic (every global identity this node
+// owns) or off cycle (those due), and takes the grants. It reports whether
+// a report was sent.
+func (n *Node) reportOnce(offCycle bool) bool {
 	gp := n.global
 	ring := gp.ring()
 	owns := func(identity string) bool {
@@ -301,10 +312,16 @@ func (n *Node) reportOnce() {
 	}
 	sentAt := gp.now()
 	gp.mu.Lock()
-	rep, ok := gp.reg.Report(sentAt, owns)
+	var rep lease.Report
+	var ok bool
+	if offCycle {
+		rep, ok = gp.reg.ReportDue(sentAt, owns)
+	} else {
+		rep, ok = gp.reg.Report(sentAt, owns)
+	}
 	gp.mu.Unlock()
 	if !ok {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(gp.ctx, gp.timeout)
 	res, err := gp.rep.Report(ctx, rep)
@@ -315,12 +332,13 @@ func (n *Node) reportOnce() {
 			n.log.Warn("lease group: report failed; leases expire into their fallback unless a later report succeeds",
 				"items", len(rep.Items), "err", err)
 		}
-		return
+		return true
 	}
 	gp.reports.Add(1)
 	gp.mu.Lock()
-	gp.reg.Accept(sentAt, res)
+	gp.reg.Accept(rep.Seq, sentAt, res)
 	gp.mu.Unlock()
+	return true
 }
 
 // GlobalStatus is the state of a node's global (scope: global) rules.

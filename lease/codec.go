@@ -265,7 +265,7 @@ func commandToPB(c Command) (*leasepb.Command, error) {
 		pr := &leasepb.Report{Reporter: r.Reporter, Seq: r.Seq, Region: r.Region, Items: make([]*leasepb.ReportItem, len(r.Items))}
 		for i, it := range r.Items {
 			pr.Items[i] = &leasepb.ReportItem{Rule: it.Rule, Identity: []byte(it.Identity), Demand: it.Demand,
-				AckEpoch: it.AckEpoch, Debt: it.Debt}
+				AckEpoch: it.AckEpoch, Debt: it.Debt, Capped: it.Capped, Cap: it.Cap}
 		}
 		pc.Kind = &leasepb.Command_Report{Report: pr}
 	}
@@ -327,7 +327,7 @@ func commandFromPB(pc *leasepb.Command) (Command, error) {
 				return Command{}, fmt.Errorf("report item %d is missing", i)
 			}
 			r.Items = append(r.Items, ReportItem{Rule: it.GetRule(), Identity: string(it.GetIdentity()), Demand: it.GetDemand(),
-				AckEpoch: it.GetAckEpoch(), Debt: it.GetDebt()})
+				AckEpoch: it.GetAckEpoch(), Debt: it.GetDebt(), Capped: it.GetCapped(), Cap: it.GetCap()})
 		}
 		c.Report = r
 	default:

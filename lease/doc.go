@@ -29,7 +29,13 @@
 //     report, and enforces Holder.At(now) as the identity's rate and burst in
 //     its region. If it cannot renew, the Holder falls back by itself when
 //     the lease runs out.
-//  4. The leader proposes Tick periodically (expiries, reallocation), and
+//  4. Between periodic reports, Regional.ReportDue reports off cycle, at
+//     most once per gap, the identities whose demand or lease changed: new
+//     ones, a smaller grant to acknowledge, a throttled region waiting for
+//     capacity the leader said is pending (Grant.Pending), and a region
+//     whose demand stopped, which gives its share back by capping itself
+//     before the report leaves (Holder.Cap, ReportItem.Capped).
+//  5. The leader proposes Tick periodically (expiries, reallocation), and
 //     Takeover when it becomes leader.
 //
 // The invariant every step keeps, faults included, stated in docs/global.md:

@@ -18,6 +18,10 @@ type Holder struct {
 	epoch           uint64
 	until           int64 // region time the lease ends
 	skew            int64
+	// capped: the region gave capacity back (Regional); it enforces at
+	// most cap, with burst capBurst, whatever lease it holds.
+	capped        bool
+	cap, capBurst int64
 }
 
 // NewHolder returns the holder, with no lease yet, of a region's share of
@@ -62,21 +66,45 @@ func (h *Holder) Accept(sentAt int64, g Grant) bool {
 	return true
 }
 
+// Cap makes the holder enforce at most share (tokens per window, with
+// burst b) from now on, whatever lease it holds or accepts, until Uncap: a
+// region gives capacity back (ReportItem.Capped). A cap only lowers: a
+// larger share than the cap in force changes nothing.
+func (h *Holder) Cap(share, b int64) {
+	if h.capped && share >= h.cap {
+		return
+	}
+	h.capped, h.cap, h.capBurst = true, max(share, 0), b
+}
+
+// Uncap lifts the cap: the grant accepted last answers a report that
+// carried it, so the leader counts what it grants.
+func (h *Holder) Uncap() { h.capped = false }
+
+// Capped returns the cap in force, if any.
+func (h *Holder) Capped() (share int64, ok bool) { return h.cap, h.capped }
+
 // Epoch returns the epoch of the lease held (0: none yet).
 func (h *Holder) Epoch() uint64 { return h.epoch }
 
 // At returns the share (tokens per window) and burst the region enforces at
 // now, and whether that is the fallback because the lease has expired or
 // none was received yet (share 0).
+//
+// Under a cap (Cap) both are at most the cap's.
 func (h *Holder) At(now int64) (share, burst int64, fallback bool) {
 	if h.epoch == 0 {
 		return 0, 0, true
 	}
-	if now < h.until {
-		return h.share, h.burst, false
+	share, burst = h.share, h.burst
+	if h.capped && h.cap < share {
+		share, burst = h.cap, h.capBurst
 	}
-	if h.share < h.safe {
-		return h.share, h.burst, true
+	if now < h.until {
+		return share, burst, false
+	}
+	if share < h.safe {
+		return share, burst, true
 	}
 	return h.safe, h.safeBurst, true
 }

@@ -129,10 +129,22 @@ type ReportItem struct {
 	// (admitted plus rejected), over the last window.
 	Demand int64
 	// AckEpoch is the newest epoch the region enforces (0: none yet);
-	// Debt is how long its bucket needs, at that share, to be full again
-	// (ns, ≤ 0 when full): capacity it gives up is handed on only after.
+	// Debt is how long its bucket needs, at that share, to be out of debt
+	// (ns, ≤ 0 when it holds no debt): capacity it gives up is handed on
+	// only after.
 	AckEpoch uint64
 	Debt     int64
+	// Capped: the region gives capacity back. It enforces at most Cap
+	// (tokens per window, ≥ 0) for the key from when it sent this report
+	// until it accepts a grant that answers this report or a later one,
+	// whatever epoch it holds. Only the report that sets a cap carries it
+	// (and its retries): a grant answering a later report made before
+	// this one was applied may lift the cap. Debt is then how long its
+	// bucket, at Cap, needs to be out of debt. The leader lowers the hold to Cap
+	// once that debt is repaid, without waiting for a grant and its
+	// acknowledgement to travel.
+	Capped bool
+	Cap    int64
 }
 
 // Grant is a lease: the share a region enforces for (Rule, Identity) until
@@ -145,6 +157,11 @@ type Grant struct {
 	Share, Burst int64
 	// Lifetime is ns, counted by the region from when it sent its report.
 	Lifetime int64
+	// Pending is what the allocation would add to Share (tokens per
+	// window) once capacity other regions still hold is freed: the region
+	// asks again soon while it is throttled (Regional), rather than at its
+	// next periodic report. 0 when the share is the region's allocation.
+	Pending int64
 }
 
 // Result is what Apply returns for a command.
@@ -235,6 +252,10 @@ func NewMachine(cfg Config) (*Machine, error) {
 	}
 	return m, nil
 }
+
+// Now returns the latest command time applied (unix ns, the leader's
+// clock).
+func (m *Machine) Now() int64 { return m.now }
 
 // Regions returns the regions, sorted; region indexes follow this order.
 func (m *Machine) Regions() []string { return slices.Clone(m.cfg.Regions) }
@@ -382,6 +403,9 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 		if it.Demand < 0 {
 			return Result{}, fmt.Errorf("%w: item %d: negative demand", ErrBadCommand, i)
 		}
+		if it.Capped && it.Cap < 0 {
+			return Result{}, fmt.Errorf("%w: item %d: negative cap", ErrBadCommand, i)
+		}
 	}
 	m.now = now
 	retry := rep.Seq <= m.seqs[rep.Reporter]
@@ -397,6 +421,7 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 			ks = m.newKey(r)
 			m.keys[k] = ks
 		}
+		var pending int64
 		if !retry {
 			l := &ks.regions[ri]
 			l.demand, l.seen = it.Demand, now
@@ -411,15 +436,33 @@ func (m *Machine) report(now int64, rep *Report) (Result, error) {
 				// never give capacity up).
 				l.release, l.relTo, l.relEp = now+max(it.Debt, 0), l.share, l.epoch
 			}
+			capTo := it.Cap
+			if it.AckEpoch != 0 && it.AckEpoch == l.epoch {
+				capTo = min(capTo, l.share) // it enforces the latest share too
+			}
+			if it.Capped && capTo < l.hold {
+				// The region gives capacity back: it enforces at most
+				// Cap since it sent this report, and until it accepts a
+				// grant answering this report or a later one. Every such
+				// grant is made from now on (a later report applied
+				// first makes this one a retry), at the share set here
+				// or one a later allocation counts in hold. So hold may
+				// drop to Cap once the debt is repaid, unless a grant
+				// changes the share first (a new epoch marks this one).
+				l.share = min(l.share, capTo)
+				l.epoch = m.bump()
+				l.release, l.relTo, l.relEp = now+max(it.Debt, 0), capTo, l.epoch
+			}
 			m.settle(r, ks, now)
-			m.allocate(r, ks, now)
+			target := m.allocate(r, ks, now)
 			// The report renews this region's lease.
 			if l.epoch != 0 {
 				l.expiry = now + m.lease
 			}
+			pending = max(target[ri]-ks.regions[ri].share, 0)
 		}
 		l := &ks.regions[ri]
-		g := Grant{Rule: it.Rule, Identity: it.Identity, Epoch: l.epoch, Share: l.share, Burst: burst(r, l.share)}
+		g := Grant{Rule: it.Rule, Identity: it.Identity, Epoch: l.epoch, Share: l.share, Burst: burst(r, l.share), Pending: pending}
 		if l.epoch != 0 {
 			g.Lifetime = l.expiry - now
 		}
@@ -463,8 +506,8 @@ func (m *Machine) settle(r Rule, ks *keyState, now int64) {
 
 // allocate moves every region's share toward the max-min fair allocation of
 // the demands: shrinks at once (hold follows on acknowledgement), grows
-// only by free capacity.
-func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
+// only by free capacity. It returns the allocation.
+func (m *Machine) allocate(r Rule, ks *keyState, now int64) []int64 {
 	n := len(ks.regions)
 	demand := make([]int64, n)
 	active := make([]bool, n)
@@ -519,6 +562,7 @@ func (m *Machine) allocate(r Rule, ks *keyState, now int64) {
 		l.share, l.hold, l.expiry = share, hold, now+m.lease
 		l.epoch = m.bump()
 	}
+	return target
 }
 
 // tick settles every key, and drops keys whose state is the initial one
@@ -605,4 +649,42 @@ func (m *Machine) CheckAt(now int64) error {
 		}
 	}
 	return nil
+}
+
+// LeaseView is the leader's record of one region's lease on one (rule,
+// identity), as Machine.View returns it: tokens per window.
+type LeaseView struct {
+	Region string
+	// Share is the latest share granted, Epoch its epoch (0: none yet);
+	// Hold is the largest share the region may be enforcing, and Term what
+	// the invariant counts for the region at the time asked (Hold, or
+	// min(safe share, Hold) once the lease has expired past the skew).
+	Share, Hold, Term int64
+	Epoch             uint64
+	// Releasing: the region acknowledged a smaller share (or gave capacity
+	// back) and Hold drops once its debt is repaid.
+	Releasing bool
+	// Expired: the lease has expired past the skew margin at the time
+	// asked (after a takeover's guard).
+	Expired bool
+}
+
+// View returns the leader's record of every region's lease on (rule,
+// identity) at now, in region order, or nil for a key the machine does not
+// hold (no region holds or may hold anything) or a rule it does not know.
+// It changes nothing.
+func (m *Machine) View(rule, identity string, now int64) []LeaseView {
+	ks := m.keys[key{rule, identity}]
+	r, ok := m.rules[rule]
+	if ks == nil || !ok {
+		return nil
+	}
+	out := make([]LeaseView, len(ks.regions))
+	for i := range ks.regions {
+		l := &ks.regions[i]
+		out[i] = LeaseView{Region: m.cfg.Regions[i], Share: l.share, Hold: l.hold, Term: m.term(r, l, now), Epoch: l.epoch,
+			Releasing: l.release != 0,
+			Expired:   now >= m.guard && l.expiry != math.MaxInt64 && now >= l.expiry+m.skew}
+	}
+	return out
 }

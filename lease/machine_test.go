@@ -253,21 +253,50 @@ func invariantUnderFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		type reply struct {
-			at     int64 // real time it arrives
-			sentAt int64 // region time the report left
+			at     int64  // real time it arrives
+			sentAt int64  // region time the report left
+			seq    uint64 // of the report it answers
 			g      Grant
+		}
+		type sent struct {
+			rep    *Report
+			sentAt int64
 		}
 		type region struct {
 			h       Holder
 			off     int64 // region clock = real + off
 			seq     uint64
+			capSeq  uint64 // the first report that carried the cap in force
 			replies []reply
+			late    []sent // reports still on their way to the leader
 		}
 		rs := make([]*region, len(regions))
 		for i := range rs {
 			rs[i] = &region{h: NewHolder(rule, len(regions), skew), off: rapid.Int64Range(-skew/2, skew/2).Draw(t, "offset")}
 		}
 		real, leaderOff := int64(time.Hour), int64(0)
+		// accept hands a reply to its region's Holder, and lifts the cap
+		// when the reply answers the report that carried it or a later one
+		// (Regional.Accept).
+		accept := func(r *region, p reply) {
+			if r.h.Accept(p.sentAt, p.g) {
+				if _, capped := r.h.Capped(); capped && p.seq >= r.capSeq {
+					r.h.Uncap()
+				}
+			}
+		}
+		// apply delivers a report to the leader now; its reply may be lost.
+		apply := func(i int, s sent) {
+			res, err := m.Apply(Command{Now: real + leaderOff, Report: s.rep})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rapid.IntRange(0, 4).Draw(t, "reply lost") == 0 {
+				return
+			}
+			rs[i].replies = append(rs[i].replies, reply{at: real + rapid.Int64Range(0, lease).Draw(t, "back"), sentAt: s.sentAt,
+				seq: s.rep.Seq, g: res.Grants[0]})
+		}
 		check := func(step string) {
 			var sum int64
 			for i, r := range rs {
@@ -295,35 +324,56 @@ func invariantUnderFaults(t *testing.T) {
 		}
 		steps := rapid.IntRange(1, 200).Draw(t, "steps")
 		for s := range steps {
-			switch rapid.IntRange(0, 10).Draw(t, "action") {
+			switch rapid.IntRange(0, 11).Draw(t, "action") {
 			case 0, 1: // time passes, sometimes past a whole lease
 				real += rapid.Int64Range(0, 2*lease).Draw(t, "dt") / int64(rapid.IntRange(1, 20).Draw(t, "div"))
-			case 2, 3, 4, 5: // a region reports
+			case 2, 3, 4, 5: // a region reports, off cycle or not
 				i := rapid.IntRange(0, len(rs)-1).Draw(t, "region")
 				r := rs[i]
 				r.seq++
-				rep := &Report{Reporter: regions[i] + "-owner", Seq: r.seq, Region: regions[i], Items: []ReportItem{{
-					Rule: "g", Identity: "cust", Demand: rapid.Int64Range(0, 2*rule.Limit).Draw(t, "demand"),
-					AckEpoch: r.h.Epoch(), Debt: rapid.Int64Range(0, int64(time.Minute)).Draw(t, "debt")}}}
-				sentAt := real + r.off
-				if rapid.IntRange(0, 4).Draw(t, "lost") == 0 {
-					break // the report never reaches the leader
+				if rapid.IntRange(0, 3).Draw(t, "give back") == 0 {
+					// The region gives capacity back: it caps itself
+					// before the report leaves (Regional.ReportDue).
+					share, _, _ := r.h.At(real + r.off)
+					c := rapid.Int64Range(0, max(share, 0)).Draw(t, "cap")
+					r.h.Cap(c, burst(rule, c))
+					if cur, _ := r.h.Capped(); cur == c {
+						r.capSeq = r.seq
+					}
 				}
-				real += rapid.Int64Range(0, int64(time.Second)).Draw(t, "to leader")
-				res, err := m.Apply(Command{Now: real + leaderOff, Report: rep})
-				if err != nil {
-					t.Fatal(err)
+				item := ReportItem{Rule: "g", Identity: "cust", Demand: rapid.Int64Range(0, 2*rule.Limit).Draw(t, "demand"),
+					AckEpoch: r.h.Epoch(), Debt: rapid.Int64Range(0, int64(time.Minute)).Draw(t, "debt")}
+				if c, ok := r.h.Capped(); ok && r.capSeq == r.seq {
+					item.Capped, item.Cap = true, c // only the report that sets a cap carries it
 				}
-				if rapid.IntRange(0, 4).Draw(t, "reply lost") == 0 {
+				s := sent{rep: &Report{Reporter: regions[i] + "-owner", Seq: r.seq, Region: regions[i], Items: []ReportItem{item}},
+					sentAt: real + r.off}
+				switch rapid.IntRange(0, 5).Draw(t, "report fate") {
+				case 0:
+					// the report never reaches the leader
+				case 1:
+					r.late = append(r.late, s) // it arrives later, after later ones maybe
+				default:
+					real += rapid.Int64Range(0, int64(time.Second)).Draw(t, "to leader")
+					apply(i, s)
+				}
+			case 11: // a late report reaches the leader
+				i := rapid.IntRange(0, len(rs)-1).Draw(t, "region")
+				r := rs[i]
+				if len(r.late) == 0 {
 					break
 				}
-				r.replies = append(r.replies, reply{at: real + rapid.Int64Range(0, lease).Draw(t, "back"), sentAt: sentAt, g: res.Grants[0]})
+				k := rapid.IntRange(0, len(r.late)-1).Draw(t, "which late")
+				s := r.late[k]
+				r.late = append(r.late[:k], r.late[k+1:]...)
+				real += rapid.Int64Range(0, int64(time.Second)).Draw(t, "late by")
+				apply(i, s)
 			case 6: // replies that are due arrive, in any order
 				for _, r := range rs {
 					var keep []reply
 					for _, p := range r.replies {
 						if p.at <= real && rapid.Bool().Draw(t, "deliver") {
-							r.h.Accept(p.sentAt, p.g)
+							accept(r, p)
 						} else {
 							keep = append(keep, p)
 						}
@@ -360,7 +410,7 @@ func invariantUnderFaults(t *testing.T) {
 						if p.at > real {
 							real = p.at
 						}
-						r.h.Accept(p.sentAt, p.g)
+						accept(r, p)
 						break
 					}
 				}
@@ -389,5 +439,64 @@ func TestFloor(t *testing.T) {
 		if f := m.Floor(c.r); f < m.safe(c.r) && burst(c.r, f) < c.r.MaxCost {
 			t.Errorf("Floor(%+v) = %d: its burst %d is below the cost", c.r, f, burst(c.r, f))
 		}
+	}
+}
+
+// TestCapReleasesHold: a report that gives capacity back (ReportItem.Capped)
+// lowers the region's share at once and its hold once the debt it carries is
+// repaid, with no grant and acknowledgement in between; the capacity then
+// goes to a region that wants it. A cap at or above the hold changes
+// nothing, and a negative cap is refused.
+func TestCapReleasesHold(t *testing.T) {
+	m := newTestMachine(t, "eu", "us")
+	now := int64(time.Second)
+	report := func(region string, seq uint64, it ReportItem) Grant {
+		t.Helper()
+		it.Rule, it.Identity = "global", "cust"
+		res, err := m.Apply(Command{Now: now, Report: &Report{Reporter: region + "-node", Seq: seq, Region: region, Items: []ReportItem{it}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Check(); err != nil {
+			t.Fatal(err)
+		}
+		return res.Grants[0]
+	}
+	eu := report("eu", 1, ReportItem{Demand: 2000})
+	if eu.Share != 1000 {
+		t.Fatalf("eu's first grant %+v, want the whole limit", eu)
+	}
+	us := report("us", 1, ReportItem{Demand: 2000})
+	if us.Share != 0 || us.Pending != 500 {
+		t.Fatalf("us while eu holds everything: %+v, want share 0 with 500 pending", us)
+	}
+	// A cap at the hold gives nothing back.
+	now += int64(100 * time.Millisecond)
+	report("eu", 2, ReportItem{Demand: 2000, AckEpoch: eu.Epoch, Capped: true, Cap: 1000})
+	if v := m.View("global", "cust", now); v[0].Hold != 1000 || v[0].Releasing {
+		t.Fatalf("eu after a cap at its hold: %+v, want hold 1000, nothing released", v[0])
+	}
+	now += int64(100 * time.Millisecond)
+	g := report("eu", 3, ReportItem{Demand: 0, AckEpoch: eu.Epoch, Capped: true, Cap: 0, Debt: int64(time.Second)})
+	if g.Share != 0 || g.Epoch <= eu.Epoch {
+		t.Fatalf("eu's grant after giving everything back: %+v, want share 0 in a new epoch", g)
+	}
+	v := m.View("global", "cust", now)
+	if v[0].Hold != 1000 || !v[0].Releasing {
+		t.Fatalf("eu before its debt is repaid: %+v, want hold 1000 releasing", v[0])
+	}
+	now += int64(time.Second)
+	if _, err := m.Apply(Command{Now: now, Tick: true}); err != nil {
+		t.Fatal(err)
+	}
+	if v := m.View("global", "cust", now); v[0].Hold != 0 || v[0].Term != 0 {
+		t.Fatalf("eu after its debt is repaid: %+v, want hold 0", v[0])
+	}
+	if us = report("us", 2, ReportItem{Demand: 2000, AckEpoch: us.Epoch}); us.Share != 1000 || us.Pending != 0 {
+		t.Fatalf("us once eu gave everything back: %+v, want the whole limit", us)
+	}
+	if _, err := m.Apply(Command{Now: now, Report: &Report{Reporter: "eu-node", Seq: 9, Region: "eu",
+		Items: []ReportItem{{Rule: "global", Identity: "cust", Capped: true, Cap: -1}}}}); !errors.Is(err, ErrBadCommand) {
+		t.Fatalf("a negative cap: %v, want ErrBadCommand", err)
 	}
 }

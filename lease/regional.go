@@ -33,10 +33,12 @@ import (
 // throttled reports what it observed, so an unused share shrinks.
 //
 // Debt. The first report that acknowledges an epoch carries how long the
-// owner's bucket, at that epoch's share, needs to be full again; every
-// later report acknowledging the same epoch carries what is left of that
-// same debt, not the bucket's debt at its own time: a region that stays
-// throttled at its new share never has a full bucket, and a debt measured
+// owner's bucket, at that epoch's share, needs to be out of debt (0 tokens
+// or more; the envelope needs no more: its tokens are then within the
+// share's burst, and the burst is proportional to the share); every later
+// report acknowledging the same epoch carries what is left of that same
+// debt, not the bucket's debt at its own time: a region that stays
+// throttled at its new share is in debt again and again, and a debt measured
 // afresh at every report would push the leader's release of the larger
 // hold back at every report, so the capacity a shrunk region gave up would
 // never reach the region that needs it. What the region owed when it
@@ -95,6 +97,12 @@ type RegionalConfig struct {
 	// node restarted under the same name must start above every Seq it
 	// used before (the shell uses its start time, ns).
 	FirstSeq uint64
+	// Gap is the least time between two reports of this node, and the
+	// slot over which a key's demand is watched for a change (0: Interval
+	// ÷ 10). ReportDue, the report off cycle, waits for it, so a node
+	// sends at most Interval ÷ Gap reports off cycle per interval besides
+	// its periodic one. Call ReportDue about every Gap.
+	Gap time.Duration
 }
 
 // Mode is how the owner decides one identity of a global rule at a given
@@ -124,12 +132,30 @@ type regKey struct {
 	holder  Holder
 	p       params     // of the owner's TAT
 	tat     bucket.TAT // the owner's, after the last decision
-	asked   int64      // tokens asked since the last report
+	asked   int64      // tokens asked since from
 	refused int64      // of which rejected
+	from    int64      // start of the demand measured: the last report of the key, or a change of demand
 	acked   uint64     // the epoch the last report acknowledged
-	repaid  int64      // when the debt owed at that acknowledgement is repaid
+	repaid  int64      // when the debt owed at that acknowledgement (or cap) is repaid
 	seen    int64      // last decision or sync
 	born    int64      // when the key was added
+
+	// Off cycle (ReportDue).
+	reported    bool   // reported at least once
+	due         bool   // to report off cycle: new, a smaller grant to acknowledge, a changed rule or demand
+	slotAt      int64  // start of the slot demand is watched over
+	slotAsked   int64  // tokens asked in the slot
+	slotRefused int64  // of which rejected
+	lastReq     int64  // the last Observe
+	gapLast     int64  // the time between the last two Observes
+	gapCur      int64  // the longest before it since the last periodic report
+	gapPrev     int64  // the same over the interval before
+	demand      int64  // the last demand reported
+	pending     int64  // the last grant's Pending
+	changed     bool   // watch saw the demand change: measured from the slot that showed it
+	ackNext     int64  // a shrink in a reply to a report sent before then waits for the periodic report
+	refusedAt   int64  // the last rejection
+	capSeq      uint64 // the first report that carried the cap in force (Holder.Capped)
 }
 
 type regRule struct {
@@ -145,6 +171,7 @@ type Regional struct {
 	rules  map[string]*regRule
 	keys   map[key]*regKey
 	seq    uint64
+	gap    int64
 	last   int64 // when the last report was built (0: never)
 	urgent bool  // a key was added: report soon
 }
@@ -162,11 +189,16 @@ func NewRegional(cfg RegionalConfig) (*Regional, error) {
 		return nil, fmt.Errorf("lease: RegionalConfig.Interval: must be positive, got %v", cfg.Interval)
 	case cfg.Skew < 0:
 		return nil, fmt.Errorf("lease: RegionalConfig.Skew: negative (%v)", cfg.Skew)
+	case cfg.Gap < 0 || cfg.Gap > cfg.Interval:
+		return nil, fmt.Errorf("lease: RegionalConfig.Gap: want 0 to Interval %v, got %v", cfg.Interval, cfg.Gap)
+	}
+	if cfg.Gap == 0 {
+		cfg.Gap = max(cfg.Interval/10, time.Millisecond)
 	}
 	if cfg.Skew == 0 {
 		cfg.Skew = DefaultMaxSkew
 	}
-	return &Regional{cfg: cfg, skew: int64(cfg.Skew), rules: map[string]*regRule{}, keys: map[key]*regKey{}, seq: cfg.FirstSeq}, nil
+	return &Regional{cfg: cfg, skew: int64(cfg.Skew), gap: int64(cfg.Gap), rules: map[string]*regRule{}, keys: map[key]*regKey{}, seq: cfg.FirstSeq}, nil
 }
 
 // SetRules installs the global rules. Keys of a rule that is gone are
@@ -200,6 +232,7 @@ func (r *Regional) SetRules(rules []RegionalRule) error {
 			delete(r.keys, kk)
 		case old.Rule != nw.Rule:
 			k.holder.SetRule(nw.Rule, r.cfg.Regions)
+			k.due = true
 			r.urgent = true
 		}
 	}
@@ -263,17 +296,30 @@ func (r *Regional) Observe(now int64, rule, identity string, cost int64, allowed
 	}
 	k := r.key(rr, rule, identity, now)
 	k.asked += cost
+	k.slotAsked += cost
 	if !allowed {
 		k.refused += cost
+		k.slotRefused += cost
+		k.refusedAt = now
 	}
-	k.tat, k.seen = tat, now
+	// How bursty the key's demand is: gaps longer than two intervals are
+	// idleness, not the spacing of bursts. The latest gap counts once
+	// another Observe follows it: the one that ends a key's demand (to a
+	// sync's charge just after the last request) is not its spacing.
+	k.gapCur = max(k.gapCur, k.gapLast)
+	k.gapLast = 0
+	if gap := now - k.lastReq; k.lastReq != 0 && gap <= 2*int64(r.cfg.Interval) {
+		k.gapLast = gap
+	}
+	k.tat, k.seen, k.lastReq = tat, now, now
 }
 
 func (r *Regional) key(rr *regRule, rule, identity string, now int64) *regKey {
 	kk := key{rule, identity}
 	k := r.keys[kk]
 	if k == nil {
-		k = &regKey{holder: NewHolder(rr.Rule, r.cfg.Regions, r.skew), p: rr.zero, seen: now, born: now}
+		k = &regKey{holder: NewHolder(rr.Rule, r.cfg.Regions, r.skew), p: rr.zero, seen: now, born: now, from: now,
+			slotAt: now, due: true}
 		r.keys[kk] = k
 		r.urgent = true
 	}
@@ -327,23 +373,21 @@ func rescale(tat bucket.TAT, now int64, from, to bucket.GCRA) bucket.TAT {
 	return bucket.TAT(now + int64(nd))
 }
 
-// Urgent reports whether a key was added since the last report: the shell
-// then reports soon rather than at its interval, since a new key holds no
-// lease and enforces its fallback until its first grant arrives.
+// Urgent reports whether a key was added (or a rule changed) since the
+// last report: the shell then calls ReportDue soon rather than at its next
+// tick, since a new key holds no lease and enforces its fallback until its
+// first grant arrives.
 func (r *Regional) Urgent() bool { return r.urgent }
+
+// Gap returns RegionalConfig.Gap: the least time between two reports, and
+// how often the shell should call ReportDue.
+func (r *Regional) Gap() time.Duration { return time.Duration(r.gap) }
 
 // Keys returns the number of keys tracked.
 func (r *Regional) Keys() int { return len(r.keys) }
 
-// Report builds the report of every tracked key that owns says this node
-// owns, at now, with the next sequence number; ok is false when there is
-// nothing to report. Keys this node no longer owns are dropped (their new
-// owner reports them; the lease is the region's). A key whose demand was 0
-// since the last report and whose share of 0 was acknowledged is dropped
-// too: the region has given it up.
-func (r *Regional) Report(now int64, owns func(identity string) bool) (Report, bool) {
-	since := r.last
-	r.last, r.urgent = now, false
+// sortedKeys returns the keys in (rule, identity) order.
+func (r *Regional) sortedKeys() []key {
 	keys := make([]key, 0, len(r.keys))
 	for kk := range r.keys {
 		keys = append(keys, kk)
@@ -351,38 +395,231 @@ func (r *Regional) Report(now int64, owns func(identity string) bool) (Report, b
 	slices.SortFunc(keys, func(a, b key) int {
 		return cmp.Or(cmp.Compare(a.rule, b.rule), cmp.Compare(a.identity, b.identity))
 	})
+	return keys
+}
+
+// Report builds the periodic report: every tracked key that owns says
+// this node owns, at now, with the next sequence number; ok is false when
+// there is nothing to report. Keys this node no longer owns are dropped
+// (their new owner reports them; the lease is the region's). A key whose
+// demand was 0 since the last report and whose share of 0 was acknowledged
+// is dropped too: the region has given it up.
+func (r *Regional) Report(now int64, owns func(identity string) bool) (Report, bool) {
+	return r.build(now, owns, false)
+}
+
+// ReportDue builds the report off cycle, of the keys whose demand or lease
+// changed materially, at now; ok is false when none did, or when the last
+// report (periodic or not) was built less than Gap ago. The shell calls it
+// about every Gap, and soon after Urgent. A key is due when:
+//
+//   - it is new (no report carried it yet), or its rule changed;
+//   - it accepted a grant smaller than the share it enforced: the report
+//     acknowledges it at once, so the leader can hand the difference on;
+//   - it is throttled (a rejection in the last two gaps) and the leader's
+//     last grant said at least 5 % of L more is pending (Grant.Pending):
+//     the report collects capacity as soon as another region frees it;
+//   - it is throttled and asked over its last slot for more than twice
+//     what its last report said, and at least 8 of the rule's largest
+//     costs: the leader learns of the new demand;
+//   - it had no request for a slot, or used at most a quarter of its share
+//     over its last slot (slots long enough that the share would have
+//     admitted at least 8 of the rule's largest costs): the region gives
+//     capacity back, capping itself at twice what it used (Holder.Cap;
+//     ReportItem.Capped) before the report leaves, so the leader can hand
+//     the rest on when the report arrives, without a grant and an
+//     acknowledgement travelling first.
+//
+// A slot lasts at least Gap and twice the longest time between two of the
+// key's requests over the last two intervals (two intervals for a key
+// younger than that): the pauses of bursty demand are not taken for a
+// fall. A key that changed is measured from the slot
+// that showed the change, so the demand it reports is the new one, not an
+// average with the old; other keys report at least their last demand.
+func (r *Regional) ReportDue(now int64, owns func(identity string) bool) (Report, bool) {
+	if r.last != 0 && now-r.last < r.gap {
+		return Report{}, false
+	}
+	return r.build(now, owns, true)
+}
+
+// build builds a report at now: of every key (periodic), or of the keys due
+// (off cycle).
+func (r *Regional) build(now int64, owns func(identity string) bool, offCycle bool) (Report, bool) {
 	rep := Report{Reporter: r.cfg.Reporter, Region: r.cfg.Region}
-	for _, kk := range keys {
+	seq := r.seq + 1
+	for _, kk := range r.sortedKeys() {
 		k := r.keys[kk]
 		if owns != nil && !owns(kk.identity) {
 			delete(r.keys, kk)
 			continue
 		}
 		rr := r.rules[kk.rule]
+		due := r.watch(rr, k, now, seq)
+		if !offCycle {
+			k.gapPrev, k.gapCur = k.gapCur, 0
+		}
+		if offCycle && !due {
+			continue
+		}
 		share, _, _ := k.holder.At(now)
-		if k.holder.Granted() && k.asked == 0 && share == 0 && k.acked == k.holder.Epoch() {
+		_, capped := k.holder.Capped()
+		if !offCycle && k.holder.Granted() && k.asked == 0 && share == 0 && k.acked == k.holder.Epoch() && !capped {
 			delete(r.keys, kk)
 			continue
 		}
-		d := demand(rr.Rule, k, share, max(now-max(since, k.born), int64(r.cfg.Interval)))
-		if ep := k.holder.Epoch(); ep != k.acked {
-			// The first acknowledgement of an epoch carries what the
-			// bucket owes then, at the new share; later ones the rest of
-			// that same debt (see Debt below).
-			p, _ := r.target(rr, k, now)
-			k.repaid = int64(rescale(k.tat, now, k.p.g, p.g))
-			k.acked = ep
-		}
-		rep.Items = append(rep.Items, ReportItem{Rule: kk.rule, Identity: kk.identity, Demand: d,
-			AckEpoch: k.acked, Debt: max(k.repaid-now, 0)})
-		k.asked, k.refused = 0, 0
+		rep.Items = append(rep.Items, r.item(rr, kk, k, now, seq, offCycle))
 	}
+	if offCycle && len(rep.Items) == 0 {
+		return Report{}, false
+	}
+	r.last, r.urgent = now, false
 	if len(rep.Items) == 0 {
 		return Report{}, false
 	}
-	r.seq++
-	rep.Seq = r.seq
+	r.seq = seq
+	rep.Seq = seq
 	return rep, true
+}
+
+// watch closes k's demand slot when it is long enough and says whether k
+// is due off cycle (see ReportDue); seq is the report being built, the one
+// that carries a cap set here first.
+func (r *Regional) watch(rr *regRule, k *regKey, now int64, seq uint64) bool {
+	due := k.due || !k.reported
+	if now-k.refusedAt < 2*r.gap && k.pending > 0 && 20*k.pending >= rr.Limit {
+		// Throttled, and the leader has more for it (at least 5 % of
+		// L, not a token of rounding) once another region frees it:
+		// ask at every gap.
+		due = true
+	}
+	// A slot spans at least a gap and twice the longest spacing of the
+	// key's requests lately, so the pauses of bursty demand are not
+	// taken for a fall of demand, nor its bursts for a rise.
+	need := max(r.gap, 2*max(k.gapCur, k.gapPrev))
+	// To give back, a key too young to know its spacing needs a pause
+	// of two intervals: a shorter one may be a bursty key's.
+	needBack := need
+	if now-k.born < 2*int64(r.cfg.Interval) {
+		needBack = max(need, 2*int64(r.cfg.Interval))
+	}
+	share, _, fallback := k.holder.At(now)
+	w := int64(rr.Window)
+	// Enough tokens at the share over d to judge its use.
+	enough := func(d int64) bool { return float64(share)*float64(d)/float64(w) >= float64(8*rr.MaxCost) }
+	if idle := now - k.lastReq; k.reported && !fallback && share > 0 && idle >= needBack && enough(idle) {
+		// No request for that long: the demand stopped here (moved
+		// away), whatever the slot's start still holds.
+		k.slotAt, k.slotAsked, k.slotRefused = k.lastReq, 0, 0
+		return r.giveBack(rr, k, now, seq, 0) || due
+	}
+	period := now - k.slotAt
+	if period < need {
+		return due
+	}
+	// Tokens the slot's demand comes to per window.
+	used := ceilScale(k.slotAsked, w, period)
+	closed := true
+	switch {
+	case k.slotRefused > 0:
+		if k.reported && used > 2*k.demand && k.slotAsked >= 8*rr.MaxCost {
+			due = true
+			k.restart()
+		}
+	case fallback || share <= 0:
+	case !enough(period) && period < max(need, int64(r.cfg.Interval)):
+		// Too few tokens at the share to judge yet: watch longer.
+		closed = false
+	case 4*used <= share && k.reported && period >= needBack:
+		due = r.giveBack(rr, k, now, seq, 2*used) || due
+	}
+	if closed {
+		k.slotAt, k.slotAsked, k.slotRefused = now, 0, 0
+	}
+	return due
+}
+
+// giveBack caps k at c (tokens per window) for the report seq being built,
+// when that is below the share it enforces, and reports whether it did.
+func (r *Regional) giveBack(rr *regRule, k *regKey, now int64, seq uint64, c int64) bool {
+	share, _, _ := k.holder.At(now)
+	if c >= share {
+		return false
+	}
+	k.holder.Cap(c, burst(rr.Rule, c))
+	k.capSeq = seq
+	// What the bucket owes at the cap is repaid before the leader hands
+	// the rest on.
+	p, _ := r.target(rr, k, now)
+	k.repaid = max(k.repaid, outOfDebt(rescale(k.tat, now, k.p.g, p.g), p.g))
+	k.restart()
+	return true
+}
+
+// restart measures k's demand from its current slot on: its demand
+// changed, and an average with the old one would hide it.
+func (k *regKey) restart() {
+	k.asked, k.refused, k.from = k.slotAsked, k.slotRefused, k.slotAt
+	k.changed = true
+}
+
+// item is k's report item at now; it starts k's next measurement.
+func (r *Regional) item(rr *regRule, kk key, k *regKey, now int64, seq uint64, offCycle bool) ReportItem {
+	share, _, _ := k.holder.At(now)
+	// A key's first report measures over at least a whole interval, so
+	// its first few requests are not taken for a burst; later ones over
+	// at least a slot.
+	least := r.gap
+	if !k.reported {
+		least = int64(r.cfg.Interval)
+	}
+	d := demand(rr.Rule, k, share, max(now-k.from, least))
+	// Off cycle, a key whose demand did not change (an acknowledgement, or
+	// a throttled key asking for pending capacity) measures over a period
+	// that may be too short for its demand (the pause between two bursts):
+	// it reports at least its last demand, and keeps measuring toward the
+	// next report. A change (changed, from watch) reports the new demand.
+	keep := offCycle && k.reported && !k.changed
+	if keep {
+		d = max(d, k.demand)
+	}
+	if ep := k.holder.Epoch(); ep != k.acked {
+		// The first acknowledgement of an epoch carries what the
+		// bucket owes then, at the new share; later ones the rest of
+		// that same debt (see Debt below).
+		p, _ := r.target(rr, k, now)
+		k.repaid = outOfDebt(rescale(k.tat, now, k.p.g, p.g), p.g)
+		k.acked = ep
+	}
+	it := ReportItem{Rule: kk.rule, Identity: kk.identity, Demand: d, AckEpoch: k.acked, Debt: max(k.repaid-now, 0)}
+	if c, ok := k.holder.Capped(); ok && k.capSeq == seq {
+		// Only the report that sets a cap carries it (see
+		// ReportItem.Capped).
+		it.Capped, it.Cap = true, c
+	}
+	if !keep {
+		k.asked, k.refused, k.from = 0, 0, now
+	}
+	k.reported, k.due, k.changed, k.demand = true, false, false, d
+	return it
+}
+
+// outOfDebt is when a bucket at g with TAT tat holds no debt any more (0
+// tokens or more): its burst's worth before it is full again.
+func outOfDebt(tat bucket.TAT, g bucket.GCRA) int64 {
+	return int64(tat) - g.Burst()*int64(g.Interval())
+}
+
+// ceilScale is x tokens over period ns as tokens per window w, rounded up.
+func ceilScale(x, w, period int64) int64 {
+	if x == 0 {
+		return 0
+	}
+	v := float64(x) * float64(w) / float64(period)
+	if v >= float64(math.MaxInt64/2) {
+		return math.MaxInt64 / 2
+	}
+	return int64(math.Ceil(v))
 }
 
 // demand is a key's demand, tokens per window: what it was asked over the
@@ -390,31 +627,48 @@ func (r *Regional) Report(now int64, owns func(identity string) bool) (Report, b
 // was throttled (see the file comment).
 func demand(rule Rule, k *regKey, share, period int64) int64 {
 	w := int64(rule.Window)
-	scale := func(x int64) int64 {
-		if x == 0 {
-			return 0
-		}
-		v := float64(x) * float64(w) / float64(period)
-		if v >= float64(math.MaxInt64/2) {
-			return math.MaxInt64 / 2
-		}
-		return int64(math.Ceil(v))
-	}
-	d := scale(k.asked)
+	d := ceilScale(k.asked, w, period)
 	if k.refused > 0 {
-		d = max(d, share+scale(k.refused), (3*share+1)/2)
+		d = max(d, share+ceilScale(k.refused, w, period), (3*share+1)/2)
 	}
 	return d
 }
 
-// Accept takes the grants that answer rep, sent at sentAt (this node's
-// clock, before the first attempt), and returns how many a Holder took.
-// Grants for keys no longer tracked are ignored, and so are older epochs
-// (the Holder's fencing).
-func (r *Regional) Accept(sentAt int64, res Result) (accepted int) {
+// Accept takes the grants that answer the report numbered seq, sent at
+// sentAt (this node's clock, before the first attempt), and returns how
+// many a Holder took. Grants for keys no longer tracked are ignored, and so
+// are older epochs (the Holder's fencing). A grant that answers the report
+// that carried a key's cap, or a later one, lifts the cap: the leader made
+// it knowing of the cap. A grant smaller than the share the key enforced
+// by at least an eighth makes the key due off cycle (ReportDue acknowledges
+// it at once), at most once an interval.
+func (r *Regional) Accept(seq uint64, sentAt int64, res Result) (accepted int) {
 	for _, g := range res.Grants {
-		if k := r.keys[key{g.Rule, g.Identity}]; k != nil && k.holder.Accept(sentAt, g) {
-			accepted++
+		k := r.keys[key{g.Rule, g.Identity}]
+		rr := r.rules[g.Rule]
+		if k == nil || rr == nil {
+			continue
+		}
+		was, _, _ := k.holder.At(sentAt)
+		wasEpoch := k.holder.Epoch()
+		if g.Epoch >= wasEpoch {
+			// Also a grant of no lease yet (epoch 0): the capacity the
+			// key waits for may be pending.
+			k.pending = g.Pending
+		}
+		if !k.holder.Accept(sentAt, g) {
+			continue
+		}
+		accepted++
+		if _, capped := k.holder.Capped(); capped && seq >= k.capSeq {
+			k.holder.Uncap()
+		}
+		if wasEpoch != 0 && g.Epoch != wasEpoch && 8*(was-g.Share) >= max(was, 8*rr.MaxCost) && sentAt >= k.ackNext {
+			// A material shrink (an eighth of the share, at least the
+			// largest cost), acknowledged off cycle at most once an
+			// interval: the shrinks the noise of other regions' demand
+			// makes wait for the periodic report.
+			k.due, k.ackNext = true, sentAt+int64(r.cfg.Interval)
 		}
 	}
 	return accepted

@@ -62,7 +62,7 @@ func TestRegionalDemand(t *testing.T) {
 	}
 	// Throttled: a share of 200 granted, 40 asked over 1s of which 10 were
 	// rejected: max(400, 200 + 100, 300) = 400.
-	r.Accept(2*sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 200, Burst: 20, Lifetime: 10 * sec}}})
+	r.Accept(0, 2*sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 200, Burst: 20, Lifetime: 10 * sec}}})
 	for i := range 40 {
 		r.Observe(2*sec, "g", "x", 1, i >= 10, tat)
 	}
@@ -93,7 +93,7 @@ func TestRegionalFallbacks(t *testing.T) {
 		if _, m, ok := r.Share(0, "g", "x", &tat); !ok || m != c.want {
 			t.Fatalf("fallback %d before a grant: mode %d, want %d", c.fb, m, c.want)
 		}
-		r.Accept(0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 800, Burst: 80, Lifetime: 10 * sec}}})
+		r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 800, Burst: 80, Lifetime: 10 * sec}}})
 		g, m, _ := r.Share(sec, "g", "x", &tat)
 		if m != ModeEnforce || g.Burst() != 80 || g.Interval() != 10*time.Second/800 {
 			t.Fatalf("under lease: mode %d burst %d interval %v", m, g.Burst(), g.Interval())
@@ -150,7 +150,7 @@ func TestRegionalDrops(t *testing.T) {
 		t.Fatalf("items %+v keys %d: a moved key was reported or kept", rep.Items, r.Keys())
 	}
 	// Given up: demand 0, a share of 0 granted and acknowledged.
-	r.Accept(sec, Result{Grants: []Grant{{Rule: "g", Identity: "mine", Epoch: 7, Share: 0, Lifetime: 10 * sec}}})
+	r.Accept(0, sec, Result{Grants: []Grant{{Rule: "g", Identity: "mine", Epoch: 7, Share: 0, Lifetime: 10 * sec}}})
 	rep, _ = r.Report(2*sec, nil)
 	if len(rep.Items) != 1 || rep.Items[0].AckEpoch != 7 {
 		t.Fatalf("the zero share was not acknowledged: %+v", rep.Items)
@@ -192,7 +192,7 @@ func TestRegionalWithMachine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.Accept(now, res)
+			r.Accept(rep.Seq, now, res)
 		}
 		if err := m.Check(); err != nil {
 			t.Fatal(err)
@@ -219,17 +219,18 @@ func TestRegionalWithMachine(t *testing.T) {
 }
 
 // TestRegionalDebt: the first acknowledgement of an epoch carries the
-// bucket's debt then; later ones what is left of it, however throttled the
+// bucket's debt then (how long until it holds no debt); later ones what is left of it, however throttled the
 // bucket still is.
 func TestRegionalDebt(t *testing.T) {
 	r := newTestRegional(t, "eu", FallbackShare)
 	var tat bucket.TAT
 	r.Share(0, "g", "x", &tat)
-	r.Accept(0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 100, Burst: 10, Lifetime: 10 * sec}}})
+	r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 100, Burst: 10, Lifetime: 10 * sec}}})
 	g, _, _ := r.Share(sec, "g", "x", &tat)
 	for range 10 {
-		g.Step(&tat, sec, 1) // spent out: a full bucket is 1s away
+		g.Step(&tat, sec, 1) // spent out
 	}
+	g.Charge(&tat, sec, 10) // and 10 tokens in debt: out of it 1s away
 	r.Observe(sec, "g", "x", 1, false, tat)
 	rep, _ := r.Report(sec, nil)
 	if it := rep.Items[0]; it.AckEpoch != 1 || it.Debt != sec {
@@ -253,7 +254,7 @@ func TestRegionalRuleChange(t *testing.T) {
 	var tat bucket.TAT
 	r.Share(0, "g", "x", &tat)
 	r.Report(sec, nil)
-	r.Accept(sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 700, Burst: 70, Lifetime: 10 * sec}}})
+	r.Accept(0, sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 700, Burst: 70, Lifetime: 10 * sec}}})
 	lowered := Rule{ID: "g", Limit: 400, Window: 10 * time.Second, Burst: 100, MaxCost: 1}
 	if err := r.SetRules([]RegionalRule{{Rule: lowered, Fallback: FallbackShare}}); err != nil {
 		t.Fatal(err)
@@ -337,7 +338,7 @@ func TestRegionalWindowChangeWithMachine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.Accept(now, res)
+		r.Accept(rep.Seq, now, res)
 		if err := m.Check(); err != nil {
 			t.Fatal(err)
 		}
@@ -383,10 +384,10 @@ func TestRegionalLease(t *testing.T) {
 	}
 	res := Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 2, Share: 300, Burst: 30, Lifetime: 10 * sec},
 		{Rule: "g", Identity: "untracked", Epoch: 2, Share: 300, Burst: 30, Lifetime: 10 * sec}}}
-	if n := r.Accept(sec, res); n != 1 {
+	if n := r.Accept(0, sec, res); n != 1 {
 		t.Fatalf("accepted %d grants, want 1 (the untracked key's is ignored)", n)
 	}
-	if n := r.Accept(sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 900, Burst: 90, Lifetime: 10 * sec}}}); n != 0 {
+	if n := r.Accept(0, sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 900, Burst: 90, Lifetime: 10 * sec}}}); n != 0 {
 		t.Fatalf("an older epoch was accepted (%d)", n)
 	}
 	if share, burst, fb, _ := r.Lease(2*sec, "g", "x"); share != 300 || burst != 30 || fb {
@@ -396,5 +397,143 @@ func TestRegionalLease(t *testing.T) {
 	// min(safe 500, last 300) from 10.9s on.
 	if share, _, fb, _ := r.Lease(11*sec, "g", "x"); share != 300 || !fb {
 		t.Fatalf("after the lease: %d fallback %v, want 300 true", share, fb)
+	}
+}
+
+// TestRegionalGivesBack: when a key's demand stops, ReportDue gives its
+// share back within a few gaps: the key caps itself at 0 before the report
+// leaves (so it enforces 0 at once), only that report carries the cap, and
+// the leader hands the capacity to the region that asked for it at that
+// region's next report off cycle, which its pending capacity makes due.
+// A report off cycle waits for the gap after the last report.
+func TestRegionalGivesBack(t *testing.T) {
+	m, err := NewMachine(Config{Regions: []string{"eu", "us"}, LeaseDuration: 10 * time.Second, MaxSkew: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{ID: "g", Limit: 1000, Window: 10 * time.Second, Burst: 100, MaxCost: 1}
+	if _, err := m.Apply(Command{Now: 1, Rules: []Rule{rule}}); err != nil {
+		t.Fatal(err)
+	}
+	eu, us := newTestRegional(t, "eu", FallbackShare), newTestRegional(t, "us", FallbackShare)
+	var euTAT, usTAT bucket.TAT
+	ask := func(r *Regional, tat *bucket.TAT, now int64) {
+		g, mode, _ := r.Share(now, "g", "x", tat)
+		allowed := mode == ModeEnforce && g.Step(tat, now, 1).Allowed
+		r.Observe(now, "g", "x", 1, allowed, *tat)
+	}
+	send := func(r *Regional, now int64, rep Report) Grant {
+		t.Helper()
+		res, err := m.Apply(Command{Now: now, Report: &rep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Check(); err != nil {
+			t.Fatal(err)
+		}
+		r.Accept(rep.Seq, now, res)
+		return res.Grants[0]
+	}
+	const ms = int64(time.Millisecond)
+	// eu asks 100/s (1000 per window) for two seconds and holds L.
+	for now := int64(0); now < 2*sec; now += 10 * ms {
+		ask(eu, &euTAT, now)
+		if now%sec == 0 {
+			if rep, ok := eu.Report(now, nil); ok {
+				send(eu, now, rep)
+			}
+		}
+	}
+	if share, _, _, _ := eu.Lease(2*sec, "g", "x"); share != 1000 {
+		t.Fatalf("eu holds %d, want 1000", share)
+	}
+	// Its demand moves to us.
+	ask(us, &usTAT, 2*sec)
+	rep, ok := us.ReportDue(2*sec+10*ms, nil)
+	if !ok || len(rep.Items) != 1 {
+		t.Fatalf("us's new key: no report off cycle (%v, %+v)", ok, rep)
+	}
+	if g := send(us, 2*sec+10*ms, rep); g.Share != 0 || g.Pending == 0 {
+		t.Fatalf("us while eu holds L: %+v, want nothing yet and capacity pending", g)
+	}
+	var capped Report
+	for now := 2*sec + 10*ms; now < 2*sec+450*ms; now += 10 * ms {
+		ask(us, &usTAT, now)
+		if now%(100*ms) != 0 || len(capped.Items) > 0 {
+			continue
+		}
+		if rep, ok := eu.ReportDue(now, nil); ok {
+			capped = rep
+			if share, _, _, _ := eu.Lease(now, "g", "x"); share != 0 {
+				t.Fatalf("eu enforces %d after giving its share back, want 0", share)
+			}
+			send(eu, now, rep)
+		}
+	}
+	if len(capped.Items) != 1 || !capped.Items[0].Capped || capped.Items[0].Cap != 0 {
+		t.Fatalf("eu did not give its share back off cycle: %+v", capped)
+	}
+	if _, ok := eu.ReportDue(2*sec+450*ms, nil); ok {
+		t.Fatal("a report off cycle with nothing due")
+	}
+	if rep, _ := eu.Report(3*sec, nil); len(rep.Items) == 1 && rep.Items[0].Capped {
+		t.Fatalf("a report after the one that set the cap carries it: %+v", rep.Items[0])
+	}
+	rep, ok = us.ReportDue(2*sec+500*ms, nil)
+	if !ok {
+		t.Fatal("us, throttled with capacity pending, did not ask again")
+	}
+	if g := send(us, 2*sec+500*ms, rep); g.Share < 800 {
+		t.Fatalf("us after eu gave back: %+v, want about L", g)
+	}
+}
+
+// TestRegionalBurstyKeepsShare: a key that asks a second's worth at once,
+// once a second, is not taken for one whose demand stopped in the pauses
+// between its bursts: it never gives its share back.
+func TestRegionalBurstyKeepsShare(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	const ms = int64(time.Millisecond)
+	r.Share(0, "g", "x", &tat)
+	r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 500, Burst: 50, Lifetime: 100 * sec}}})
+	for now := int64(0); now < 10*sec; now += 100 * ms {
+		if now%sec == 0 {
+			for range 50 {
+				g, _, _ := r.Share(now, "g", "x", &tat)
+				r.Observe(now, "g", "x", 1, g.Step(&tat, now, 1).Allowed, tat)
+			}
+		}
+		var rep Report
+		if now%sec == 500*ms {
+			rep, _ = r.Report(now, nil)
+		} else {
+			rep, _ = r.ReportDue(now, nil)
+		}
+		for _, it := range rep.Items {
+			if it.Capped {
+				t.Fatalf("at %v: a bursty key gave its share back: %+v", time.Duration(now), it)
+			}
+		}
+	}
+}
+
+// TestRegionalAcksAtOnce: a grant smaller than the share enforced makes the
+// key due off cycle, acknowledging the new epoch; a larger one does not.
+func TestRegionalAcksAtOnce(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	r.Share(0, "g", "x", &tat)
+	r.Observe(0, "g", "x", 1, true, tat)
+	r.Report(0, nil)
+	r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 300, Burst: 30, Lifetime: 10 * sec}}})
+	r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 2, Share: 800, Burst: 80, Lifetime: 10 * sec}}})
+	if rep, ok := r.ReportDue(sec/5, nil); ok {
+		t.Fatalf("due after a larger grant: %+v", rep)
+	}
+	r.Accept(0, 0, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 3, Share: 200, Burst: 20, Lifetime: 10 * sec}}})
+	rep, ok := r.ReportDue(sec/5+1, nil)
+	if !ok || len(rep.Items) != 1 || rep.Items[0].AckEpoch != 3 {
+		t.Fatalf("a smaller grant not acknowledged at once: %v %+v", ok, rep)
 	}
 }

@@ -317,7 +317,7 @@ func summarize(w io.Writer, f *fleet, clients []*client, rules []quota.Rule, s *
 			}
 			exp := reference(c.records(), globalPhase)
 			fmt.Fprintf(w, "the partner was admitted %d, %.0f %% of the reference's %d: Σ shares averaged %.0f %% of L, since a region's share grows only as its\n"+
-				"reports show demand and capacity moves on only once the region that gives it up has acknowledged or its lease expired (docs/global.md)\n",
+				"reports show demand, and a gradual fall of a region's demand moves its capacity on at its periodic reports, not off cycle (docs/global.md)\n",
 				c.admitted.Load(), 100*float64(c.admitted.Load())/float64(max(exp, 1)), exp, 100*sum/float64(len(samples))/float64(global.Limit))
 		}
 	} else {

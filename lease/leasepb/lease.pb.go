@@ -521,12 +521,16 @@ func (x *Report) GetItems() []*ReportItem {
 
 // ReportItem is lease.ReportItem. debt is ns, <= 0 when the bucket is full.
 type ReportItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
-	Demand        int64                  `protobuf:"varint,3,opt,name=demand,proto3" json:"demand,omitempty"`
-	AckEpoch      uint64                 `protobuf:"varint,4,opt,name=ack_epoch,json=ackEpoch,proto3" json:"ack_epoch,omitempty"`
-	Debt          int64                  `protobuf:"zigzag64,5,opt,name=debt,proto3" json:"debt,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Rule     string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
+	Demand   int64                  `protobuf:"varint,3,opt,name=demand,proto3" json:"demand,omitempty"`
+	AckEpoch uint64                 `protobuf:"varint,4,opt,name=ack_epoch,json=ackEpoch,proto3" json:"ack_epoch,omitempty"`
+	Debt     int64                  `protobuf:"zigzag64,5,opt,name=debt,proto3" json:"debt,omitempty"`
+	// capped: the region gives capacity back, enforcing at most cap
+	// (tokens per window) from when it sent the report.
+	Capped        bool  `protobuf:"varint,6,opt,name=capped,proto3" json:"capped,omitempty"`
+	Cap           int64 `protobuf:"varint,7,opt,name=cap,proto3" json:"cap,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -592,6 +596,20 @@ func (x *ReportItem) GetAckEpoch() uint64 {
 func (x *ReportItem) GetDebt() int64 {
 	if x != nil {
 		return x.Debt
+	}
+	return 0
+}
+
+func (x *ReportItem) GetCapped() bool {
+	if x != nil {
+		return x.Capped
+	}
+	return false
+}
+
+func (x *ReportItem) GetCap() int64 {
+	if x != nil {
+		return x.Cap
 	}
 	return 0
 }
@@ -761,14 +779,16 @@ const file_lease_proto_rawDesc = "" +
 	"\breporter\x18\x01 \x01(\tR\breporter\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12/\n" +
-	"\x05items\x18\x04 \x03(\v2\x19.weir.lease.v1.ReportItemR\x05items\"\x85\x01\n" +
+	"\x05items\x18\x04 \x03(\v2\x19.weir.lease.v1.ReportItemR\x05items\"\xaf\x01\n" +
 	"\n" +
 	"ReportItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x16\n" +
 	"\x06demand\x18\x03 \x01(\x03R\x06demand\x12\x1b\n" +
 	"\tack_epoch\x18\x04 \x01(\x04R\backEpoch\x12\x12\n" +
-	"\x04debt\x18\x05 \x01(\x12R\x04debt\"4\n" +
+	"\x04debt\x18\x05 \x01(\x12R\x04debt\x12\x16\n" +
+	"\x06capped\x18\x06 \x01(\bR\x06capped\x12\x10\n" +
+	"\x03cap\x18\a \x01(\x03R\x03cap\"4\n" +
 	"\aRuleSet\x12)\n" +
 	"\x05rules\x18\x01 \x03(\v2\x13.weir.lease.v1.RuleR\x05rules\"u\n" +
 	"\x04Rule\x12\x0e\n" +

@@ -34,7 +34,7 @@ func resultToPB(r lease.Result) *grouppb.Result {
 	pr := &grouppb.Result{Grants: make([]*grouppb.Grant, len(r.Grants))}
 	for i, g := range r.Grants {
 		pr.Grants[i] = &grouppb.Grant{Rule: g.Rule, Identity: []byte(g.Identity), Epoch: g.Epoch, Share: g.Share,
-			Burst: g.Burst, Lifetime: g.Lifetime}
+			Burst: g.Burst, Lifetime: g.Lifetime, Pending: g.Pending}
 	}
 	return pr
 }
@@ -50,7 +50,7 @@ func resultFromPB(pr *grouppb.Result) (lease.Result, error) {
 			return lease.Result{}, fmt.Errorf("grant %d is missing", i)
 		}
 		r.Grants = append(r.Grants, lease.Grant{Rule: g.GetRule(), Identity: string(g.GetIdentity()), Epoch: g.GetEpoch(),
-			Share: g.GetShare(), Burst: g.GetBurst(), Lifetime: g.GetLifetime()})
+			Share: g.GetShare(), Burst: g.GetBurst(), Lifetime: g.GetLifetime(), Pending: g.GetPending()})
 	}
 	return r, nil
 }

@@ -61,7 +61,7 @@ type Shift struct {
 // Config is one simulated run of a global rule across Regions regions.
 // Zero durations take the defaults documented on each field.
 type Config struct {
-	// Regions is the number of regions, r0 ... r{Regions-1} (2 to 9).
+	// Regions is the number of regions, r0 ... r{Regions-1} (2 to 24).
 	Regions int
 	// The global rule: Limit tokens per Window, global burst Burst (0:
 	// Limit ÷ 10, at least Regions × Cost), Cost per request (0: 1), and
@@ -115,6 +115,9 @@ type Config struct {
 	Duration, Warmup, Sample time.Duration
 	// Seed names the run: the same Config prints the same bytes.
 	Seed uint64
+	// Breakdown measures where the capacity is over time (see
+	// breakdown.go) and prints it after the summary.
+	Breakdown bool
 
 	// probe, for tests, is called at every sample with the time since the
 	// start and, in each region, identity 0's share and whether it enforces
@@ -176,8 +179,8 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
-	case c.Regions < 2 || c.Regions > 9:
-		return fmt.Errorf("regions %d: want 2 to 9", c.Regions)
+	case c.Regions < 2 || c.Regions > 24:
+		return fmt.Errorf("regions %d: want 2 to 24", c.Regions)
 	case c.Limit < 1:
 		return fmt.Errorf("limit %d: want at least 1", c.Limit)
 	case c.Window <= 0:
@@ -242,6 +245,9 @@ func (c Config) Flags() string {
 		fmt.Fprintf(&b, " -doorman-clients %d", d.DoormanClients)
 	}
 	fmt.Fprintf(&b, " -fallback %s -faults '%s' -duration %v -warmup %v -sample %v -seed %d", d.Fallback, FormatFaults(d.Faults), d.Duration, d.Warmup, d.Sample, d.Seed)
+	if d.Breakdown {
+		b.WriteString(" -breakdown")
+	}
 	return b.String()
 }
 

@@ -242,3 +242,26 @@ func mustFaults(t *testing.T, s string) []Fault {
 	}
 	return f
 }
+
+// TestTwentyRegions: twenty regions with cross-region latencies from 20 to
+// 150 ms keep every check, serve at least 95 % of min(demand, L) under
+// moving and Poisson demand, and follow a shift within a second (median).
+func TestTwentyRegions(t *testing.T) {
+	lat, err := ParseLatency("uniform:20ms:150ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{DemandMove, DemandPoisson} {
+		res, err := Run(Config{Regions: 20, Limit: 2000, Demand: d, Latency: lat, Duration: 30 * time.Second, Skew: 200 * time.Millisecond, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.OK() {
+			t.Fatalf("%s: %s", res.Config.Flags(), strings.Join(res.Violations, "\n"))
+		}
+		med, _ := res.FollowStats()
+		if res.FillMean < 0.95 || med > time.Second {
+			t.Errorf("%s: served %.2f%% of min(demand, L), followed in a median of %v", d, 100*res.FillMean, med)
+		}
+	}
+}

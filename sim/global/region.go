@@ -159,32 +159,47 @@ func (g *region) charge(id int) {
 }
 
 // kick schedules an early report when Regional has a new identity to
-// report, as the gateway's report loop does: at once, but no sooner than a
-// tenth of the refresh interval after the last report.
+// report, as the gateway's report loop does: at once, but no sooner than
+// Regional's gap after the last report.
 func (g *region) kick() {
 	if g.kicked || !g.reg.Urgent() {
 		return
 	}
 	g.kicked = true
-	gap := int64(g.r.cfg.Refresh) / 10
+	gap := int64(g.reg.Gap())
 	g.r.s.After(max(g.lastRep+gap-g.r.s.Now(), 0), &urgentReport{g: g})
 }
 
 // report charges the slack spend, then sends Regional's report (demand per
-// identity, the newest epoch enforced and its debt) and arms its retry.
-func (g *region) report() {
+// identity, the newest epoch enforced and its debt, a cap given back): the
+// periodic one, or the report off cycle of the keys due (ReportDue); it
+// arms the report's retry.
+func (g *region) report(offCycle bool) {
 	r := g.r
 	for id := range r.ids {
 		g.look(id)
 		g.charge(id)
 	}
-	g.lastRep = r.s.Now()
-	rep, ok := g.reg.Report(g.now(), nil)
+	var rep lease.Report
+	var ok bool
+	if offCycle {
+		rep, ok = g.reg.ReportDue(g.now(), nil)
+	} else {
+		rep, ok = g.reg.Report(g.now(), nil)
+	}
 	if !ok {
 		return
 	}
+	g.lastRep = r.s.Now()
+	// A cap set for the report lowers what the region enforces now.
+	for id := range r.ids {
+		g.look(id)
+	}
 	g.seq = rep.Seq
 	r.res.Reports++
+	if offCycle {
+		r.res.OffCycle++
+	}
 	g.send(rep)
 	r.s.After(int64(r.cfg.Refresh)/2, &retry{g: g, rep: rep})
 }
@@ -198,7 +213,7 @@ func (g *region) send(rep lease.Report) {
 func (g *region) onReply(sentAt int64, seq uint64, grants []lease.Grant) {
 	r := g.r
 	g.replied = max(g.replied, seq)
-	r.res.Grants += g.reg.Accept(sentAt, lease.Result{Grants: grants})
+	r.res.Grants += g.reg.Accept(seq, sentAt, lease.Result{Grants: grants})
 	for _, gr := range grants {
 		if id, ok := r.idx[gr.Identity]; ok {
 			g.look(id)
@@ -210,7 +225,7 @@ func (g *region) onReply(sentAt int64, seq uint64, grants []lease.Grant) {
 type reportTick struct{ g *region }
 
 func (e *reportTick) Fire(s *engine.Sim) {
-	e.g.report()
+	e.g.report(false)
 	s.After(int64(e.g.r.cfg.Refresh), e)
 }
 
@@ -218,7 +233,21 @@ type urgentReport struct{ g *region }
 
 func (e *urgentReport) Fire(*engine.Sim) {
 	e.g.kicked = false
-	e.g.report()
+	e.g.report(true)
+}
+
+// pollTick asks Regional for a report off cycle a gap after the last
+// report and every gap after that, as the gateway's report loop does.
+type pollTick struct{ g *region }
+
+func (e *pollTick) Fire(s *engine.Sim) {
+	gap := int64(e.g.reg.Gap())
+	if wait := e.g.lastRep + gap - s.Now(); wait > 0 {
+		s.After(wait, e)
+		return
+	}
+	e.g.report(true)
+	s.After(gap, e)
 }
 
 type syncTick struct{ g *region }

@@ -49,11 +49,19 @@ type Result struct {
 	Follow                                  []time.Duration
 	NotFollowed, Superseded, ShiftsInFaults int
 
+	// Intervals and SinceShift are the capacity breakdown (Config.Breakdown)
+	// per interval between demand shifts and by time since a shift, over
+	// BreakdownShifts shifts after the warm-up and outside faults.
+	Intervals, SinceShift []BreakdownRow
+	BreakdownShifts       int
+
 	// Protocol counts.
-	Reports, Retries, Grants, Applies, Takeovers, LostAtLeader int
-	LeaderCrashes, Partitions, Spikes, Elections, Outages      int
-	Sent, Lost, Cut                                            uint64
-	Events                                                     uint64
+	// OffCycle counts the reports sent off cycle (Regional.ReportDue),
+	// of Reports.
+	Reports, OffCycle, Retries, Grants, Applies, Takeovers, LostAtLeader int
+	LeaderCrashes, Partitions, Spikes, Elections, Outages                int
+	Sent, Lost, Cut                                                      uint64
+	Events                                                               uint64
 
 	// Violations describe the first broken checks (invariant, Check, the
 	// envelope); ViolationCount counts them all.
@@ -92,13 +100,14 @@ func (r *Result) Summary(w io.Writer) {
 	fmt.Fprintf(tw, "capacity follows demand: shifts measured, median / worst\t%d, %v / %v\t(%d not reached, %d superseded, %d in faults)\n", len(r.Follow), med, worst, r.NotFollowed, r.Superseded, r.ShiftsInFaults)
 	fmt.Fprintf(tw, "tokens requested / admitted / via slack / open in fallback\t%d / %d / %d / %d\t\n", r.Requested, r.Admitted, r.SlackAdmitted, r.Degraded)
 	fmt.Fprintf(tw, "decisions in fallback, falls back to a smaller share\t%d, %d\t\n", r.FallbackDecisions, r.Fallbacks)
-	fmt.Fprintf(tw, "reports / retries / grants / applies\t%d / %d / %d / %d\t\n", r.Reports, r.Retries, r.Grants, r.Applies)
+	fmt.Fprintf(tw, "reports (off cycle) / retries / grants / applies\t%d (%d) / %d / %d / %d\t\n", r.Reports, r.OffCycle, r.Retries, r.Grants, r.Applies)
 	fmt.Fprintf(tw, "leader crashes / takeovers / partitions\t%d / %d / %d\t\n", r.LeaderCrashes, r.Takeovers, r.Partitions)
 	if c.Demand == DemandDoorman {
 		fmt.Fprintf(tw, "Doorman mishaps: spikes / elections / outages\t%d / %d / %d\t\n", r.Spikes, r.Elections, r.Outages)
 	}
 	fmt.Fprintf(tw, "messages sent / lost / cut, events\t%d / %d / %d, %d\t\n", r.Sent, r.Lost, r.Cut, r.Events)
 	tw.Flush()
+	r.writeBreakdown(w)
 	if r.OK() {
 		fmt.Fprintf(w, "\nok: the invariant held at every event, Check after every Apply, and the envelope over every interval\n")
 		return

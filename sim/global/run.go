@@ -49,6 +49,7 @@ type run struct {
 	baseLoss   float64
 	shareSum   float64
 	shareN     int
+	bd         *breakdown // nil unless Config.Breakdown
 }
 
 // Run simulates cfg and returns what it measured.
@@ -105,6 +106,9 @@ func Run(cfg Config) (*Result, error) {
 		}
 		r.regions = append(r.regions, g)
 	}
+	if cfg.Breakdown {
+		r.bd = newBreakdown(r)
+	}
 	r.leader, r.leaderUp, r.leaderOff = R, true, skew()
 	if _, err := m.Apply(lease.Command{Now: r.s.Now() + r.leaderOff, Takeover: true}); err != nil {
 		return nil, err
@@ -116,6 +120,7 @@ func Run(cfg Config) (*Result, error) {
 	for _, g := range r.regions {
 		r.s.After(rng.Int64N(int64(cfg.Refresh)), &reportTick{g: g})
 		r.s.After(rng.Int64N(int64(cfg.Sync)), &syncTick{g: g})
+		r.s.After(rng.Int64N(int64(g.reg.Gap())), &pollTick{g: g})
 	}
 	r.s.After(int64(cfg.Tick), &leaderTick{r: r})
 	r.s.After(int64(cfg.Sample), &sampleTick{r: r})
@@ -124,6 +129,9 @@ func Run(cfg Config) (*Result, error) {
 
 	for r.s.Step(r.end) {
 		r.checkInvariant()
+		if r.bd != nil {
+			r.bd.observe(r)
+		}
 	}
 	r.s.Run(r.end)
 	r.finish()
@@ -404,6 +412,9 @@ const followFraction = 0.95
 // after one) are not measured: there is no lower bound then.
 func (r *run) shifted(id int) {
 	now := r.s.Now()
+	if r.bd != nil {
+		r.bd.shift(r, id, now)
+	}
 	r.pending = slices.DeleteFunc(r.pending, func(f follow) bool {
 		if f.id == id {
 			r.res.Superseded++
@@ -466,6 +477,10 @@ func (r *run) finish() {
 		res.SharesMean = r.shareSum / float64(r.shareN)
 	}
 	res.NotFollowed = len(r.pending)
+	if r.bd != nil {
+		res.Intervals, res.SinceShift = r.bd.rows(r)
+		res.BreakdownShifts = r.bd.shifts
+	}
 	res.Bound = r.bound()
 	res.Sent, res.Lost, res.Cut = r.nw.Sent, r.nw.Lost, r.nw.Cut
 	res.Events = r.s.Fired()

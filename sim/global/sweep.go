@@ -71,8 +71,8 @@ func ParseGrid(spec string) (Grid, error) {
 			switch name {
 			case "regions":
 				n, err := strconv.Atoi(v)
-				if err != nil || n < 2 || n > 9 {
-					return g, fmt.Errorf("sweep spec regions=%q: want 2 to 9", v)
+				if err != nil || n < 2 || n > 24 {
+					return g, fmt.Errorf("sweep spec regions=%q: want 2 to 24", v)
 				}
 				g.Regions = append(g.Regions, n)
 			case "demand":

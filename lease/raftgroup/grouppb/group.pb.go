@@ -184,13 +184,16 @@ func (x *Decision) GetRetryAfter() int64 {
 // Grant is lease.Grant; lifetime is ns, counted by the region from when it
 // sent its report.
 type Grant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Share         int64                  `protobuf:"varint,4,opt,name=share,proto3" json:"share,omitempty"`
-	Burst         int64                  `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
-	Lifetime      int64                  `protobuf:"varint,6,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Rule     string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
+	Epoch    uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Share    int64                  `protobuf:"varint,4,opt,name=share,proto3" json:"share,omitempty"`
+	Burst    int64                  `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
+	Lifetime int64                  `protobuf:"varint,6,opt,name=lifetime,proto3" json:"lifetime,omitempty"`
+	// pending: tokens per window the allocation would add to share once
+	// capacity other regions hold is freed.
+	Pending       int64 `protobuf:"varint,7,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +266,13 @@ func (x *Grant) GetBurst() int64 {
 func (x *Grant) GetLifetime() int64 {
 	if x != nil {
 		return x.Lifetime
+	}
+	return 0
+}
+
+func (x *Grant) GetPending() int64 {
+	if x != nil {
+		return x.Pending
 	}
 	return 0
 }
@@ -1067,14 +1077,15 @@ const file_group_proto_rawDesc = "" +
 	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12\x19\n" +
 	"\breset_in\x18\x04 \x01(\x03R\aresetIn\x12\x1f\n" +
 	"\vretry_after\x18\x05 \x01(\x03R\n" +
-	"retryAfter\"\x95\x01\n" +
+	"retryAfter\"\xaf\x01\n" +
 	"\x05Grant\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05share\x18\x04 \x01(\x03R\x05share\x12\x14\n" +
 	"\x05burst\x18\x05 \x01(\x03R\x05burst\x12\x1a\n" +
-	"\blifetime\x18\x06 \x01(\x03R\blifetime\"6\n" +
+	"\blifetime\x18\x06 \x01(\x03R\blifetime\x12\x18\n" +
+	"\apending\x18\a \x01(\x03R\apending\"6\n" +
 	"\x06Result\x12,\n" +
 	"\x06grants\x18\x01 \x03(\v2\x14.weir.lease.v1.GrantR\x06grants\"V\n" +
 	"\x0eProposeRequest\x12\x12\n" +
