@@ -7,7 +7,9 @@
 // that keeps the node's rules file, cluster settings and identity cap keeps
 // the node and puts the new inline rules in force with SetRules; a reload
 // that changes them closes the old node (it leaves the ring, handing its
-// buckets off) and starts a new one that joins again. The identities of the
+// buckets off) and starts a new one that joins again. Nodes change only
+// when Caddy puts the new config in force (App): a reload that Caddy
+// refuses leaves the running nodes as they were. The identities of the
 // rules' key sources come from Caddy: "ip" is {http.request.client_ip}
 // (Caddy's trusted_proxies decide it), "user" is {http.auth.user.id}, and
 // header sources read the request's header, each in the namespace of its
@@ -24,7 +26,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -129,8 +130,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision parses the rules and takes the handler's node from the nodes
-// that outlive reloads, starting it when it is new or its settings changed.
+// Provision parses the rules, reads the cluster's key and TLS files, and
+// hands the node's settings to the config's weir app, which puts them in
+// force when Caddy starts the config (App).
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.ID == "" {
 		h.ID = "default"
@@ -151,6 +153,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("weir: rules: %w", err)
 		}
+		if _, err := quota.NewSet(rules, 1); err != nil {
+			return fmt.Errorf("weir: rules: %w", err)
+		}
+		for _, r := range rules {
+			if r.Durable {
+				return fmt.Errorf("weir: rules: rule %q is durable, which needs weir's lease group; the Caddy module does not configure one", r.ID)
+			}
+		}
 		h.rules = rules
 	}
 	key, err := json.Marshal(struct {
@@ -161,18 +171,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	e, err := nodes.acquire(h.ID, string(key), h.rules, func() (*weir.Node, error) {
-		return h.newNode(ctx)
-	})
+	cfg, err := h.nodeConfig(ctx)
 	if err != nil {
 		return fmt.Errorf("weir %q: %w", h.ID, err)
+	}
+	app, err := ctx.App("weir")
+	if err != nil {
+		return err
+	}
+	e, err := app.(*App).use(&want{id: h.ID, key: string(key), rulesText: h.Rules, rules: h.rules, cfg: cfg})
+	if err != nil {
+		return err
 	}
 	h.entry = e
 	return nil
 }
 
-// newNode starts the node the handler's settings describe.
-func (h *Handler) newNode(ctx caddy.Context) (*weir.Node, error) {
+// nodeConfig is the config of the node the handler's settings describe.
+func (h *Handler) nodeConfig(ctx caddy.Context) (weir.Config, error) {
 	cfg := weir.Config{
 		Rules:            h.rules,
 		RulesFile:        h.RulesFile,
@@ -182,11 +198,11 @@ func (h *Handler) newNode(ctx caddy.Context) (*weir.Node, error) {
 	if c := h.Cluster; c != nil {
 		cc, err := c.config()
 		if err != nil {
-			return nil, err
+			return weir.Config{}, err
 		}
 		cfg.Cluster = cc
 	}
-	return weir.New(cfg)
+	return cfg, nil
 }
 
 // config builds the weir cluster config, reading the key and TLS files.
@@ -251,19 +267,22 @@ func (t *TLSFiles) configs() (server, client *tls.Config, err error) {
 	return server, client, nil
 }
 
-// Cleanup lets go of the handler's node; the node closes when no config in
-// force uses it.
-func (h *Handler) Cleanup() error {
-	if h.entry != nil {
-		nodes.release(h.entry)
-	}
-	return nil
-}
-
 // ServeHTTP decides the request, answers or hands over a rejection, and
 // otherwise sets the rate-limit headers and calls next.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	n := h.entry.node
+	n := h.entry.node.Load()
+	if n == nil {
+		// The config's weir app has not started the node yet: Caddy starts
+		// the http app and the weir app of a new config one after the other.
+		select {
+		case <-h.entry.ready:
+		case <-r.Context().Done():
+			return r.Context().Err()
+		}
+		if n = h.entry.node.Load(); n == nil {
+			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("weir %q: no node: its config did not start", h.ID))
+		}
+	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	req := n.RequestFromHTTP(r)
 	if repl != nil {
@@ -309,74 +328,14 @@ func Node(id string) (n *weir.Node, ok bool) {
 	nodes.mu.Lock()
 	defer nodes.mu.Unlock()
 	e, ok := nodes.m[id]
-	if !ok {
+	if !ok || e.node.Load() == nil {
 		return nil, false
 	}
-	return e.node, true
-}
-
-// entry is one node and the handlers (of every config in force) using it.
-type entry struct {
-	id   string
-	key  string // the settings the node was started with
-	node *weir.Node
-	refs int
-}
-
-// registry holds the nodes across config reloads, by id.
-type registry struct {
-	mu sync.Mutex
-	m  map[string]*entry
-}
-
-var nodes = registry{m: map[string]*entry{}}
-
-// acquire returns the node id with settings key: the running one when its
-// settings are the same (putting rules in force when inline), else a new
-// one from start, closing the one it replaces first so that addresses
-// bound by it are free.
-func (g *registry) acquire(id, key string, rules []quota.Rule, start func() (*weir.Node, error)) (*entry, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if e, ok := g.m[id]; ok {
-		if e.key == key {
-			if rules != nil {
-				if err := e.node.SetRules(rules); err != nil {
-					return nil, err
-				}
-			}
-			e.refs++
-			return e, nil
-		}
-		delete(g.m, id)
-		e.node.Close()
-	}
-	n, err := start()
-	if err != nil {
-		return nil, err
-	}
-	e := &entry{id: id, key: key, node: n, refs: 1}
-	g.m[id] = e
-	return e, nil
-}
-
-// release drops one use of e, closing its node when it was the last.
-func (g *registry) release(e *entry) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	e.refs--
-	if e.refs > 0 {
-		return
-	}
-	if g.m[e.id] == e {
-		delete(g.m, e.id)
-		e.node.Close()
-	}
+	return e.node.Load(), true
 }
 
 // Interface guards.
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
