@@ -492,3 +492,29 @@ func TestSettingsChangeRejoins(t *testing.T) {
 		}
 	}
 }
+
+// The "ip" identity is Caddy's client IP: the connection's peer, or, from a
+// proxy in trusted_proxies, the address X-Forwarded-For names. Each client
+// has a bucket of its own.
+func TestClientIPFromTrustedProxies(t *testing.T) {
+	p := freePorts(t, 1)[0]
+	conf := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tservers {\n\t\ttrusted_proxies static 127.0.0.1/32\n\t}\n}\n" +
+		site(p, "ips", "\t\trules <<YAML\n\t\trules:\n\t\t  - id: per-ip\n\t\t    key: [ip]\n\t\t    limit: 1\n\t\t    window: 1h\n\t\tYAML", "ok")
+	load(t, conf)
+	do := func(xff string) int {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", p), nil)
+		if xff != "" {
+			req.Header.Set("X-Forwarded-For", xff)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	got := []int{do("10.0.0.1"), do("10.0.0.1"), do("10.0.0.2"), do(""), do("")}
+	if fmt.Sprint(got) != "[200 429 200 200 429]" {
+		t.Errorf("10.0.0.1, 10.0.0.1, 10.0.0.2, the peer, the peer: %v, want [200 429 200 200 429]", got)
+	}
+}

@@ -10,7 +10,7 @@
 // buckets off) and starts a new one that joins again. Nodes change only
 // when Caddy puts the new config in force (App): a reload that Caddy
 // refuses leaves the running nodes as they were. The identities of the
-// rules' key sources come from Caddy: "ip" is {http.request.client_ip}
+// rules' key sources come from Caddy: "ip" is {http.vars.client_ip}
 // (Caddy's trusted_proxies decide it), "user" is {http.auth.user.id}, and
 // header sources read the request's header, each in the namespace of its
 // source. A rejected request is answered as weir's net/http middleware
@@ -26,6 +26,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,7 +40,7 @@ import (
 )
 
 func init() {
-	caddy.RegisterModule(Handler{})
+	caddy.RegisterModule(new(Handler))
 }
 
 // Handler is the http.handlers.weir module: it decides every request with a
@@ -66,7 +69,8 @@ type Handler struct {
 	Tier string `json:"tier,omitempty"`
 
 	// ClientIP is the placeholder whose value is the identity of "ip" key
-	// sources. Default "{http.request.client_ip}", which Caddy's
+	// sources. Default "{http.vars.client_ip}" (the Caddyfile's
+	// {client_ip}), which Caddy's
 	// trusted_proxies decide.
 	ClientIP string `json:"client_ip,omitempty"`
 
@@ -83,8 +87,10 @@ type Handler struct {
 	// the node decides every rule alone.
 	Cluster *Cluster `json:"cluster,omitempty"`
 
-	entry *entry
-	rules []quota.Rule
+	entry                *entry
+	rules                []quota.Rule
+	clientIP, user, tier placeholder
+	needs                atomic.Pointer[needs]
 }
 
 // Cluster is the node's cluster membership (weir.ClusterConfig).
@@ -123,7 +129,7 @@ type TLSFiles struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (Handler) CaddyModule() caddy.ModuleInfo {
+func (*Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.weir",
 		New: func() caddy.Module { return new(Handler) },
@@ -141,8 +147,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.User = "{http.auth.user.id}"
 	}
 	if h.ClientIP == "" {
-		h.ClientIP = "{http.request.client_ip}"
+		h.ClientIP = "{http.vars.client_ip}"
 	}
+	h.clientIP, h.user, h.tier = compile(h.ClientIP), compile(h.User), compile(h.Tier)
 	switch {
 	case h.Rules != "" && h.RulesFile != "":
 		return errors.New("weir: rules and rules_file are exclusive")
@@ -283,13 +290,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("weir %q: no node: its config did not start", h.ID))
 		}
 	}
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	req := n.RequestFromHTTP(r)
-	if repl != nil {
-		req.ClientIP = repl.ReplaceAll(h.ClientIP, "")
-		req.User = repl.ReplaceAll(h.User, "")
-		if h.Tier != "" {
-			req.Tier = repl.ReplaceAll(h.Tier, "")
+	req := weir.Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
+	// Only the attributes some rule in force reads are resolved.
+	if need := h.needsOf(n.Rules()); need.ip || need.user || need.tier {
+		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		if need.ip {
+			req.ClientIP = h.clientIP.value(r, repl)
+		}
+		if need.user {
+			req.User = h.user.value(r, repl)
+		}
+		if need.tier {
+			req.Tier = h.tier.value(r, repl)
 		}
 	}
 	d := n.Allow(r.Context(), req)
@@ -316,6 +328,83 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// needs says which request attributes the rules of a set read.
+type needs struct {
+	set            *quota.Set
+	ip, user, tier bool
+}
+
+// needsOf returns what the rules of set read, computed once per set.
+func (h *Handler) needsOf(set *quota.Set) needs {
+	if c := h.needs.Load(); c != nil && c.set == set {
+		return *c
+	}
+	c := &needs{set: set}
+	for i := range set.Len() {
+		r := set.Rule(i)
+		for _, k := range r.Key {
+			c.ip = c.ip || k.Kind == quota.KeyIP
+			c.user = c.user || k.Kind == quota.KeyUser
+		}
+		c.tier = c.tier || len(r.Tiers) > 0
+	}
+	h.needs.Store(c)
+	return *c
+}
+
+// placeholder is a handler setting that Caddy's replacer resolves per
+// request: a text with placeholders, or (the usual case, resolved without
+// parsing the text) one placeholder alone.
+type placeholder struct {
+	text string
+	key  string // the placeholder's name when text is one placeholder alone
+}
+
+func compile(text string) placeholder {
+	p := placeholder{text: text}
+	if len(text) > 2 && text[0] == '{' && text[len(text)-1] == '}' && !strings.ContainsAny(text[1:len(text)-1], "{}\\") {
+		p.key = text[1 : len(text)-1]
+	}
+	return p
+}
+
+// value is the placeholder's value for r; empty when it has none.
+func (p placeholder) value(r *http.Request, repl *caddy.Replacer) string {
+	switch {
+	case p.text == "":
+		return ""
+	case p.key == "http.vars.client_ip":
+		if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok {
+			return ip
+		}
+	}
+	if repl == nil {
+		return ""
+	}
+	if p.key != "" {
+		v, _ := repl.GetString(p.key)
+		return v
+	}
+	return repl.ReplaceAll(p.text, "")
+}
+
+// cleanPath returns p in the canonical form weir matches rules against (as
+// weir's middleware does), so that "/a/../search" or "//search" cannot
+// slip past a "/search" rule.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' || strings.Contains(p, "//") || strings.Contains(p, "/.") {
+		c := path.Clean("/" + p)
+		if c != "/" && strings.HasSuffix(p, "/") {
+			c += "/"
+		}
+		return c
+	}
+	return p
 }
 
 // errRateLimited is the error a rejection hands to handle_errors.
