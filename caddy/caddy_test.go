@@ -18,6 +18,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	_ "github.com/caddyserver/caddy/v2/modules/metrics"
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/caddy"
 	"github.com/weir-dev/weir/ops"
@@ -517,4 +518,51 @@ func TestClientIPFromTrustedProxies(t *testing.T) {
 	if fmt.Sprint(got) != "[200 429 200 200 429]" {
 		t.Errorf("10.0.0.1, 10.0.0.1, 10.0.0.2, the peer, the peer: %v, want [200 429 200 200 429]", got)
 	}
+}
+
+// Caddy's admin endpoint serves the running nodes (admin.api.weir) and
+// Caddy's /metrics has weir's metrics, labelled with the node's id.
+func TestAdminAndMetrics(t *testing.T) {
+	ps := freePorts(t, 2)
+	p, admin := ps[0], ps[1]
+	load(t, fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", admin)+site(p, "adm", perKeyRules, "ok"))
+	for range 4 {
+		get(t, p, "alice")
+	}
+	fetch := func(path string) (int, string) {
+		t.Helper()
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", admin, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := fetch("/weir/"); code != 200 || !strings.Contains(body, `"id":"adm"`) || !strings.Contains(body, `"rules_version":1`) {
+		t.Errorf("GET /weir/: %d %s", code, body)
+	}
+	if code, body := fetch("/weir/adm"); code != 200 || !strings.Contains(body, `"rule": "per-key"`) || !strings.Contains(body, `"rejected": 1`) {
+		t.Errorf("GET /weir/adm: %d %s", code, body)
+	}
+	if code, body := fetch("/weir/nope"); code != 404 || !strings.Contains(body, `no running weir node \"nope\"`) {
+		t.Errorf("GET /weir/nope: %d %s", code, body)
+	}
+	code, body := fetch("/metrics")
+	for _, want := range []string{`weir_decisions_total{node="adm",outcome="allowed",rule="per-key"} 3`, `weir_decisions_total{node="adm",outcome="rejected",rule="per-key"} 1`} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("GET /metrics: %d, no %s in\n%s", code, want, grepLines(body, "weir_"))
+		}
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
