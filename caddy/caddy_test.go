@@ -21,6 +21,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/metrics"
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/caddy"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 	"golang.org/x/crypto/bcrypt"
@@ -565,4 +567,79 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// With lease rules the node takes its rules from a lease group: a real
+// one-voter group on loopback whose rules API puts a rule in force on the
+// Caddy node, and a change there reaches it without a Caddy reload. The
+// inline rules are the defaults until the group's rules arrive.
+func TestLeaseRules(t *testing.T) {
+	g, err := raftgroup.Start(raftgroup.Config{
+		Name: "v1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+		Voters:           []raftgroup.Voter{{Name: "v1"}},
+		Machine:          lease.Config{Regions: []string{"local"}},
+		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+		LeaderLeaseTimeout: 25 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	admin, err := raftgroup.AdminHandler(raftgroup.AdminConfig{Store: g, Tokens: map[string]string{"test-token-0123456789": "tester"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(admin)
+	defer api.Close()
+	put := func(body string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			req, _ := http.NewRequest("PUT", api.URL+"/v1/rules/from-group", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer test-token-0123456789")
+			resp, err := api.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("PUT a rule: %d %s", resp.StatusCode, b)
+			}
+		}
+	}
+	put(`{"limit": 60, "window": "1h", "burst": 2, "key": ["header:X-Api-Key"]}`)
+	p := freePorts(t, 1)[0]
+	load(t, global+site(p, "leased", "\t\trules <<YAML\n\t\trules:\n\t\t  - id: default-rule\n\t\t    key: [header:X-API-Key]\n\t\t    limit: 1000\n\t\t    window: 1h\n\t\tYAML\n\t\tlease {\n\t\t\tvoters "+g.RPCAddr()+"\n\t\t\trules\n\t\t\tcheck_interval 100ms\n\t\t}", "ok"))
+	waitPolicy := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if a := get(t, p, "probe"); strings.Contains(a.header.Get("RateLimit-Policy"), want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				n, _ := weircaddy.Node("leased")
+				t.Fatalf("the group's rule %s was not in force after 10s: %q, status %+v", want, get(t, p, "probe").header.Get("RateLimit-Policy"), n.Status())
+			}
+		}
+	}
+	waitPolicy(`"from-group";q=60;`)
+	if got := []int{get(t, p, "k").code, get(t, p, "k").code, get(t, p, "k").code}; fmt.Sprint(got) != "[200 200 429]" {
+		t.Errorf("the group's rule, burst 2: %v, want [200 200 429]", got)
+	}
+	put(`{"limit": 600, "window": "1h", "burst": 50, "key": ["header:X-Api-Key"]}`)
+	waitPolicy(`"from-group";q=600;`)
+	if a := get(t, p, "k"); a.code != 200 {
+		t.Errorf("after the group raised the burst: %d, want 200", a.code)
+	}
+	// Lease rules with a rules file are refused.
+	cfg, err := adapt(global + site(p, "leased", "\t\trules_file rules.yaml\n\t\tlease {\n\t\t\tvoters "+g.RPCAddr()+"\n\t\t\trules\n\t\t}", "ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err == nil || !strings.Contains(err.Error(), "lease rules and rules_file are exclusive") {
+		t.Errorf("lease rules with rules_file: %v", err)
+	}
 }

@@ -4,7 +4,7 @@
 //
 // Each handler names a node (Handler.ID); the node lives across Caddy's
 // config reloads, so buckets and cluster membership survive them: a reload
-// that keeps the node's rules file, cluster settings and identity cap keeps
+// that keeps the node's rules file, cluster, lease and identity cap keeps
 // the node and puts the new inline rules in force with SetRules; a reload
 // that changes them closes the old node (it leaves the ring, handing its
 // buckets off) and starts a new one that joins again. Nodes change only
@@ -87,6 +87,10 @@ type Handler struct {
 	// the node decides every rule alone.
 	Cluster *Cluster `json:"cluster,omitempty"`
 
+	// Lease connects the node to a weir lease group as a client. Nil: no
+	// lease group (and durable rules are refused).
+	Lease *Lease `json:"lease,omitempty"`
+
 	entry                *entry
 	rules                []quota.Rule
 	clientIP, user, tier placeholder
@@ -120,6 +124,23 @@ type Cluster struct {
 	TLS *TLSFiles `json:"tls,omitempty"`
 }
 
+// Lease is the node's connection to a lease group, as a client of its
+// voters (weir.LeaseConfig).
+type Lease struct {
+	// Voters are the lease RPC addresses of the group's voters. Required.
+	Voters []string `json:"voters,omitempty"`
+	// Rules makes the group the node's only source of rules (the rules
+	// API, docs/rules-api.md). The handler's inline rules are then the
+	// defaults enforced until the group's first rule set arrives, and
+	// rules_file must be empty.
+	Rules bool `json:"rules,omitempty"`
+	// CheckInterval is how often the node asks the group for its rule
+	// version. Default 5s.
+	CheckInterval caddy.Duration `json:"check_interval,omitempty"`
+	// TLS secures the calls to the voters with mutual TLS.
+	TLS *TLSFiles `json:"tls,omitempty"`
+}
+
 // TLSFiles names PEM files: this node's certificate and key, and the CA
 // that verifies its peers.
 type TLSFiles struct {
@@ -150,11 +171,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.ClientIP = "{http.vars.client_ip}"
 	}
 	h.clientIP, h.user, h.tier = compile(h.ClientIP), compile(h.User), compile(h.Tier)
+	leaseRules := h.Lease != nil && h.Lease.Rules
 	switch {
 	case h.Rules != "" && h.RulesFile != "":
 		return errors.New("weir: rules and rules_file are exclusive")
-	case h.Rules == "" && h.RulesFile == "":
-		return errors.New("weir: no rules: set rules or rules_file")
+	case leaseRules && h.RulesFile != "":
+		return errors.New("weir: lease rules and rules_file are exclusive: with lease rules the group is the source of rules (inline rules are the defaults until its rules arrive)")
+	case h.Rules == "" && h.RulesFile == "" && !leaseRules:
+		return errors.New("weir: no rules: set rules, rules_file, or lease rules")
 	case h.Rules != "":
 		rules, err := quota.Parse("rules", []byte(h.Rules))
 		if err != nil {
@@ -164,8 +188,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("weir: rules: %w", err)
 		}
 		for _, r := range rules {
-			if r.Durable {
-				return fmt.Errorf("weir: rules: rule %q is durable, which needs weir's lease group; the Caddy module does not configure one", r.ID)
+			if r.Durable && h.Lease == nil {
+				return fmt.Errorf("weir: rules: rule %q is durable, which needs a lease group: configure lease", r.ID)
 			}
 		}
 		h.rules = rules
@@ -174,7 +198,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		RulesFile string
 		MaxID     int
 		Cluster   *Cluster
-	}{h.RulesFile, h.MaxIdentityBytes, h.Cluster})
+		Lease     *Lease
+		Defaults  string
+	}{h.RulesFile, h.MaxIdentityBytes, h.Cluster, h.Lease, defaultsText(h)})
 	if err != nil {
 		return err
 	}
@@ -186,7 +212,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	e, err := app.(*App).use(&want{id: h.ID, key: string(key), rulesText: h.Rules, rules: h.rules, cfg: cfg})
+	w := &want{id: h.ID, key: string(key), rulesText: h.Rules, rules: h.rules, cfg: cfg}
+	if leaseRules {
+		// The group's rules are in force: the defaults are part of the key.
+		w.rulesText, w.rules = "", nil
+	}
+	e, err := app.(*App).use(w)
 	if err != nil {
 		return err
 	}
@@ -209,7 +240,36 @@ func (h *Handler) nodeConfig(ctx caddy.Context) (weir.Config, error) {
 		}
 		cfg.Cluster = cc
 	}
+	if l := h.Lease; l != nil {
+		if len(l.Voters) == 0 {
+			return weir.Config{}, errors.New("lease: voters are required")
+		}
+		if l.CheckInterval < 0 {
+			return weir.Config{}, fmt.Errorf("lease: check_interval: must not be negative, got %v", time.Duration(l.CheckInterval))
+		}
+		lc := &weir.LeaseConfig{Voters: l.Voters, Rules: l.Rules, CheckInterval: time.Duration(l.CheckInterval)}
+		if l.TLS != nil {
+			_, cli, err := l.TLS.configs()
+			if err != nil {
+				return weir.Config{}, fmt.Errorf("lease: tls: %w", err)
+			}
+			lc.ClientTLS = cli
+		}
+		cfg.Lease = lc
+		if l.Rules {
+			cfg.Rules, cfg.DefaultRules = nil, h.rules
+		}
+	}
 	return cfg, nil
+}
+
+// defaultsText is the handler's inline rules when they are the defaults of
+// lease rules, which a kept node cannot change.
+func defaultsText(h *Handler) string {
+	if h.Lease != nil && h.Lease.Rules {
+		return h.Rules
+	}
+	return ""
 }
 
 // config builds the weir cluster config, reading the key and TLS files.
