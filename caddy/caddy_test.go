@@ -643,3 +643,12 @@ func TestLeaseRules(t *testing.T) {
 		t.Errorf("lease rules with rules_file: %v", err)
 	}
 }
+
+// The module registers the three Caddy modules docs/caddy.md lists.
+func TestModules(t *testing.T) {
+	for _, id := range []string{"admin.api.weir", "http.handlers.weir", "weir"} {
+		if _, err := caddy.GetModule(id); err != nil {
+			t.Errorf("module %s: %v", id, err)
+		}
+	}
+}
