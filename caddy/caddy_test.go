@@ -18,8 +18,11 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	_ "github.com/caddyserver/caddy/v2/modules/metrics"
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/caddy"
+	"github.com/weir-dev/weir/lease"
+	"github.com/weir-dev/weir/lease/raftgroup"
 	"github.com/weir-dev/weir/ops"
 	"github.com/weir-dev/weir/quota"
 	"golang.org/x/crypto/bcrypt"
@@ -336,6 +339,316 @@ func TestRulesFileHotReload(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the edited rules file was not in force after 10s")
+		}
+	}
+}
+
+// A reload that Caddy refuses changes no running node: neither when a
+// module's Provision fails (bad rules in another handler, a key file that
+// cannot be read) nor when an app fails to start (a port another process
+// holds). The running config keeps deciding with the same node, alive, on
+// its rules, and an identity that spent its burst stays limited.
+func TestRefusedReloadKeepsNode(t *testing.T) {
+	ps := freePorts(t, 2)
+	p := ps[0]
+	load(t, global+site(p, "refused", perKeyRules, "one"))
+	var codes []int
+	for range 4 {
+		codes = append(codes, get(t, p, "alice").code)
+	}
+	if fmt.Sprint(codes) != "[200 200 200 429]" {
+		t.Fatalf("before the reloads: %v, want [200 200 200 429]", codes)
+	}
+	n1, _ := weircaddy.Node("refused")
+	// Each refused config changes the node: its settings, or its rules.
+	changed := perKeyRules + "\n\t\tmax_identity_bytes 64"
+	moreBurst := strings.Replace(perKeyRules, "burst: 3", "burst: 100", 1)
+	other := "\t\trules <<YAML\n\t\trules:\n\t\t  - id: other\n\t\t    key: [ip]\n\t\t    limit: 5\n\t\t    window: 1m\n\t\tYAML"
+	held, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ps[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, conf, want string
+	}{
+		{"bad rules in another handler", global + site(p, "refused", changed, "two") +
+			site(ps[1], "other", "\t\trules <<YAML\n\t\trules:\n\t\t  - id: bad\n\t\t    limit: -1\n\t\tYAML", "x"), "weir"},
+		{"a key file that cannot be read", global + site(p, "refused", moreBurst, "two") +
+			site(ps[1], "other", other+"\n\t\tcluster {\n\t\t\tname x\n\t\t\tkey_file "+t.TempDir()+"/missing.key\n\t\t}", "x"), "missing.key"},
+		// Caddy starts a config's apps in map order: the weir app starts
+		// the new node "other" before or after the http app fails.
+		{"a held port, 1", global + site(p, "refused", changed, "two") + site(ps[1], "other", other, "x"), "address already in use"},
+		{"a held port, 2", global + site(p, "refused", moreBurst, "two") + site(ps[1], "other", other, "x"), "address already in use"},
+		{"a held port, 3", global + site(p, "refused", changed, "two") + site(ps[1], "other", other, "x"), "address already in use"},
+		{"a held port, 4", global + site(p, "refused", moreBurst, "two") + site(ps[1], "other", other, "x"), "address already in use"},
+	}
+	for i, c := range cases {
+		cfg, err := adapt(c.conf)
+		if err != nil {
+			t.Fatalf("%s: adapting: %v", c.name, err)
+		}
+		if err := caddy.Load(cfg, true); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: loading gave %v, want an error with %q", c.name, err, c.want)
+		}
+		if n, _ := weircaddy.Node("refused"); n != n1 {
+			t.Errorf("%s: the refused reload replaced the node", c.name)
+		}
+		if _, ok := weircaddy.Node("other"); ok {
+			t.Errorf("%s: the refused config's new node runs", c.name)
+		}
+		if a := get(t, p, "alice"); a.code != 429 || a.body == "two" {
+			t.Errorf("%s: alice got %d %q, want 429 from the running config", c.name, a.code, a.body)
+		}
+		if a := get(t, p, fmt.Sprint("bob-", i)); a.code != 200 || a.body != "one" {
+			t.Errorf("%s: a new identity got %d %q, want 200 \"one\"", c.name, a.code, a.body)
+		}
+	}
+	held.Close()
+	// The node is alive (SetRules refuses on a closed node), and putting its
+	// own rules in force again keeps alice's bucket.
+	rules, err := quota.Parse("rules", []byte("rules:\n  - id: per-key\n    key: [header:X-API-Key]\n    limit: 60\n    window: 1h\n    burst: 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.SetRules(rules); err != nil {
+		t.Errorf("the running node after the refused reloads: SetRules: %v", err)
+	}
+	if a := get(t, p, "alice"); a.code != 429 {
+		t.Errorf("alice got %d, want 429", a.code)
+	}
+	// A reload that is not refused puts the new settings in force.
+	load(t, global+site(p, "refused", moreBurst, "three")+site(ps[1], "other", other, "x"))
+	if n, _ := weircaddy.Node("refused"); n != n1 {
+		t.Errorf("a reload with new inline rules replaced the node")
+	}
+	if a := get(t, p, "alice"); a.code != 200 || a.body != "three" {
+		t.Errorf("after the reload with burst 100 alice got %d %q, want 200 \"three\"", a.code, a.body)
+	}
+	if _, ok := weircaddy.Node("other"); !ok {
+		t.Errorf("the new node other does not run")
+	}
+}
+
+// A reload that changes a node's cluster settings closes it, handing its
+// buckets off to the other member, and starts a new node that joins again:
+// the identities that spent their burst before the reload stay limited
+// after it, whichever member owned them (the envelope of a shared rule,
+// B + r·Δ + S, docs/overshoot.md).
+func TestSettingsChangeRejoins(t *testing.T) {
+	ps := freePorts(t, 2)
+	label := fmt.Sprintf("caddy-rejoin-%d", time.Now().UnixNano())
+	const burst, limit = 4, 4 // per hour: r·Δ and S = 0.05·L are under one request
+	rules := fmt.Sprintf("\t\trules <<YAML\n\t\trules:\n\t\t  - id: shared-key\n\t\t    key: [header:X-API-Key]\n\t\t    limit: %d\n\t\t    window: 1h\n\t\t    burst: %d\n\t\t    mode: shared\n\t\tYAML", limit, burst)
+	cluster := func(name, join, extra string) string {
+		s := fmt.Sprintf("%s%s\n\t\tcluster {\n\t\t\tname %s\n\t\t\tlabel %s\n\t\t\tlocal_timing\n", rules, extra, name, label)
+		if join != "" {
+			s += "\t\t\tjoin " + join + "\n"
+		}
+		return s + "\t\t}"
+	}
+	waitMembers := func(ids ...string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for _, id := range ids {
+			n, _ := weircaddy.Node(id)
+			for len(ops.Members(n)) != len(ids) {
+				if time.Now().After(deadline) {
+					t.Fatalf("node %s sees members %v", id, ops.Members(n))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	load(t, global+site(ps[0], "j0", cluster("j0", "", ""), "ok"))
+	n0, _ := weircaddy.Node("j0")
+	g := ops.GossipAddr(n0)
+	load(t, global+site(ps[0], "j0", cluster("j0", "", ""), "ok")+site(ps[1], "j1", cluster("j1", g, ""), "ok"))
+	waitMembers("j0", "j1")
+	n1, _ := weircaddy.Node("j1")
+	const keys = 6
+	admitted := make([]int, keys)
+	drive := func(rounds int) {
+		for k := range keys {
+			for i := range rounds {
+				if get(t, ps[i%2], fmt.Sprint("tenant-", k)).code == 200 {
+					admitted[k]++
+				}
+			}
+		}
+	}
+	drive(burst + 2)
+	before := fmt.Sprint(admitted)
+	// j1's identity cap is part of its settings: the reload replaces j1.
+	load(t, global+site(ps[0], "j0", cluster("j0", "", ""), "ok")+site(ps[1], "j1", cluster("j1", g, "\n\t\tmax_identity_bytes 512"), "ok"))
+	if n, _ := weircaddy.Node("j1"); n == n1 {
+		t.Fatal("a reload that changed j1's settings kept its node")
+	}
+	if n, _ := weircaddy.Node("j0"); n != n0 {
+		t.Fatal("the reload replaced j0, whose settings stayed")
+	}
+	waitMembers("j0", "j1")
+	drive(burst + 2)
+	t.Logf("admitted per key: %s before the reload, %v in all", before, admitted)
+	for k, a := range admitted {
+		if a > burst+1 || a < burst-1 {
+			t.Errorf("tenant-%d: %d admitted in all, want about %d (the burst): its bucket was lost in the rejoin", k, a, burst)
+		}
+	}
+}
+
+// The "ip" identity is Caddy's client IP: the connection's peer, or, from a
+// proxy in trusted_proxies, the address X-Forwarded-For names. Each client
+// has a bucket of its own.
+func TestClientIPFromTrustedProxies(t *testing.T) {
+	p := freePorts(t, 1)[0]
+	conf := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tservers {\n\t\ttrusted_proxies static 127.0.0.1/32\n\t}\n}\n" +
+		site(p, "ips", "\t\trules <<YAML\n\t\trules:\n\t\t  - id: per-ip\n\t\t    key: [ip]\n\t\t    limit: 1\n\t\t    window: 1h\n\t\tYAML", "ok")
+	load(t, conf)
+	do := func(xff string) int {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", p), nil)
+		if xff != "" {
+			req.Header.Set("X-Forwarded-For", xff)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	got := []int{do("10.0.0.1"), do("10.0.0.1"), do("10.0.0.2"), do(""), do("")}
+	if fmt.Sprint(got) != "[200 429 200 200 429]" {
+		t.Errorf("10.0.0.1, 10.0.0.1, 10.0.0.2, the peer, the peer: %v, want [200 429 200 200 429]", got)
+	}
+}
+
+// Caddy's admin endpoint serves the running nodes (admin.api.weir) and
+// Caddy's /metrics has weir's metrics, labelled with the node's id.
+func TestAdminAndMetrics(t *testing.T) {
+	ps := freePorts(t, 2)
+	p, admin := ps[0], ps[1]
+	load(t, fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", admin)+site(p, "adm", perKeyRules, "ok"))
+	for range 4 {
+		get(t, p, "alice")
+	}
+	fetch := func(path string) (int, string) {
+		t.Helper()
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", admin, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := fetch("/weir/"); code != 200 || !strings.Contains(body, `"id":"adm"`) || !strings.Contains(body, `"rules_version":1`) {
+		t.Errorf("GET /weir/: %d %s", code, body)
+	}
+	if code, body := fetch("/weir/adm"); code != 200 || !strings.Contains(body, `"rule": "per-key"`) || !strings.Contains(body, `"rejected": 1`) {
+		t.Errorf("GET /weir/adm: %d %s", code, body)
+	}
+	if code, body := fetch("/weir/nope"); code != 404 || !strings.Contains(body, `no running weir node \"nope\"`) {
+		t.Errorf("GET /weir/nope: %d %s", code, body)
+	}
+	code, body := fetch("/metrics")
+	for _, want := range []string{`weir_decisions_total{node="adm",outcome="allowed",rule="per-key"} 3`, `weir_decisions_total{node="adm",outcome="rejected",rule="per-key"} 1`} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("GET /metrics: %d, no %s in\n%s", code, want, grepLines(body, "weir_"))
+		}
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// With lease rules the node takes its rules from a lease group: a real
+// one-voter group on loopback whose rules API puts a rule in force on the
+// Caddy node, and a change there reaches it without a Caddy reload. The
+// inline rules are the defaults until the group's rules arrive.
+func TestLeaseRules(t *testing.T) {
+	g, err := raftgroup.Start(raftgroup.Config{
+		Name: "v1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+		Voters:           []raftgroup.Voter{{Name: "v1"}},
+		Machine:          lease.Config{Regions: []string{"local"}},
+		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+		LeaderLeaseTimeout: 25 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	admin, err := raftgroup.AdminHandler(raftgroup.AdminConfig{Store: g, Tokens: map[string]string{"test-token-0123456789": "tester"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(admin)
+	defer api.Close()
+	put := func(body string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			req, _ := http.NewRequest("PUT", api.URL+"/v1/rules/from-group", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer test-token-0123456789")
+			resp, err := api.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("PUT a rule: %d %s", resp.StatusCode, b)
+			}
+		}
+	}
+	put(`{"limit": 60, "window": "1h", "burst": 2, "key": ["header:X-Api-Key"]}`)
+	p := freePorts(t, 1)[0]
+	load(t, global+site(p, "leased", "\t\trules <<YAML\n\t\trules:\n\t\t  - id: default-rule\n\t\t    key: [header:X-API-Key]\n\t\t    limit: 1000\n\t\t    window: 1h\n\t\tYAML\n\t\tlease {\n\t\t\tvoters "+g.RPCAddr()+"\n\t\t\trules\n\t\t\tcheck_interval 100ms\n\t\t}", "ok"))
+	waitPolicy := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if a := get(t, p, "probe"); strings.Contains(a.header.Get("RateLimit-Policy"), want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				n, _ := weircaddy.Node("leased")
+				t.Fatalf("the group's rule %s was not in force after 10s: %q, status %+v", want, get(t, p, "probe").header.Get("RateLimit-Policy"), n.Status())
+			}
+		}
+	}
+	waitPolicy(`"from-group";q=60;`)
+	if got := []int{get(t, p, "k").code, get(t, p, "k").code, get(t, p, "k").code}; fmt.Sprint(got) != "[200 200 429]" {
+		t.Errorf("the group's rule, burst 2: %v, want [200 200 429]", got)
+	}
+	put(`{"limit": 600, "window": "1h", "burst": 50, "key": ["header:X-Api-Key"]}`)
+	waitPolicy(`"from-group";q=600;`)
+	if a := get(t, p, "k"); a.code != 200 {
+		t.Errorf("after the group raised the burst: %d, want 200", a.code)
+	}
+	// Lease rules with a rules file are refused.
+	cfg, err := adapt(global + site(p, "leased", "\t\trules_file rules.yaml\n\t\tlease {\n\t\t\tvoters "+g.RPCAddr()+"\n\t\t\trules\n\t\t}", "ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err == nil || !strings.Contains(err.Error(), "lease rules and rules_file are exclusive") {
+		t.Errorf("lease rules with rules_file: %v", err)
+	}
+}
+
+// The module registers the three Caddy modules docs/caddy.md lists.
+func TestModules(t *testing.T) {
+	for _, id := range []string{"admin.api.weir", "http.handlers.weir", "weir"} {
+		if _, err := caddy.GetModule(id); err != nil {
+			t.Errorf("module %s: %v", id, err)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package weircaddy
 import (
 	"strconv"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -44,6 +45,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			label <label>
 //			local_timing
 //			key_file <path>...
+//			tls <cert> <key> <ca>
+//		}
+//		lease {
+//			voters <host:port>...
+//			rules
+//			check_interval <duration>
 //			tls <cert> <key> <ca>
 //		}
 //	}
@@ -98,6 +105,12 @@ func (w *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			w.Cluster = c
+		case "lease":
+			l, err := unmarshalLease(d)
+			if err != nil {
+				return err
+			}
+			w.Lease = l
 		default:
 			return d.Errf("weir: unknown subdirective %q", d.Val())
 		}
@@ -148,6 +161,43 @@ func unmarshalCluster(d *caddyfile.Dispenser) (*Cluster, error) {
 		}
 	}
 	return c, nil
+}
+
+func unmarshalLease(d *caddyfile.Dispenser) (*Lease, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	l := new(Lease)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "voters":
+			l.Voters = append(l.Voters, d.RemainingArgs()...)
+		case "rules":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			l.Rules = true
+		case "check_interval":
+			var s string
+			if err := one(d, &s); err != nil {
+				return nil, err
+			}
+			dur, err := caddy.ParseDuration(s)
+			if err != nil || dur < 0 {
+				return nil, d.Errf("lease check_interval: want a duration, got %q", s)
+			}
+			l.CheckInterval = caddy.Duration(dur)
+		case "tls":
+			args := d.RemainingArgs()
+			if len(args) != 3 {
+				return nil, d.Errf("lease tls: want <cert> <key> <ca>")
+			}
+			l.TLS = &TLSFiles{Cert: args[0], Key: args[1], CA: args[2]}
+		default:
+			return nil, d.Errf("weir lease: unknown subdirective %q", d.Val())
+		}
+	}
+	return l, nil
 }
 
 // one reads a subdirective's single argument into v.

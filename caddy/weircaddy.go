@@ -4,11 +4,13 @@
 //
 // Each handler names a node (Handler.ID); the node lives across Caddy's
 // config reloads, so buckets and cluster membership survive them: a reload
-// that keeps the node's rules file, cluster settings and identity cap keeps
+// that keeps the node's rules file, cluster, lease and identity cap keeps
 // the node and puts the new inline rules in force with SetRules; a reload
 // that changes them closes the old node (it leaves the ring, handing its
-// buckets off) and starts a new one that joins again. The identities of the
-// rules' key sources come from Caddy: "ip" is {http.request.client_ip}
+// buckets off) and starts a new one that joins again. Nodes change only
+// when Caddy puts the new config in force (App): a reload that Caddy
+// refuses leaves the running nodes as they were. The identities of the
+// rules' key sources come from Caddy: "ip" is {http.vars.client_ip}
 // (Caddy's trusted_proxies decide it), "user" is {http.auth.user.id}, and
 // header sources read the request's header, each in the namespace of its
 // source. A rejected request is answered as weir's net/http middleware
@@ -24,7 +26,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"sync"
+	"path"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -36,7 +40,7 @@ import (
 )
 
 func init() {
-	caddy.RegisterModule(Handler{})
+	caddy.RegisterModule(new(Handler))
 }
 
 // Handler is the http.handlers.weir module: it decides every request with a
@@ -65,7 +69,8 @@ type Handler struct {
 	Tier string `json:"tier,omitempty"`
 
 	// ClientIP is the placeholder whose value is the identity of "ip" key
-	// sources. Default "{http.request.client_ip}", which Caddy's
+	// sources. Default "{http.vars.client_ip}" (the Caddyfile's
+	// {client_ip}), which Caddy's
 	// trusted_proxies decide.
 	ClientIP string `json:"client_ip,omitempty"`
 
@@ -82,8 +87,14 @@ type Handler struct {
 	// the node decides every rule alone.
 	Cluster *Cluster `json:"cluster,omitempty"`
 
-	entry *entry
-	rules []quota.Rule
+	// Lease connects the node to a weir lease group as a client. Nil: no
+	// lease group (and durable rules are refused).
+	Lease *Lease `json:"lease,omitempty"`
+
+	entry                *entry
+	rules                []quota.Rule
+	clientIP, user, tier placeholder
+	needs                atomic.Pointer[needs]
 }
 
 // Cluster is the node's cluster membership (weir.ClusterConfig).
@@ -113,6 +124,23 @@ type Cluster struct {
 	TLS *TLSFiles `json:"tls,omitempty"`
 }
 
+// Lease is the node's connection to a lease group, as a client of its
+// voters (weir.LeaseConfig).
+type Lease struct {
+	// Voters are the lease RPC addresses of the group's voters. Required.
+	Voters []string `json:"voters,omitempty"`
+	// Rules makes the group the node's only source of rules (the rules
+	// API, docs/rules-api.md). The handler's inline rules are then the
+	// defaults enforced until the group's first rule set arrives, and
+	// rules_file must be empty.
+	Rules bool `json:"rules,omitempty"`
+	// CheckInterval is how often the node asks the group for its rule
+	// version. Default 5s.
+	CheckInterval caddy.Duration `json:"check_interval,omitempty"`
+	// TLS secures the calls to the voters with mutual TLS.
+	TLS *TLSFiles `json:"tls,omitempty"`
+}
+
 // TLSFiles names PEM files: this node's certificate and key, and the CA
 // that verifies its peers.
 type TLSFiles struct {
@@ -122,15 +150,16 @@ type TLSFiles struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (Handler) CaddyModule() caddy.ModuleInfo {
+func (*Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.weir",
 		New: func() caddy.Module { return new(Handler) },
 	}
 }
 
-// Provision parses the rules and takes the handler's node from the nodes
-// that outlive reloads, starting it when it is new or its settings changed.
+// Provision parses the rules, reads the cluster's key and TLS files, and
+// hands the node's settings to the config's weir app, which puts them in
+// force when Caddy starts the config (App).
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.ID == "" {
 		h.ID = "default"
@@ -139,17 +168,29 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.User = "{http.auth.user.id}"
 	}
 	if h.ClientIP == "" {
-		h.ClientIP = "{http.request.client_ip}"
+		h.ClientIP = "{http.vars.client_ip}"
 	}
+	h.clientIP, h.user, h.tier = compile(h.ClientIP), compile(h.User), compile(h.Tier)
+	leaseRules := h.Lease != nil && h.Lease.Rules
 	switch {
 	case h.Rules != "" && h.RulesFile != "":
 		return errors.New("weir: rules and rules_file are exclusive")
-	case h.Rules == "" && h.RulesFile == "":
-		return errors.New("weir: no rules: set rules or rules_file")
+	case leaseRules && h.RulesFile != "":
+		return errors.New("weir: lease rules and rules_file are exclusive: with lease rules the group is the source of rules (inline rules are the defaults until its rules arrive)")
+	case h.Rules == "" && h.RulesFile == "" && !leaseRules:
+		return errors.New("weir: no rules: set rules, rules_file, or lease rules")
 	case h.Rules != "":
 		rules, err := quota.Parse("rules", []byte(h.Rules))
 		if err != nil {
 			return fmt.Errorf("weir: rules: %w", err)
+		}
+		if _, err := quota.NewSet(rules, 1); err != nil {
+			return fmt.Errorf("weir: rules: %w", err)
+		}
+		for _, r := range rules {
+			if r.Durable && h.Lease == nil {
+				return fmt.Errorf("weir: rules: rule %q is durable, which needs a lease group: configure lease", r.ID)
+			}
 		}
 		h.rules = rules
 	}
@@ -157,22 +198,35 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		RulesFile string
 		MaxID     int
 		Cluster   *Cluster
-	}{h.RulesFile, h.MaxIdentityBytes, h.Cluster})
+		Lease     *Lease
+		Defaults  string
+	}{h.RulesFile, h.MaxIdentityBytes, h.Cluster, h.Lease, defaultsText(h)})
 	if err != nil {
 		return err
 	}
-	e, err := nodes.acquire(h.ID, string(key), h.rules, func() (*weir.Node, error) {
-		return h.newNode(ctx)
-	})
+	cfg, err := h.nodeConfig(ctx)
 	if err != nil {
 		return fmt.Errorf("weir %q: %w", h.ID, err)
+	}
+	app, err := ctx.App("weir")
+	if err != nil {
+		return err
+	}
+	w := &want{id: h.ID, key: string(key), rulesText: h.Rules, rules: h.rules, cfg: cfg}
+	if leaseRules {
+		// The group's rules are in force: the defaults are part of the key.
+		w.rulesText, w.rules = "", nil
+	}
+	e, err := app.(*App).use(w)
+	if err != nil {
+		return err
 	}
 	h.entry = e
 	return nil
 }
 
-// newNode starts the node the handler's settings describe.
-func (h *Handler) newNode(ctx caddy.Context) (*weir.Node, error) {
+// nodeConfig is the config of the node the handler's settings describe.
+func (h *Handler) nodeConfig(ctx caddy.Context) (weir.Config, error) {
 	cfg := weir.Config{
 		Rules:            h.rules,
 		RulesFile:        h.RulesFile,
@@ -182,11 +236,40 @@ func (h *Handler) newNode(ctx caddy.Context) (*weir.Node, error) {
 	if c := h.Cluster; c != nil {
 		cc, err := c.config()
 		if err != nil {
-			return nil, err
+			return weir.Config{}, err
 		}
 		cfg.Cluster = cc
 	}
-	return weir.New(cfg)
+	if l := h.Lease; l != nil {
+		if len(l.Voters) == 0 {
+			return weir.Config{}, errors.New("lease: voters are required")
+		}
+		if l.CheckInterval < 0 {
+			return weir.Config{}, fmt.Errorf("lease: check_interval: must not be negative, got %v", time.Duration(l.CheckInterval))
+		}
+		lc := &weir.LeaseConfig{Voters: l.Voters, Rules: l.Rules, CheckInterval: time.Duration(l.CheckInterval)}
+		if l.TLS != nil {
+			_, cli, err := l.TLS.configs()
+			if err != nil {
+				return weir.Config{}, fmt.Errorf("lease: tls: %w", err)
+			}
+			lc.ClientTLS = cli
+		}
+		cfg.Lease = lc
+		if l.Rules {
+			cfg.Rules, cfg.DefaultRules = nil, h.rules
+		}
+	}
+	return cfg, nil
+}
+
+// defaultsText is the handler's inline rules when they are the defaults of
+// lease rules, which a kept node cannot change.
+func defaultsText(h *Handler) string {
+	if h.Lease != nil && h.Lease.Rules {
+		return h.Rules
+	}
+	return ""
 }
 
 // config builds the weir cluster config, reading the key and TLS files.
@@ -251,26 +334,34 @@ func (t *TLSFiles) configs() (server, client *tls.Config, err error) {
 	return server, client, nil
 }
 
-// Cleanup lets go of the handler's node; the node closes when no config in
-// force uses it.
-func (h *Handler) Cleanup() error {
-	if h.entry != nil {
-		nodes.release(h.entry)
-	}
-	return nil
-}
-
 // ServeHTTP decides the request, answers or hands over a rejection, and
 // otherwise sets the rate-limit headers and calls next.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	n := h.entry.node
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	req := n.RequestFromHTTP(r)
-	if repl != nil {
-		req.ClientIP = repl.ReplaceAll(h.ClientIP, "")
-		req.User = repl.ReplaceAll(h.User, "")
-		if h.Tier != "" {
-			req.Tier = repl.ReplaceAll(h.Tier, "")
+	n := h.entry.node.Load()
+	if n == nil {
+		// The config's weir app has not started the node yet: Caddy starts
+		// the http app and the weir app of a new config one after the other.
+		select {
+		case <-h.entry.ready:
+		case <-r.Context().Done():
+			return r.Context().Err()
+		}
+		if n = h.entry.node.Load(); n == nil {
+			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("weir %q: no node: its config did not start", h.ID))
+		}
+	}
+	req := weir.Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
+	// Only the attributes some rule in force reads are resolved.
+	if need := h.needsOf(n.Rules()); need.ip || need.user || need.tier {
+		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		if need.ip {
+			req.ClientIP = h.clientIP.value(r, repl)
+		}
+		if need.user {
+			req.User = h.user.value(r, repl)
+		}
+		if need.tier {
+			req.Tier = h.tier.value(r, repl)
 		}
 	}
 	d := n.Allow(r.Context(), req)
@@ -299,6 +390,83 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return next.ServeHTTP(w, r)
 }
 
+// needs says which request attributes the rules of a set read.
+type needs struct {
+	set            *quota.Set
+	ip, user, tier bool
+}
+
+// needsOf returns what the rules of set read, computed once per set.
+func (h *Handler) needsOf(set *quota.Set) needs {
+	if c := h.needs.Load(); c != nil && c.set == set {
+		return *c
+	}
+	c := &needs{set: set}
+	for i := range set.Len() {
+		r := set.Rule(i)
+		for _, k := range r.Key {
+			c.ip = c.ip || k.Kind == quota.KeyIP
+			c.user = c.user || k.Kind == quota.KeyUser
+		}
+		c.tier = c.tier || len(r.Tiers) > 0
+	}
+	h.needs.Store(c)
+	return *c
+}
+
+// placeholder is a handler setting that Caddy's replacer resolves per
+// request: a text with placeholders, or (the usual case, resolved without
+// parsing the text) one placeholder alone.
+type placeholder struct {
+	text string
+	key  string // the placeholder's name when text is one placeholder alone
+}
+
+func compile(text string) placeholder {
+	p := placeholder{text: text}
+	if len(text) > 2 && text[0] == '{' && text[len(text)-1] == '}' && !strings.ContainsAny(text[1:len(text)-1], "{}\\") {
+		p.key = text[1 : len(text)-1]
+	}
+	return p
+}
+
+// value is the placeholder's value for r; empty when it has none.
+func (p placeholder) value(r *http.Request, repl *caddy.Replacer) string {
+	switch {
+	case p.text == "":
+		return ""
+	case p.key == "http.vars.client_ip":
+		if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok {
+			return ip
+		}
+	}
+	if repl == nil {
+		return ""
+	}
+	if p.key != "" {
+		v, _ := repl.GetString(p.key)
+		return v
+	}
+	return repl.ReplaceAll(p.text, "")
+}
+
+// cleanPath returns p in the canonical form weir matches rules against (as
+// weir's middleware does), so that "/a/../search" or "//search" cannot
+// slip past a "/search" rule.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' || strings.Contains(p, "//") || strings.Contains(p, "/.") {
+		c := path.Clean("/" + p)
+		if c != "/" && strings.HasSuffix(p, "/") {
+			c += "/"
+		}
+		return c
+	}
+	return p
+}
+
 // errRateLimited is the error a rejection hands to handle_errors.
 var errRateLimited = errors.New("rate limit exceeded")
 
@@ -309,74 +477,14 @@ func Node(id string) (n *weir.Node, ok bool) {
 	nodes.mu.Lock()
 	defer nodes.mu.Unlock()
 	e, ok := nodes.m[id]
-	if !ok {
+	if !ok || e.node.Load() == nil {
 		return nil, false
 	}
-	return e.node, true
-}
-
-// entry is one node and the handlers (of every config in force) using it.
-type entry struct {
-	id   string
-	key  string // the settings the node was started with
-	node *weir.Node
-	refs int
-}
-
-// registry holds the nodes across config reloads, by id.
-type registry struct {
-	mu sync.Mutex
-	m  map[string]*entry
-}
-
-var nodes = registry{m: map[string]*entry{}}
-
-// acquire returns the node id with settings key: the running one when its
-// settings are the same (putting rules in force when inline), else a new
-// one from start, closing the one it replaces first so that addresses
-// bound by it are free.
-func (g *registry) acquire(id, key string, rules []quota.Rule, start func() (*weir.Node, error)) (*entry, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if e, ok := g.m[id]; ok {
-		if e.key == key {
-			if rules != nil {
-				if err := e.node.SetRules(rules); err != nil {
-					return nil, err
-				}
-			}
-			e.refs++
-			return e, nil
-		}
-		delete(g.m, id)
-		e.node.Close()
-	}
-	n, err := start()
-	if err != nil {
-		return nil, err
-	}
-	e := &entry{id: id, key: key, node: n, refs: 1}
-	g.m[id] = e
-	return e, nil
-}
-
-// release drops one use of e, closing its node when it was the last.
-func (g *registry) release(e *entry) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	e.refs--
-	if e.refs > 0 {
-		return
-	}
-	if g.m[e.id] == e {
-		delete(g.m, e.id)
-		e.node.Close()
-	}
+	return e.node.Load(), true
 }
 
 // Interface guards.
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
