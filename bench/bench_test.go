@@ -28,7 +28,7 @@ func TestSmoke(t *testing.T) {
 		t.Log("redis-server is not installed: the Redis system is skipped (CI=true makes that a failure)")
 	}
 	cfg := runConfig{Mode: "smoke", Benchtime: 2 * time.Millisecond, Rounds: 1, Small: 1 << 8, Large: 1 << 12,
-		sections: "local,dist", requireRedis: requireRedis,
+		sections: "local,dist,user", requireRedis: requireRedis, user: smokeUserConfig(),
 		dist: distConfig{satDur: 200 * time.Millisecond, latDur: 200 * time.Millisecond, hotDur: 200 * time.Millisecond,
 			satWorkers: 8, hotWorkers: 8, offered: 500, callers: 16, identities: 1 << 12,
 			pairTurns: 2, pairTurn: 200 * time.Millisecond}}
@@ -96,8 +96,10 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 
+	checkUserSmoke(t, rep, redisErr == nil || requireRedis)
+
 	md := rep.Markdown()
-	for _, s := range []string{"## Local decisions", "## Distributed decisions", "## Targets", "| weir GCRAStore |", "| redis Lua token bucket |"} {
+	for _, s := range []string{"## Local decisions", "## Distributed decisions", "## The user's way", "## Targets", "| weir GCRAStore |", "| redis Lua token bucket |", "| weir shared, Check |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
 		}
@@ -121,8 +123,141 @@ func TestSmoke(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Local) != len(rep.Local) || len(back.Dist) != len(rep.Dist) || len(back.Targets) != len(rep.Targets) {
-		t.Errorf("JSON round trip lost sections: %d/%d/%d", len(back.Local), len(back.Dist), len(back.Targets))
+	if len(back.Local) != len(rep.Local) || len(back.Dist) != len(rep.Dist) || len(back.Targets) != len(rep.Targets) ||
+		back.User == nil || len(back.User.Systems) != len(rep.User.Systems) {
+		t.Errorf("JSON round trip lost sections: %d/%d/%d, user %v", len(back.Local), len(back.Dist), len(back.Targets), back.User != nil)
+	}
+}
+
+// smokeUserConfig is the user's-way section in miniature.
+func smokeUserConfig() userConfig {
+	return userConfig{Rounds: 1, Workers: 8, HotWorkers: 4, Identities: []int{1 << 10, 1 << 12},
+		Window: 200 * time.Millisecond, Warm: 50 * time.Millisecond,
+		Offered: 500, Latency: 200 * time.Millisecond, Callers: 16, LatIdentities: 1 << 10,
+		Hot: 300 * time.Millisecond, Baseline: 100 * time.Millisecond, Quiet: 100 * time.Millisecond, QuietCores: 0.05,
+		DrainMax: 10 * time.Second}
+}
+
+// checkUserSmoke checks the user's-way section of a smoke run: every
+// system measured in every phase without errors, its drain seen end, the
+// hot identity within what each system promises (one bucket over the
+// cluster for weir shared and exact, slack aside; a bucket per node for
+// the unshared reference, so more than one bucket's worth), and the
+// section's targets set. Degraded decisions are logged, not failed: with
+// the default 200 ms call timeout a loaded machine may time an exchange
+// out, and the run's report counts them.
+func checkUserSmoke(t *testing.T, rep *report, withRedis bool) {
+	t.Helper()
+	u := rep.User
+	if u == nil {
+		t.Fatal("the user's-way section did not run")
+	}
+	want := []string{userRef, "harness alone (no limiter)", "weir shared, Check", "weir shared, Allow", "weir local, Check", "weir local, Allow",
+		"weir exact, Check", "weir exact, Allow", "gubernator batching", "gubernator no-batching", "gubernator GLOBAL", redisName}
+	if len(u.Systems) != len(want) {
+		t.Fatalf("user's way: %d systems, want %d", len(u.Systems), len(want))
+	}
+	for i, f := range u.Systems {
+		if f.Name != want[i] {
+			t.Errorf("user's way system %d is %q, want %q", i, f.Name, want[i])
+		}
+		if f.Skipped != "" {
+			if f.Name != redisName || withRedis {
+				t.Errorf("user's way: %s skipped: %s", f.Name, f.Skipped)
+			}
+			continue
+		}
+		if len(f.Rounds) != 1 || len(f.Rounds[0].Sat) != 2 {
+			t.Errorf("user's way: %s: %d rounds, want 1 with 2 windows", f.Name, len(f.Rounds))
+			continue
+		}
+		rd := f.Rounds[0]
+		for _, s := range rd.Sat {
+			if s.Decisions == 0 || s.CPU <= 0 || !s.Drained {
+				t.Errorf("user's way: %s at %d identities: %+v", f.Name, s.Identities, s)
+			}
+		}
+		if n := f.errors(); n != 0 {
+			t.Errorf("user's way: %s: %d errors", f.Name, n)
+		}
+		if f.Floor {
+			if rd.Lat != nil || rd.Hot != nil {
+				t.Errorf("user's way: the harness alone ran the latency or hot phase")
+			}
+			continue
+		}
+		if rd.Lat == nil || rd.Lat.Samples == 0 || rd.Hot == nil || rd.Hot.Admitted < userBurst/2 {
+			t.Errorf("user's way: %s: latency %+v, hot %+v", f.Name, rd.Lat, rd.Hot)
+			continue
+		}
+		if f.HasDegraded && f.Degraded != 0 {
+			t.Logf("user's way: %s: %d degraded decisions", f.Name, f.Degraded)
+		}
+		switch {
+		case f.Name == userRef:
+			if float64(rd.Hot.Admitted) <= 1.5*rd.Hot.Ideal {
+				t.Errorf("user's way: the unshared reference admitted %d of a hot identity, ideal %.0f: its nodes share a bucket", rd.Hot.Admitted, rd.Hot.Ideal)
+			}
+		case strings.HasPrefix(f.Name, "weir shared") || strings.HasPrefix(f.Name, "weir exact"):
+			// S = 2 × ⌊0.05 · 100 ÷ 3⌋ = 2 for shared (docs/overshoot.md).
+			if f.Degraded == 0 && float64(rd.Hot.Admitted) > rd.Hot.Ideal+2+1 {
+				t.Errorf("user's way: %s admitted %d of a hot identity, above the ideal %.0f + S", f.Name, rd.Hot.Admitted, rd.Hot.Ideal)
+			}
+		}
+	}
+	n := 0
+	for _, tg := range rep.Targets {
+		if strings.HasPrefix(tg.Name, "user's way") {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Error("no target of the user's way")
+	}
+}
+
+// TestWaitQuiet checks the drain detector: quiet at once when nothing
+// runs, the drain seen end when work goes on after the window, and a
+// drain that never ends reported as such.
+func TestWaitQuiet(t *testing.T) {
+	const span = 50 * time.Millisecond
+	fixed := func() time.Duration { return time.Second }
+	if d, ok := waitQuiet(fixed, time.Now(), 0.05, span, time.Second); !ok || d != 0 {
+		t.Errorf("no CPU used: drain %v, %v; want 0, true", d, ok)
+	}
+	t0 := time.Now()
+	busy := func() time.Duration { return time.Since(t0) } // one core, for ever
+	if d, ok := waitQuiet(busy, time.Now(), 0.05, span, 200*time.Millisecond); ok || d != 200*time.Millisecond {
+		t.Errorf("always busy: drain %v, %v; want the maximum, false", d, ok)
+	}
+	// Busy for 300 ms, then idle: the drain is at least most of it.
+	const burn = 300 * time.Millisecond
+	from := time.Now()
+	busyUntil := func() time.Duration {
+		if e := time.Since(from); e < burn {
+			return e
+		}
+		return burn
+	}
+	d, ok := waitQuiet(busyUntil, from, 0.05, span, 5*time.Second)
+	if !ok || d < burn-2*quietSample || d > burn+span {
+		t.Errorf("busy for %v: drain %v, %v; want about %v, true", burn, d, ok, burn)
+	}
+	// The real clock: a goroutine spinning on this process's CPU.
+	stop := make(chan struct{})
+	from = time.Now()
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	time.AfterFunc(burn, func() { close(stop) })
+	if d, ok := waitQuiet(processCPU, from, 0.05, span, 5*time.Second); processCPU() > 0 && (!ok || d < burn/2) {
+		t.Errorf("a goroutine spinning for %v: drain %v, %v", burn, d, ok)
 	}
 }
 
@@ -190,5 +325,20 @@ func TestQuantiles(t *testing.T) {
 	}
 	if quantile(nil, 0.5) != 0 || median(nil) != 0 {
 		t.Error("empty inputs should give 0")
+	}
+}
+
+// TestChildCPU reads this process's CPU time from /proc, as it reads
+// redis-server's, and sets it against getrusage's.
+func TestChildCPU(t *testing.T) {
+	for x := 0; processCPU() < 50*time.Millisecond; x++ {
+		_ = x * x
+	}
+	p, c := processCPU(), childCPU(os.Getpid())
+	if c == 0 {
+		t.Skip("no /proc on this system")
+	}
+	if d := p - c; d < -50*time.Millisecond || d > 50*time.Millisecond {
+		t.Errorf("/proc says %v of CPU, getrusage %v", c, p)
 	}
 }

@@ -42,7 +42,18 @@ type instance struct {
 	// degraded reports decisions made without the owner (fail-open); nil
 	// when the system does not count them.
 	degraded func() uint64
-	stop     func()
+	// cpu is the CPU time the system's processes have used so far: nil
+	// for this process alone (processCPU); Redis adds its server's.
+	cpu  func() time.Duration
+	stop func()
+}
+
+// cpuTime is the CPU time the instance's processes have used so far.
+func (in *instance) cpuTime() time.Duration {
+	if in.cpu != nil {
+		return in.cpu()
+	}
+	return processCPU()
 }
 
 // distFigures are one system's distributed results.

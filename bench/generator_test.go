@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"hash/maphash"
 	"math/rand/v2"
 	"strings"
@@ -74,12 +73,6 @@ func BenchmarkDraw(b *testing.B) {
 		_ = h
 	})
 }
-
-// nullSystem admits everything at once: what the load generator measures
-// when the system costs nothing.
-type nullSystem struct{}
-
-func (nullSystem) Allow(context.Context, int, string) (bool, error) { return true, nil }
 
 // BenchmarkGeneratorFloor runs the fixed-load phase's generator (2 000
 // calls a second, open loop, 256 callers) against a system that costs

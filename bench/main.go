@@ -21,6 +21,17 @@
 // and p99.9 at a fixed offered load, and a hot identity hammered on every
 // node, its admissions set against the reference bucket.
 //
+// The user's way (userway.go): every system deployed with its defaults,
+// three nodes each, 32 goroutines walking the nodes round robin over
+// 100 000 and 1 000 000 random identities, one rule of 100/s with a burst
+// of 100; weir shared, local and exact through Node.Check and Node.Allow,
+// keyed x/time/rate per node (the reference), Redis + Lua and gubernator's
+// three behaviours. Sustained decisions per second (the window plus the
+// time until the system's CPU use is idle again), CPU per decision, p99 at
+// 2 000/s, the hot identity's admitted ÷ ideal and degraded decisions, as
+// medians of rounds that alternate the systems, each a ratio to keyed
+// x/time/rate in the same round.
+//
 // The results are also written as JSON (-out, default results/latest.json).
 // Everything listens on 127.0.0.1 only.
 package main
@@ -42,8 +53,8 @@ func main() {
 	testing.Init() // testing.Benchmark reads the test.* flags
 	quick := flag.Bool("quick", false, "short run (under two minutes): fewer rounds, shorter phases")
 	out := flag.String("out", filepath.Join("results", "latest.json"), "where to write the JSON results (empty: nowhere)")
-	sections := flag.String("sections", "local,dist", "sections to run: local, dist or both")
-	only := flag.String("only", "", "distributed section: measure only the systems whose name contains this (several: comma-separated)")
+	sections := flag.String("sections", "local,dist,user", "sections to run (comma-separated): local, dist, user (the user's way: default settings, 3 nodes walked round robin)")
+	only := flag.String("only", "", "distributed and user sections: measure only the systems whose name contains this (several: comma-separated; the user section keeps its reference)")
 	phases := flag.String("phases", "lat,sat,hot,pair", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity), pair (weir exact and Redis at the fixed load at once, calls alternated)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	tracefile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
@@ -121,8 +132,11 @@ type runConfig struct {
 	Large     int           `json:"large_keys"`
 	Dist      distConfigOut `json:"dist"`
 	dist      distConfig
-	sections  string
-	only      string
+	// User sizes the user's-way section.
+	User     userConfig `json:"user"`
+	user     userConfig
+	sections string
+	only     string
 	// requireRedis fails the run instead of skipping Redis when
 	// redis-server is missing and cannot be installed.
 	requireRedis bool
@@ -140,6 +154,7 @@ type distConfigOut struct {
 }
 
 func (c *runConfig) fill() {
+	c.User = c.user
 	d := c.dist
 	c.Dist = distConfigOut{d.satDur.Seconds(), d.latDur.Seconds(), d.hotDur.Seconds(), d.satWorkers, d.offered, d.callers, d.identities}
 }
@@ -154,7 +169,7 @@ func (c *runConfig) fill() {
 const offeredLoad = 2000
 
 func fullConfig() runConfig {
-	c := runConfig{Mode: "full", Benchtime: 300 * time.Millisecond, Rounds: 3, Small: keys1k, Large: keys1M, sections: "local,dist",
+	c := runConfig{Mode: "full", Benchtime: 300 * time.Millisecond, Rounds: 3, Small: keys1k, Large: keys1M, sections: "local,dist,user", user: fullUserConfig(),
 		dist: distConfig{satDur: 6 * time.Second, latDur: 6 * time.Second, hotDur: 4 * time.Second,
 			satWorkers: 64, hotWorkers: 64, offered: offeredLoad, callers: 256, identities: keys1M,
 			pairTurns: 12, pairTurn: time.Second}}
@@ -163,7 +178,7 @@ func fullConfig() runConfig {
 }
 
 func quickConfig() runConfig {
-	c := runConfig{Mode: "quick", Benchtime: 50 * time.Millisecond, Rounds: 1, Small: keys1k, Large: keys1M, sections: "local,dist",
+	c := runConfig{Mode: "quick", Benchtime: 50 * time.Millisecond, Rounds: 1, Small: keys1k, Large: keys1M, sections: "local,dist,user", user: quickUserConfig(),
 		dist: distConfig{satDur: 1500 * time.Millisecond, latDur: 1500 * time.Millisecond, hotDur: time.Second,
 			satWorkers: 64, hotWorkers: 64, offered: offeredLoad, callers: 256, identities: keys1M,
 			pairTurns: 8, pairTurn: 500 * time.Millisecond}}

@@ -121,6 +121,15 @@ func startRedis(bin string, timeout time.Duration) (*redisServer, error) {
 	}
 }
 
+// CPU is the CPU time (user and system) the server has used so far; 0 when
+// the system does not say.
+func (s *redisServer) CPU() time.Duration {
+	if s == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return childCPU(s.cmd.Process.Pid)
+}
+
 // Stop ends the server this process started.
 func (s *redisServer) Stop() {
 	if s == nil || s.cmd.Process == nil {
@@ -130,14 +139,25 @@ func (s *redisServer) Stop() {
 	s.cmd.Wait()
 }
 
-// redisSystem runs the token-bucket script, one client per gateway node.
+// redisSystem runs the token-bucket script, one client per gateway node,
+// for a bucket of limit tokens per second and a burst of burst.
 type redisSystem struct {
-	clients []*redis.Client
-	script  *redis.Script
+	clients      []*redis.Client
+	script       *redis.Script
+	limit, burst int
 }
 
+// newRedisSystem connects one client per node to addr, each with a pool of
+// poolPerNode connections (0: go-redis's default, 10 per GOMAXPROCS), for
+// the distributed section's rule (ruleLimit per second, burst ruleBurst).
 func newRedisSystem(addr string, poolPerNode int) (*redisSystem, error) {
-	r := &redisSystem{script: redis.NewScript(tokenBucketLua)}
+	return newRedisBucket(addr, poolPerNode, ruleLimit, ruleBurst)
+}
+
+// newRedisBucket is newRedisSystem for a bucket of limit per second and a
+// burst of burst.
+func newRedisBucket(addr string, poolPerNode, limit, burst int) (*redisSystem, error) {
+	r := &redisSystem{script: redis.NewScript(tokenBucketLua), limit: limit, burst: burst}
 	for range nodes {
 		r.clients = append(r.clients, redis.NewClient(&redis.Options{Addr: addr, PoolSize: poolPerNode}))
 	}
@@ -150,7 +170,7 @@ func newRedisSystem(addr string, poolPerNode int) (*redisSystem, error) {
 
 // Allow implements system: EVALSHA of the script on the node's client.
 func (r *redisSystem) Allow(ctx context.Context, node int, key string) (bool, error) {
-	v, err := r.script.Run(ctx, r.clients[node], []string{key}, ruleLimit, ruleBurst, 1).Int()
+	v, err := r.script.Run(ctx, r.clients[node], []string{key}, r.limit, r.burst, 1).Int()
 	return v == 1, err
 }
 

@@ -17,8 +17,10 @@ type report struct {
 	Dist    []distFigures  `json:"distributed"`
 	// Pair is weir exact and Redis at the fixed load in alternated turns
 	// (measurePair); nil when not run.
-	Pair    *pairFigures `json:"paired_latency,omitempty"`
-	Targets []target     `json:"targets"`
+	Pair *pairFigures `json:"paired_latency,omitempty"`
+	// User is the user's-way section (userway.go); nil when not run.
+	User    *userReport `json:"user_way,omitempty"`
+	Targets []target    `json:"targets"`
 	// Notes are things that happened in the run that the figures do not
 	// show (a system that would not shut down, a skipped part).
 	Notes []string `json:"notes,omitempty"`
@@ -214,6 +216,9 @@ func checkTargets(r *report) []target {
 		add(fmt.Sprintf("exact p99 vs Redis Lua p99 at %s/s each, calls alternated, %d turns of %.1f s pooled", fmtNum(p.Offered, 0), p.Turns, p.TurnSecs),
 			fmt.Sprintf("%.0f µs vs %.0f µs (exact lower in %d of %d turns)", p.P99A, p.P99B, p.P99Wins, p.Turns), "lower", verdict(p.P99A < p.P99B))
 	}
+	if r.User != nil {
+		userTargets(r.User, add)
+	}
 	if g := r.dist("gubernator GLOBAL"); g != nil && sh != nil {
 		add("hot identity, admitted ÷ reference: gubernator GLOBAL beside weir shared",
 			fmt.Sprintf("%.3f vs %.3f", ratio(float64(g.HotAdmitted), g.HotReference), ratio(float64(sh.HotAdmitted), sh.HotReference)),
@@ -330,6 +335,9 @@ func (r *report) Markdown() string {
 		p("| %s | %.0f | %.0f | %.0f | %d | %d | %d of %d |\n", q.A, q.P50A, q.P99A, q.P999A, q.SamplesA, q.ErrorsA, q.P99Wins, q.Turns)
 		p("| %s | %.0f (%s) | %.0f (%s) | %.0f (%s) | %d | %d | %d of %d |\n\n", q.B, q.P50B, fmtX(ratio(q.P50B, q.P50A)), q.P99B, fmtX(ratio(q.P99B, q.P99A)),
 			q.P999B, fmtX(ratio(q.P999B, q.P999A)), q.SamplesB, q.ErrorsB, q.Turns-q.P99Wins, q.Turns)
+	}
+	if r.User != nil {
+		r.User.markdown(&b)
 	}
 	for _, n := range r.Notes {
 		p("Note: %s\n\n", n)

@@ -39,6 +39,15 @@ func run(cfg runConfig, logf func(string, ...any)) (*report, error) {
 		}
 		rep.Load = append(rep.Load, loadNote("distributed: end"))
 	}
+	if strings.Contains(cfg.sections, "user") {
+		rep.Load = append(rep.Load, loadNote("user's way: start"))
+		u, err := runUser(cfg, logf)
+		if err != nil {
+			return nil, err
+		}
+		rep.User = u
+		rep.Load = append(rep.Load, loadNote("user's way: end"))
+	}
 	rep.Targets = checkTargets(rep)
 	return rep, nil
 }
@@ -106,11 +115,11 @@ func distSystems(cfg runConfig, logf func(string, ...any)) ([]distSystem, func()
 		return func() (*instance, error) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			gc, err := startGubernator(ctx)
+			gc, err := startGubernator(ctx, keys1M) // no eviction of live limits in a run
 			if err != nil {
 				return nil, err
 			}
-			return &instance{sys: gubernatorSystem{gc, b}, stop: gc.Close}, nil
+			return &instance{sys: gubernatorSystem{gc, b, ruleLimit, ruleBurst}, stop: gc.Close}, nil
 		}
 	}
 	systems := []distSystem{

@@ -50,26 +50,37 @@ type weirCluster struct {
 	nodes []*weir.Node
 }
 
-// startWeirCluster starts the nodes and waits until each sees all three.
+// startWeirCluster starts the nodes with the distributed section's rules
+// and waits until each sees all three.
 func startWeirCluster(timeout time.Duration) (*weirCluster, error) {
-	rules, err := quota.Parse("bench.yaml", []byte(clusterRules))
+	return startCluster(clusterRules, func(i int) *weir.ClusterConfig {
+		// LAN memberlist timings (the production profile): the local
+		// profile's fast failure detection declares live nodes dead on a
+		// machine saturated by the benchmark itself.
+		return &weir.ClusterConfig{
+			Name: fmt.Sprintf("bench-%d", i), Region: "bench", Label: "weir-bench",
+			GossipAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+			DecideTimeout: time.Second, CallTimeout: 2 * time.Second,
+		}
+	}, timeout)
+}
+
+// startCluster starts three nodes of one region with the rules of the YAML
+// document rulesYAML, node i with the cluster configuration cc(i) (Join is
+// set here: every node joins the first), and waits until each sees all
+// three.
+func startCluster(rulesYAML string, cc func(i int) *weir.ClusterConfig, timeout time.Duration) (*weirCluster, error) {
+	rules, err := quota.Parse("bench.yaml", []byte(rulesYAML))
 	if err != nil {
 		return nil, err
 	}
 	c := &weirCluster{}
 	for i := range nodes {
-		cc := &weir.ClusterConfig{
-			// LAN memberlist timings (the production profile): the local
-			// profile's fast failure detection declares live nodes dead on
-			// a machine saturated by the benchmark itself.
-			Name: fmt.Sprintf("bench-%d", i), Region: "bench", Label: "weir-bench",
-			GossipAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
-			DecideTimeout: time.Second, CallTimeout: 2 * time.Second,
-		}
+		cfg := cc(i)
 		if i > 0 {
-			cc.Join = []string{ops.GossipAddr(c.nodes[0])}
+			cfg.Join = []string{ops.GossipAddr(c.nodes[0])}
 		}
-		n, err := weir.New(weir.Config{Rules: rules, Cluster: cc})
+		n, err := weir.New(weir.Config{Rules: rules, Cluster: cfg})
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("weir node %d: %w", i, err)
@@ -156,8 +167,9 @@ type gubernatorCluster struct {
 	daemons []*gubernator.Daemon
 }
 
-// startGubernator spawns the daemons and gives each the peer list.
-func startGubernator(ctx context.Context) (*gubernatorCluster, error) {
+// startGubernator spawns the daemons and gives each the peer list; each
+// daemon's cache holds cacheSize limits.
+func startGubernator(ctx context.Context, cacheSize int) (*gubernatorCluster, error) {
 	lg := logrus.New()
 	lg.SetOutput(io.Discard)
 	lg.SetLevel(logrus.PanicLevel)
@@ -169,7 +181,7 @@ func startGubernator(ctx context.Context) (*gubernatorCluster, error) {
 			GRPCListenAddress: "127.0.0.1:0",
 			HTTPListenAddress: "127.0.0.1:0",
 			PeerDiscoveryType: "none",
-			CacheSize:         keys1M, // no eviction of live limits in a run
+			CacheSize:         cacheSize,
 			Logger:            logrus.NewEntry(lg),
 		})
 		if err != nil {
@@ -230,19 +242,21 @@ var gubernatorAbandoned atomic.Int64
 type gubernatorSystem struct {
 	c        *gubernatorCluster
 	behavior gubernator.Behavior
+	// limit per second and burst of the LEAKY_BUCKET limit.
+	limit, burst int64
 }
 
-// Allow implements system: one hit on a LEAKY_BUCKET limit of 1 000 per
-// second with a burst of 100.
+// Allow implements system: one hit on a LEAKY_BUCKET limit of g.limit per
+// second with a burst of g.burst.
 func (g gubernatorSystem) Allow(ctx context.Context, node int, key string) (bool, error) {
 	resp, err := g.c.daemons[node].V1Server.GetRateLimits(ctx, &gubernator.GetRateLimitsReq{
 		Requests: []*gubernator.RateLimitReq{{
 			Name:      "bench",
 			UniqueKey: key,
 			Hits:      1,
-			Limit:     ruleLimit,
+			Limit:     g.limit,
 			Duration:  1000, // milliseconds
-			Burst:     ruleBurst,
+			Burst:     g.burst,
 			Algorithm: gubernator.Algorithm_LEAKY_BUCKET,
 			Behavior:  g.behavior,
 		}},
