@@ -137,7 +137,7 @@ func (n *Node) lookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 		if method == "" {
 			method = http.MethodGet
 		}
-		matched = e.set.Match(method, cleanPath(q.Path), nil)
+		matched = e.set.Match(method, CleanPath(q.Path), nil)
 	}
 	var since time.Duration
 	format := n.keyFormat.Load()

@@ -121,7 +121,7 @@ type inputs struct{ ip, user, tier bool }
 // names. With lazyIP the client IP is resolved only when a rule's key chain
 // reaches its ip source (Request.clientIP).
 func (n *Node) requestFromHTTP(r *http.Request, need inputs, lazyIP bool) Request {
-	req := Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
+	req := Request{Method: r.Method, Path: CleanPath(r.URL.Path), Header: r.Header}
 	switch {
 	case need.ip && lazyIP:
 		req.ipFrom, req.ipRes = r, n.ip
@@ -149,10 +149,12 @@ func resolveIP(res *clientip.Resolver, r *http.Request) string {
 	return ip.String()
 }
 
-// cleanPath returns p in the canonical form rules are matched against, so
-// that "/a/../search" or "//search" cannot slip past a "/search" rule. It
+// CleanPath returns p in the canonical form rules are matched against, so
+// that "/a/../search" or "//search" cannot slip past a "/search" rule: what
+// the middleware puts in Request.Path. Callers that fill a Request from an
+// HTTP request themselves (gateway modules) clean the path with it. It
 // allocates only for a path that needs cleaning.
-func cleanPath(p string) string {
+func CleanPath(p string) string {
 	if p == "" {
 		return "/"
 	}

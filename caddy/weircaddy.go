@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -350,7 +349,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("weir %q: no node: its config did not start", h.ID))
 		}
 	}
-	req := weir.Request{Method: r.Method, Path: cleanPath(r.URL.Path), Header: r.Header}
+	req := weir.Request{Method: r.Method, Path: weir.CleanPath(r.URL.Path), Header: r.Header}
 	// Only the attributes some rule in force reads are resolved.
 	if need := h.needsOf(n.Rules()); need.ip || need.user || need.tier {
 		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -448,23 +447,6 @@ func (p placeholder) value(r *http.Request, repl *caddy.Replacer) string {
 		return v
 	}
 	return repl.ReplaceAll(p.text, "")
-}
-
-// cleanPath returns p in the canonical form weir matches rules against (as
-// weir's middleware does), so that "/a/../search" or "//search" cannot
-// slip past a "/search" rule.
-func cleanPath(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if p[0] != '/' || strings.Contains(p, "//") || strings.Contains(p, "/.") {
-		c := path.Clean("/" + p)
-		if c != "/" && strings.HasSuffix(p, "/") {
-			c += "/"
-		}
-		return c
-	}
-	return p
 }
 
 // errRateLimited is the error a rejection hands to handle_errors.
