@@ -242,30 +242,7 @@ func (r *report) Markdown() string {
 	}
 	p("\n\n")
 
-	if w := r.local("weir GCRAStore"); w != nil {
-		p("## Local decisions\n\n")
-		p("ns per decision (median of %d round(s), benchtime %v), and each figure ÷ weir's store in the same run. Keys: %s and %s distinct 32-byte identities; rule 1 000/s, burst 100. Parallel: GOMAXPROCS goroutines on one shared instance (the floor: one map per goroutine). Heap: runtime.MemStats HeapAlloc growth after runtime.GC() for %s keys, each key a fresh string as from a request.\n\n",
-			r.Config.Rounds, r.Config.Benchtime, fmtNum(float64(r.Config.Small), 0), fmtNum(float64(r.Config.Large), 0), fmtNum(float64(r.Config.Large), 0))
-		p("| system | serial, 1 k keys | serial, 1 M keys | parallel, 1 k keys | parallel, 1 M keys | allocs/op | heap bytes/key |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|\n")
-		cell := func(v, ref float64) string { return fmt.Sprintf("%.1f (%s)", v, fmtX(ratio(v, ref))) }
-		for _, f := range r.Local {
-			heap := "–"
-			if f.HasBytesPerKey {
-				heap = fmt.Sprintf("%.1f (%s)", f.BytesPerKey, fmtX(ratio(f.BytesPerKey, w.BytesPerKey)))
-			}
-			s1M, p1M := cell(f.Serial1M, w.Serial1M), cell(f.Parallel1M, w.Parallel1M)
-			if !f.Keyed {
-				s1M, p1M = "(no key)", "(no key)"
-			}
-			p("| %s | %s | %s | %s | %s | %.0f | %s |\n", f.Name, cell(f.Serial1k, w.Serial1k), s1M, cell(f.Parallel1k, w.Parallel1k), p1M, math.Round(f.AllocsPerOp), heap)
-		}
-		p("\n")
-		for _, f := range r.Local {
-			p("- %s: %s\n", f.Name, f.Note)
-		}
-		p("\n")
-	}
+	r.markdownLocal(&b)
 
 	if len(r.Dist) > 0 {
 		sh, ex := r.dist("weir shared"), r.dist("weir exact")
@@ -350,4 +327,33 @@ func (r *report) Markdown() string {
 		p("\n")
 	}
 	return b.String()
+}
+
+// markdownLocal renders the local section into b.
+func (r *report) markdownLocal(b *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	if w := r.local("weir GCRAStore"); w != nil {
+		p("## Local decisions\n\n")
+		p("ns per decision (median of %d round(s), benchtime %v), and each figure ÷ weir's store in the same run. Keys: %s and %s distinct 32-byte identities; rule 1 000/s, burst 100. Parallel: GOMAXPROCS goroutines on one shared instance (the floor: one map per goroutine). Heap: runtime.MemStats HeapAlloc growth after runtime.GC() for %s keys, each key a fresh string as from a request.\n\n",
+			r.Config.Rounds, r.Config.Benchtime, fmtNum(float64(r.Config.Small), 0), fmtNum(float64(r.Config.Large), 0), fmtNum(float64(r.Config.Large), 0))
+		p("| system | serial, 1 k keys | serial, 1 M keys | parallel, 1 k keys | parallel, 1 M keys | allocs/op | heap bytes/key |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|\n")
+		cell := func(v, ref float64) string { return fmt.Sprintf("%.1f (%s)", v, fmtX(ratio(v, ref))) }
+		for _, f := range r.Local {
+			heap := "–"
+			if f.HasBytesPerKey {
+				heap = fmt.Sprintf("%.1f (%s)", f.BytesPerKey, fmtX(ratio(f.BytesPerKey, w.BytesPerKey)))
+			}
+			s1M, p1M := cell(f.Serial1M, w.Serial1M), cell(f.Parallel1M, w.Parallel1M)
+			if !f.Keyed {
+				s1M, p1M = "(no key)", "(no key)"
+			}
+			p("| %s | %s | %s | %s | %s | %.0f | %s |\n", f.Name, cell(f.Serial1k, w.Serial1k), s1M, cell(f.Parallel1k, w.Parallel1k), p1M, math.Round(f.AllocsPerOp), heap)
+		}
+		p("\n")
+		for _, f := range r.Local {
+			p("- %s: %s\n", f.Name, f.Note)
+		}
+		p("\n")
+	}
 }
