@@ -426,8 +426,8 @@ func (n *Node) crash() {
 // override and tier variants, with the coordinator, and marks each limit
 // spec with the coordinator rule id that decides it. The coordinator decides
 // gcra rules (shared or exact), and fixed_window, sliding_window,
-// sliding_log and leaky_bucket rules in exact mode (the owner holds the
-// window, the log or the queue); a concurrency rule stays per node.
+// sliding_log, leaky_bucket and concurrency rules in exact mode (the owner
+// holds the window, the log, the queue or the slots in flight).
 func (n *Node) clusterRules(e *engine) {
 	if n.cluster == nil {
 		return
@@ -450,14 +450,7 @@ func (n *Node) clusterRules(e *engine) {
 	}
 	for i := range e.rules {
 		c := &e.rules[i]
-		centralised := c.r.Algorithm != quota.AlgorithmConcurrency
-		if !centralised && c.r.Mode == quota.ModeExact {
-			// Validation allows it (exact on one node); a concurrency
-			// rule's slots are held per node.
-			n.log.Warn("rule is decided per node: the cluster does not yet hold concurrency slots; with more than one node it admits up to nodes × its limit in flight",
-				"rule", c.r.ID, "algorithm", c.r.Algorithm)
-		}
-		if !centralised || (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {
+		if (c.r.Mode != quota.ModeShared && c.r.Mode != quota.ModeExact) || c.r.Durable {
 			continue // durable rules are decided by the lease group
 		}
 		add(c, &c.base, "", c.base.limit, c.base.burst, c.r.Sketch)
@@ -487,6 +480,22 @@ func (n *Node) clusterRules(e *engine) {
 func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket.Decision, bool) {
 	// The Shell's Hasher is n.hasher (startCluster): p.idh is its hash.
 	o, err := n.cluster.shell.DecideHashedAt(ctx, now, p.idh, p.spec.cid, p.wid, p.cost)
+	conc := p.spec.rel != nil // a concurrency rule: the owner holds its slots
+	switch {
+	case !conc || o.Ticket == 0:
+	case err != nil || o.Source == cluster.SourceFailure:
+		// Given up on, or decided by on_failure: the owner may still grant
+		// the ticket a slot, which is released at once.
+		n.cluster.shell.Release(p.spec.cid, p.wid, o.Ticket, p.cost)
+	case o.Allowed:
+		// The owner holds the slot until the request ends.
+		p.slot = &clusterSlot{shell: n.cluster.shell, rule: p.spec.cid, identity: p.wid, ticket: o.Ticket, cost: p.cost}
+	}
+	if conc && err == nil && o.Source == cluster.SourceFailure && p.c.r.OnFailure == quota.OnFailureLocal {
+		// on_failure local holds the slot on this node, at the rule's
+		// limit (its releaser frees it).
+		o.Decision = p.spec.lim.take(p.key, p.ident(), now, p.cost)
+	}
 	if err != nil {
 		// The caller gave up (ctx) or the rule is unknown mid-reload: the
 		// rule's local fallback decides, degraded.
@@ -501,7 +510,36 @@ func (n *Node) decideCluster(ctx context.Context, p *pending, now int64) (bucket
 // refundCluster gives back a cluster rule's admission of a request that
 // another rule then rejected.
 func (n *Node) refundCluster(p *pending) {
+	if p.spec.rel != nil {
+		// A concurrency rule: its slot is released, on the owner or here
+		// (on_failure local).
+		if p.slot != nil {
+			p.slot.release()
+		} else if p.src == cluster.SourceFailure && p.c.r.OnFailure == quota.OnFailureLocal {
+			p.spec.rel.release(p.key, n.now(), p.cost)
+		}
+		return
+	}
 	n.cluster.shell.Refund(p.spec.cid, p.wid, p.cost, p.src)
+}
+
+// clusterSlot is a concurrency slot that an identity's owner holds for a
+// request of this node: released once, by the request's end or a refund.
+type clusterSlot struct {
+	shell    *shell.Node
+	rule     string
+	identity string
+	ticket   uint64
+	cost     int64
+	released atomic.Bool
+}
+
+// release frees the slot on its owner (once; nil: nothing held).
+func (s *clusterSlot) release() {
+	if s == nil || s.released.Swap(true) {
+		return
+	}
+	s.shell.Release(s.rule, s.identity, s.ticket, s.cost)
 }
 
 // noteDegraded counts and logs (at most once a second) a decision made by

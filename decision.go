@@ -79,6 +79,7 @@ type RuleResult struct {
 
 	// releasing bookkeeping for concurrency rules.
 	release releaser
+	slot    *clusterSlot // a concurrency slot its owner holds (cluster_node.go)
 	key     uint64
 	order   int32
 	charged bool
@@ -157,8 +158,11 @@ func (d *Decision) Done() {
 	d.done = true
 	for i := range d.Results() {
 		r := &d.Results()[i]
-		if r.release != nil && r.charged && r.Allowed && !r.ShadowRejected {
-			r.release.release(r.key, d.now, r.Cost)
+		if r.charged && r.Allowed && !r.ShadowRejected {
+			if r.release != nil {
+				r.release.release(r.key, d.now, r.Cost)
+			}
+			r.slot.release()
 		}
 	}
 }

@@ -228,6 +228,10 @@ type pending struct {
 	idh    uint64 // n.hasher.Sum(wid): the cluster's Shell picks its shard by it
 	key    uint64
 	cost   int64
+	// slot is the concurrency slot that the identity's owner holds for
+	// this request (a cluster-decided concurrency rule's admission), nil
+	// for none.
+	slot *clusterSlot
 }
 
 // ident returns p's identity as its rule's variants are picked by.
@@ -446,6 +450,14 @@ func (n *Node) report(d *Decision, p *pending, bd bucket.Decision, locked bool, 
 	r.Allowed, r.Shadow, r.Locked = bd.Allowed, c.r.Shadow, locked
 	r.Remaining, r.Reset, r.RetryAfter, r.Delay = bd.Remaining, bd.Reset, bd.RetryAfter, bd.Delay
 	r.release, r.key, r.order, r.charged = p.spec.rel, p.key, int32(p.order), charged
+	if p.spec.cid != "" && p.spec.rel != nil {
+		// A cluster-decided concurrency rule: the slot is the owner's, or,
+		// decided by on_failure, this node's own (local) or none.
+		r.release, r.slot = nil, p.slot
+		if p.src == cluster.SourceFailure && p.c.r.OnFailure == quota.OnFailureLocal {
+			r.release = p.spec.rel
+		}
+	}
 	if degraded {
 		r.Degraded, d.Degraded = true, true
 		n.ops.events.add(now, EventFailOpen, c.r.ID, failOpenReason(c.durable, c.r.OnFailure), p.id)
@@ -507,10 +519,13 @@ func (n *Node) Check(ctx context.Context, key, ruleID string, cost int64) (Check
 	d := Decision{Allowed: true, limiting: -1, now: now}
 	n.record(ctx, &d, &p, now)
 	r := d.Results()[0]
-	if r.release != nil && r.charged && r.Allowed && !r.ShadowRejected {
+	if r.charged && r.Allowed && !r.ShadowRejected {
 		// Check has no request end to release at; a concurrency slot taken
 		// here is released at once, so Check only tells whether one is free.
-		r.release.release(p.key, now, cost)
+		if r.release != nil {
+			r.release.release(p.key, now, cost)
+		}
+		r.slot.release()
 	}
 	return CheckResult{
 		Allowed:        r.Allowed,

@@ -66,8 +66,11 @@ func (n *Node) CheckKeys(ctx context.Context, checks []KeyCheck) (Decision, erro
 	d.finish()
 	for i := range d.Results() {
 		r := &d.Results()[i]
-		if r.release != nil && r.charged && r.Allowed && !r.ShadowRejected {
-			r.release.release(r.key, now, r.Cost)
+		if r.charged && r.Allowed && !r.ShadowRejected {
+			if r.release != nil {
+				r.release.release(r.key, now, r.Cost)
+			}
+			r.slot.release()
 			r.charged = false
 		}
 	}

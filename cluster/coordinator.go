@@ -194,7 +194,9 @@ const maxSpareReports = 16
 type Stats struct {
 	LocalAdmits, ViewRejects, Forwarded, RemoteResults, Degraded uint64
 	SyncsSent, AcksSent, ReportsCharged                          uint64
-	Entries, Owned                                               int
+	// Releases counts concurrency slots released to another owner.
+	Releases       uint64
+	Entries, Owned int
 	// SketchAdmits counts admissions through a gated rule's sketch;
 	// SketchPromotions the identities that passed its threshold and got
 	// an entry; SketchBytes is the memory the sketches hold.
@@ -238,6 +240,12 @@ type Coordinator struct {
 	down     map[string]bool
 	ticket   uint64
 	gen      uint64
+	// taker and takerTicket name the holder and ticket of the
+	// concurrency slot the decision under way takes (concurrency.go);
+	// slotTickets counts the owner's own slots.
+	taker       string
+	takerTicket uint64
+	slotTickets uint64
 	// pend holds the forwarded requests from pendHead on, in ticket order
 	// (tickets are consecutive, so ticket t sits at pendHead + t − the
 	// first's ticket), which is also their deadline order. nextScan is
@@ -495,8 +503,19 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID string, key Key
 		} else if scored {
 			oe.mineIn = c.tables
 		}
+		if r.conc != nil {
+			// A concurrency slot names its holder's ticket, the one
+			// the holder releases it with: the owner's own are apart
+			// from its forwarded requests' (which must stay
+			// consecutive), above them.
+			c.slotTickets++
+			c.taker, c.takerTicket = c.cfg.Self, ownSlotTicket|c.slotTickets
+		}
 		d, _ := c.ownerStep(now, r, k, h, cost, oe)
 		*out = Outcome{Decision: d, Source: SourceOwner}
+		if r.conc != nil {
+			out.Ticket = c.takerTicket
+		}
 		return nil
 	}
 	c.decideAsNode(out, now, r, k, h, e, owner, gated, cost)
@@ -728,6 +747,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		oe.handed = true
 		oe.warming = false
 	}
+	c.dropDeparted(now, t)
 	if changed {
 		c.markHandedOver(t)
 	}
@@ -746,6 +766,7 @@ func (st *Stats) Add(o *Stats) {
 	st.SyncsSent += o.SyncsSent
 	st.AcksSent += o.AcksSent
 	st.ReportsCharged += o.ReportsCharged
+	st.Releases += o.Releases
 	st.Entries += o.Entries
 	st.Owned += o.Owned
 	st.SketchAdmits += o.SketchAdmits

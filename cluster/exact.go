@@ -9,7 +9,8 @@ import (
 )
 
 // exactAlgo is an algorithm that only an identity's owner decides (mode
-// exact): fixed_window, sliding_window, sliding_log and leaky_bucket. The
+// exact): fixed_window, sliding_window, sliding_log, leaky_bucket and
+// concurrency (concurrency.go). The
 // owner's entry holds its state; nodes keep no view of it and forward every
 // request. GCRA, which nodes also decide within their slack, is the
 // coordinator's own path and has no exactAlgo (RuleParams.exact is nil).
@@ -75,6 +76,13 @@ func newExactAlgo(algo quota.Algorithm, limit int64, window, maxDelay time.Durat
 	case quota.AlgorithmLeakyBucket:
 		lk, err := bucket.NewLeaky(limit, window, maxDelay)
 		return &leakyAlgo{lk}, lk.Limit(), err
+	case quota.AlgorithmConcurrency:
+		// The window is the longest a slot is held without its release.
+		c, err := newConcAlgo(limit, window)
+		if err != nil {
+			return nil, 0, err
+		}
+		return c, limit, nil
 	}
 	return nil, 0, nil
 }
@@ -521,6 +529,7 @@ func (a *logAlgo) convertHandoff(old exactAlgo, now int64, h *HandoffItem) {
 // exactState is the state of an owner entry whose algorithm needs more
 // than a time and a count.
 type exactState struct {
-	sw  bucket.SlidingState
-	log bucket.SlidingLogState
+	sw   bucket.SlidingState
+	log  bucket.SlidingLogState
+	conc concState
 }

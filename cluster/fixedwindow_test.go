@@ -325,7 +325,7 @@ func TestFixedWindowChargedSpend(t *testing.T) {
 // anything else is an error naming the rule.
 func TestNewRuleParamsAlgorithms(t *testing.T) {
 	ok := []quota.Rule{gcraRule("g", quota.ModeShared, 10, time.Second, 5), fixedRule("f", 10, time.Second),
-		leakyRule("l", 10, time.Second, 300*time.Millisecond)}
+		leakyRule("l", 10, time.Second, 300*time.Millisecond), concRule("c", 5, time.Minute)}
 	for i := range ok {
 		p, err := NewRuleParams(&ok[i], 1)
 		if err != nil {
@@ -334,6 +334,11 @@ func TestNewRuleParamsAlgorithms(t *testing.T) {
 		if ok[i].Algorithm == quota.AlgorithmFixedWindow {
 			if _, fixed := p.exact.(*fixedAlgo); p.Burst != 10 || !fixed || p.Algorithm != quota.AlgorithmFixedWindow {
 				t.Errorf("fixed window params %+v: want burst = limit, fixed", p)
+			}
+		}
+		if ok[i].Algorithm == quota.AlgorithmConcurrency {
+			if p.conc == nil || p.exact != p.conc || p.Burst != 5 || p.maxCost != 5 || p.conc.hold != int64(time.Minute) {
+				t.Errorf("concurrency params %+v: want 5 slots held at most the window", p)
 			}
 		}
 		if ok[i].Algorithm == quota.AlgorithmLeakyBucket {
@@ -347,7 +352,7 @@ func TestNewRuleParamsAlgorithms(t *testing.T) {
 	sliding := fixedRule("sliding", 10, time.Second)
 	sliding.Algorithm, sliding.Mode = quota.AlgorithmSlidingWindow, quota.ModeShared
 	concurrency := fixedRule("concurrency", 10, time.Second)
-	concurrency.Algorithm = quota.AlgorithmConcurrency
+	concurrency.Algorithm, concurrency.Mode = quota.AlgorithmConcurrency, quota.ModeShared
 	leakyShared := leakyRule("leaky-shared", 10, time.Second, time.Second)
 	leakyShared.Mode = quota.ModeShared
 	for _, r := range []quota.Rule{shared, sliding, concurrency, leakyShared} {

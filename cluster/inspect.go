@@ -25,7 +25,9 @@ type BucketState struct {
 	// quota.AlgorithmFixedWindow ("fixed_window"),
 	// quota.AlgorithmSlidingWindow ("sliding_window"),
 	// quota.AlgorithmSlidingLog ("sliding_log") or
-	// quota.AlgorithmLeakyBucket ("leaky_bucket").
+	// quota.AlgorithmLeakyBucket ("leaky_bucket") or
+	// quota.AlgorithmConcurrency ("concurrency": Count is the slots in
+	// flight, ResetAfter when the last of them lapses).
 	Algorithm string
 	// Burst is the bucket's capacity in tokens and Interval the time one
 	// token takes to come back (the rule's window ÷ limit). For a

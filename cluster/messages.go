@@ -185,6 +185,10 @@ type DecideItem struct {
 	// one per process, so the value is good for every coordinator here;
 	// it never goes on the wire (wire.go builds items without it).
 	h uint64
+	// Release is set on an item that gives back the concurrency slot the
+	// sender's request with Ticket took (Coordinator.Release): the owner
+	// frees it and answers nothing.
+	Release bool
 }
 
 // ResultItem is the owner's decision of a DecideItem, with its bucket after
@@ -232,6 +236,8 @@ type HandoffItem struct {
 	Window    int64 // ns
 	Burst     int64
 	MaxDelay  int64 // ns
+	// Slots are a concurrency rule's slots in flight.
+	Slots []SlotItem
 }
 
 // LogItem is one admission of a handed sliding log: Age ns before the

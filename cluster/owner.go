@@ -108,7 +108,8 @@ func (c *Coordinator) convertOwned(next map[string]*RuleParams, now int64) {
 // spent under the old algorithm are charged to a fresh state of the new one
 // (bucket's Spent and Booked: never more than the new rule allows), and a
 // rule removed and added again later starts empty. A leased rule's state is
-// its share's: across an algorithm change it starts over.
+// its share's: across an algorithm change it starts over, and so does a
+// concurrency rule's (slots in flight and tokens spent do not convert).
 func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
 	keys := c.ownedKeys(func(id string, old *RuleParams) bool {
 		r, ok := next[id]
@@ -120,7 +121,7 @@ func (c *Coordinator) retype(next map[string]*RuleParams, now int64) {
 			continue
 		}
 		o, r := c.rules[k.rule], next[k.rule]
-		if r == nil || o.leased || r.leased {
+		if r == nil || o.leased || r.leased || o.conc != nil || r.conc != nil {
 			c.dropOwned(oe)
 			continue
 		}
@@ -166,6 +167,9 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, 
 		d = r.gcra.Step(&oe.tat, now, cost)
 	case r.exact != nil:
 		d = r.exact.step(oe, now, cost)
+		if r.conc != nil && d.Allowed {
+			r.conc.tag(oe, c.taker, c.takerTicket)
+		}
 	default:
 		d = c.otherStep(now, r, k, oe, cost)
 	}
@@ -211,7 +215,10 @@ func (c *Coordinator) ownedEntry(now int64, r *RuleParams, k entryKey, h uint64)
 	oe := c.ownedOf(r).GetH(h, k.identity)
 	if oe == nil {
 		oe = c.newOwnerEntry(now, k, h)
-		if now < c.warmUntil && c.table != nil {
+		// A concurrency rule's owner takes its slots without a warm-up: a
+		// relayed acquisition would name the relaying node as its holder
+		// (concurrency.go).
+		if now < c.warmUntil && c.table != nil && r.conc == nil {
 			if from := c.prevOwner(k.identity); from != "" && c.handedOver[from] != c.table.Digest() {
 				oe.warming, oe.from = true, from
 			}
@@ -403,6 +410,13 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 
 // decideFor is the owner deciding a forwarded request.
 func (c *Coordinator) decideFor(now int64, from string, d *DecideItem) {
+	if d.Release {
+		if r, ok := c.rule(d.Rule); ok && r.conc != nil {
+			c.releaseFrom(now, r, from, d.Identity, d.Ticket)
+		}
+		return
+	}
+	c.taker, c.takerTicket = from, d.Ticket // a concurrency slot's holder
 	var bd bucket.Decision
 	var debt int64
 	if r, ok := c.rule(d.Rule); ok {

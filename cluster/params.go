@@ -30,7 +30,7 @@ type RuleParams struct {
 	Scheme SlackScheme
 	// Algorithm is the rule's algorithm: quota.AlgorithmGCRA, or (exact
 	// mode only) quota.AlgorithmFixedWindow, AlgorithmSlidingWindow,
-	// AlgorithmSlidingLog or AlgorithmLeakyBucket.
+	// AlgorithmSlidingLog, AlgorithmLeakyBucket or AlgorithmConcurrency.
 	Algorithm quota.Algorithm
 	// CountRejected is a fixed_window rule's count_rejected: its window
 	// counts every request's cost, admitted or not
@@ -41,6 +41,9 @@ type RuleParams struct {
 	// gcra (exact.go), nil for gcra; gcra then serves only the node side's
 	// arithmetic and on_failure.
 	exact exactAlgo
+	// conc is exact when the rule is a concurrency rule (concurrency.go),
+	// else nil.
+	conc *concAlgo
 	// maxCost is the largest cost a request can be admitted at: the burst,
 	// or any cost for a leaky queue (which admits it into an empty queue).
 	maxCost int64
@@ -78,7 +81,8 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	var maxDelay time.Duration
 	switch r.Algorithm {
 	case "", quota.AlgorithmGCRA, quota.AlgorithmTokenBucket:
-	case quota.AlgorithmFixedWindow, quota.AlgorithmSlidingWindow, quota.AlgorithmSlidingLog, quota.AlgorithmLeakyBucket:
+	case quota.AlgorithmFixedWindow, quota.AlgorithmSlidingWindow, quota.AlgorithmSlidingLog, quota.AlgorithmLeakyBucket,
+		quota.AlgorithmConcurrency:
 		if r.Mode != quota.ModeExact {
 			return RuleParams{}, fmt.Errorf("cluster: rule %q: algorithm %s is decided by the coordinator in mode exact only, not %q", r.ID, r.Algorithm, r.Mode)
 		}
@@ -113,6 +117,7 @@ func NewRuleParams(r *quota.Rule, version uint64) (RuleParams, error) {
 	p := RuleParams{ID: r.ID, Version: version, Mode: r.Mode, OnFailure: r.OnFailure,
 		Limit: r.Limit, Window: r.Window, Burst: burst, Accuracy: acc, Sketch: sk, Scheme: DefaultSlackScheme,
 		Algorithm: algo, gcra: g, exact: ex, maxCost: burst, maxDelay: int64(maxDelay)}
+	p.conc, _ = ex.(*concAlgo)
 	if ex != nil {
 		p.maxCost = ex.maxCost()
 	}

@@ -391,7 +391,7 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 	// Written field by field, every field (the slot may hold an old
 	// item): no copy of a whole item.
 	it := &m.Decides[len(m.Decides)-1]
-	it.Ticket, it.Cost = c.ticket, cost
+	it.Ticket, it.Cost, it.Release = c.ticket, cost, false
 	it.Rule, it.Identity, it.h = k.rule, k.identity, h
 	c.stats.Forwarded++
 	*out = Outcome{Pending: true, Ticket: c.ticket, Source: SourceRemote}

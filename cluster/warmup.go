@@ -147,7 +147,7 @@ func (c *Coordinator) relay(now int64, k entryKey, h uint64, cost int64, to, ori
 	m := c.outbox(to)
 	m.Decides = addItem(m.Decides, &c.pools.decides)
 	it := &m.Decides[len(m.Decides)-1]
-	it.Ticket, it.Cost = c.ticket, cost
+	it.Ticket, it.Cost, it.Release = c.ticket, cost, false
 	it.Rule, it.Identity, it.h = k.rule, k.identity, h
 	c.stats.Forwarded++
 	return c.ticket

@@ -576,11 +576,14 @@ func (x *AckItem) GetRefunded() int64 {
 
 // DecideItem asks the owner to decide a request of cost >= 0.
 type DecideItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ticket        uint64                 `protobuf:"varint,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
-	Rule          string                 `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
-	Cost          int64                  `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Ticket   uint64                 `protobuf:"varint,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	Rule     string                 `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity []byte                 `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty (a global rule)
+	Cost     int64                  `protobuf:"varint,4,opt,name=cost,proto3" json:"cost,omitempty"`
+	// release: the item gives back the concurrency slot that the sender's
+	// request with this ticket took; no result follows.
+	Release       bool `protobuf:"varint,5,opt,name=release,proto3" json:"release,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,6 +644,13 @@ func (x *DecideItem) GetCost() int64 {
 		return x.Cost
 	}
 	return 0
+}
+
+func (x *DecideItem) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
 }
 
 // ResultItem is the owner's decision of a DecideItem. reset_after is
@@ -759,15 +769,16 @@ type HandoffItem struct {
 	// owner whose rule changed since converts it (docs/rules.md, "When a rule
 	// changes"). limit 0 means unknown: the state is read under the new
 	// owner's rule as it is.
-	Algorithm     string  `protobuf:"bytes,5,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
-	Limit         int64   `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                               // tokens per window (>= 0)
-	Window        int64   `protobuf:"varint,7,opt,name=window,proto3" json:"window,omitempty"`                             // ns (>= 0)
-	Burst         int64   `protobuf:"varint,8,opt,name=burst,proto3" json:"burst,omitempty"`                               // tokens (>= 0)
-	MaxDelay      int64   `protobuf:"varint,9,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`         // ns (>= 0; leaky_bucket rules)
-	Prev          int64   `protobuf:"varint,10,opt,name=prev,proto3" json:"prev,omitempty"`                                // tokens (>= 0; sliding_window rules)
-	Span          int64   `protobuf:"varint,11,opt,name=span,proto3" json:"span,omitempty"`                                // ns (>= 0; sliding_window rules)
-	LogAges       []int64 `protobuf:"varint,12,rep,packed,name=log_ages,json=logAges,proto3" json:"log_ages,omitempty"`    // ns (>= 0; sliding_log rules)
-	LogCosts      []int64 `protobuf:"varint,13,rep,packed,name=log_costs,json=logCosts,proto3" json:"log_costs,omitempty"` // tokens (>= 1; sliding_log rules)
+	Algorithm     string      `protobuf:"bytes,5,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	Limit         int64       `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`                               // tokens per window (>= 0)
+	Window        int64       `protobuf:"varint,7,opt,name=window,proto3" json:"window,omitempty"`                             // ns (>= 0)
+	Burst         int64       `protobuf:"varint,8,opt,name=burst,proto3" json:"burst,omitempty"`                               // tokens (>= 0)
+	MaxDelay      int64       `protobuf:"varint,9,opt,name=max_delay,json=maxDelay,proto3" json:"max_delay,omitempty"`         // ns (>= 0; leaky_bucket rules)
+	Prev          int64       `protobuf:"varint,10,opt,name=prev,proto3" json:"prev,omitempty"`                                // tokens (>= 0; sliding_window rules)
+	Span          int64       `protobuf:"varint,11,opt,name=span,proto3" json:"span,omitempty"`                                // ns (>= 0; sliding_window rules)
+	LogAges       []int64     `protobuf:"varint,12,rep,packed,name=log_ages,json=logAges,proto3" json:"log_ages,omitempty"`    // ns (>= 0; sliding_log rules)
+	LogCosts      []int64     `protobuf:"varint,13,rep,packed,name=log_costs,json=logCosts,proto3" json:"log_costs,omitempty"` // tokens (>= 1; sliding_log rules)
+	Slots         []*SlotItem `protobuf:"bytes,14,rep,name=slots,proto3" json:"slots,omitempty"`                               // concurrency rules: the slots in flight
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -893,6 +904,83 @@ func (x *HandoffItem) GetLogCosts() []int64 {
 	return nil
 }
 
+func (x *HandoffItem) GetSlots() []*SlotItem {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+// SlotItem is one concurrency slot of a handed state: cost slots that the
+// holder's request with ticket took, lapsing left ns after the sender's now.
+type SlotItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Holder        string                 `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"`  // a member name, possibly empty (not known)
+	Ticket        uint64                 `protobuf:"varint,2,opt,name=ticket,proto3" json:"ticket,omitempty"` // 0: not known
+	Cost          int64                  `protobuf:"varint,3,opt,name=cost,proto3" json:"cost,omitempty"`     // >= 1
+	Left          int64                  `protobuf:"varint,4,opt,name=left,proto3" json:"left,omitempty"`     // ns (>= 1)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlotItem) Reset() {
+	*x = SlotItem{}
+	mi := &file_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlotItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlotItem) ProtoMessage() {}
+
+func (x *SlotItem) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlotItem.ProtoReflect.Descriptor instead.
+func (*SlotItem) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SlotItem) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *SlotItem) GetTicket() uint64 {
+	if x != nil {
+		return x.Ticket
+	}
+	return 0
+}
+
+func (x *SlotItem) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *SlotItem) GetLeft() int64 {
+	if x != nil {
+		return x.Left
+	}
+	return 0
+}
+
 var File_peer_proto protoreflect.FileDescriptor
 
 const file_peer_proto_rawDesc = "" +
@@ -950,13 +1038,14 @@ const file_peer_proto_rawDesc = "" +
 	"\vgrant_epoch\x18\x06 \x01(\x04R\n" +
 	"grantEpoch\x12\x14\n" +
 	"\x05grant\x18\a \x01(\x03R\x05grant\x12\x1a\n" +
-	"\brefunded\x18\b \x01(\x03R\brefunded\"h\n" +
+	"\brefunded\x18\b \x01(\x03R\brefunded\"\x82\x01\n" +
 	"\n" +
 	"DecideItem\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x03 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04cost\x18\x04 \x01(\x03R\x04cost\"\xc8\x01\n" +
+	"\x04cost\x18\x04 \x01(\x03R\x04cost\x12\x18\n" +
+	"\arelease\x18\x05 \x01(\bR\arelease\"\xc8\x01\n" +
 	"\n" +
 	"ResultItem\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x04R\x06ticket\x12\x18\n" +
@@ -967,7 +1056,7 @@ const file_peer_proto_rawDesc = "" +
 	"\vretry_after\x18\x05 \x01(\x03R\n" +
 	"retryAfter\x12\x12\n" +
 	"\x04debt\x18\x06 \x01(\x12R\x04debt\x12\x14\n" +
-	"\x05delay\x18\a \x01(\x03R\x05delay\"\xc6\x02\n" +
+	"\x05delay\x18\a \x01(\x03R\x05delay\"\xf4\x02\n" +
 	"\vHandoffItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
@@ -982,7 +1071,13 @@ const file_peer_proto_rawDesc = "" +
 	" \x01(\x03R\x04prev\x12\x12\n" +
 	"\x04span\x18\v \x01(\x03R\x04span\x12\x19\n" +
 	"\blog_ages\x18\f \x03(\x03R\alogAges\x12\x1b\n" +
-	"\tlog_costs\x18\r \x03(\x03R\blogCosts2\xb9\x01\n" +
+	"\tlog_costs\x18\r \x03(\x03R\blogCosts\x12,\n" +
+	"\x05slots\x18\x0e \x03(\v2\x16.weir.peer.v1.SlotItemR\x05slots\"b\n" +
+	"\bSlotItem\x12\x16\n" +
+	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x16\n" +
+	"\x06ticket\x18\x02 \x01(\x04R\x06ticket\x12\x12\n" +
+	"\x04cost\x18\x03 \x01(\x03R\x04cost\x12\x12\n" +
+	"\x04left\x18\x04 \x01(\x03R\x04left2\xb9\x01\n" +
 	"\x04Peer\x124\n" +
 	"\bExchange\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch\x126\n" +
 	"\x06Stream\x12\x13.weir.peer.v1.Batch\x1a\x13.weir.peer.v1.Batch(\x010\x01\x12C\n" +
@@ -1000,7 +1095,7 @@ func file_peer_proto_rawDescGZIP() []byte {
 	return file_peer_proto_rawDescData
 }
 
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_peer_proto_goTypes = []any{
 	(*InspectRequest)(nil), // 0: weir.peer.v1.InspectRequest
 	(*InspectReply)(nil),   // 1: weir.peer.v1.InspectReply
@@ -1010,6 +1105,7 @@ var file_peer_proto_goTypes = []any{
 	(*DecideItem)(nil),     // 5: weir.peer.v1.DecideItem
 	(*ResultItem)(nil),     // 6: weir.peer.v1.ResultItem
 	(*HandoffItem)(nil),    // 7: weir.peer.v1.HandoffItem
+	(*SlotItem)(nil),       // 8: weir.peer.v1.SlotItem
 }
 var file_peer_proto_depIdxs = []int32{
 	3, // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
@@ -1017,17 +1113,18 @@ var file_peer_proto_depIdxs = []int32{
 	4, // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
 	6, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
 	7, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
-	2, // 5: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
-	2, // 6: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
-	0, // 7: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
-	2, // 8: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
-	2, // 9: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
-	1, // 10: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	8, // 5: weir.peer.v1.HandoffItem.slots:type_name -> weir.peer.v1.SlotItem
+	2, // 6: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
+	2, // 7: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
+	0, // 8: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
+	2, // 9: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
+	2, // 10: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
+	1, // 11: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
+	9, // [9:12] is the sub-list for method output_type
+	6, // [6:9] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1041,7 +1138,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

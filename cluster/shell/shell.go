@@ -414,7 +414,9 @@ func (s *Node) DecideHashedAt(ctx context.Context, now int64, h uint64, ruleID, 
 			waitPool.Put(ch) // nothing was or will be sent on it
 		}
 		sh.mu.Unlock()
-		return cluster.Outcome{}, ctx.Err()
+		// The ticket, so that a concurrency slot the owner may still
+		// grant can be released (Release).
+		return cluster.Outcome{Ticket: o.Ticket}, ctx.Err()
 	}
 }
 
@@ -449,6 +451,21 @@ func (s *Node) Refund(ruleID, identity string, cost int64, src cluster.Source) {
 	sh.coord.Refund(s.now(), ruleID, identity, cost, src)
 	// A refund the owner gives back leaves in a sync: sent as a decision's
 	// messages are.
+	queued, ready := sh.coord.Queued(), sh.coord.HasReady()
+	sh.mu.Unlock()
+	s.nudge(false, ready, queued)
+}
+
+// Release frees the concurrency slot that this node's request took under
+// ticket, the Outcome.Ticket of its admission, or of a decision the caller
+// gave up waiting for (see Coordinator.Release).
+func (s *Node) Release(ruleID, identity string, ticket uint64, cost int64) {
+	if ticket == 0 {
+		return
+	}
+	sh := &s.shards[s.shardOf(identity)]
+	sh.lock()
+	sh.coord.Release(s.now(), ruleID, identity, ticket, cost)
 	queued, ready := sh.coord.Queued(), sh.coord.HasReady()
 	sh.mu.Unlock()
 	s.nudge(false, ready, queued)

@@ -108,7 +108,9 @@ func (s *Node) Handle(ctx context.Context, from string, m *cluster.Message) (*cl
 func (sh *shard) complete(cs []cluster.Completion) {
 	for _, c := range cs {
 		if ch, ok := sh.waits[c.Ticket]; ok {
-			ch <- c.Outcome
+			o := c.Outcome
+			o.Ticket = c.Ticket // a concurrency slot is released by it
+			ch <- o
 			delete(sh.waits, c.Ticket)
 		}
 	}

@@ -40,7 +40,7 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 		items := make([]peerpb.DecideItem, len(m.Decides))
 		for i, d := range m.Decides {
 			it := &items[i]
-			it.Ticket, it.Rule, it.Identity, it.Cost = d.Ticket, d.Rule, []byte(d.Identity), d.Cost
+			it.Ticket, it.Rule, it.Identity, it.Cost, it.Release = d.Ticket, d.Rule, []byte(d.Identity), d.Cost, d.Release
 			b.Decides[i] = it
 		}
 	}
@@ -75,6 +75,12 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 				it.LogAges, it.LogCosts = make([]int64, len(h.Log)), make([]int64, len(h.Log))
 				for j, e := range h.Log {
 					it.LogAges[j], it.LogCosts[j] = e.Age, e.Cost
+				}
+			}
+			if len(h.Slots) > 0 {
+				it.Slots = make([]*peerpb.SlotItem, len(h.Slots))
+				for j, s := range h.Slots {
+					it.Slots[j] = &peerpb.SlotItem{Holder: s.Holder, Ticket: s.Ticket, Cost: s.Cost, Left: s.Left}
 				}
 			}
 			b.Handoffs[i] = it
@@ -130,7 +136,7 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 			if d.Cost < 0 {
 				return "", nil, itemErr("decides", i, fmt.Sprintf("negative cost %d", d.Cost))
 			}
-			m.Decides[i] = cluster.DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: string(d.Identity), Cost: d.Cost}
+			m.Decides[i] = cluster.DecideItem{Ticket: d.Ticket, Rule: d.Rule, Identity: string(d.Identity), Cost: d.Cost, Release: d.Release}
 		}
 	}
 	if len(b.Acks) > 0 {
@@ -201,12 +207,45 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 			if err != nil {
 				return "", nil, err
 			}
+			slots, err := decodeSlots(i, h.Slots)
+			if err != nil {
+				return "", nil, err
+			}
 			m.Handoffs[i] = cluster.HandoffItem{Rule: h.Rule, Identity: string(h.Identity), Debt: h.Debt, Count: h.Count,
-				Prev: h.Prev, Span: h.Span, Log: log,
+				Prev: h.Prev, Span: h.Span, Log: log, Slots: slots,
 				Algorithm: quota.Algorithm(h.Algorithm), Limit: h.Limit, Window: h.Window, Burst: h.Burst, MaxDelay: h.MaxDelay}
 		}
 	}
 	return b.From, m, nil
+}
+
+// decodeSlots checks and converts handoff i's concurrency slots: at most
+// bucket.MaxSlidingLogLimit of them (a state holds at most one per slot of
+// its limit), each with a holder that is empty or a valid member name, a
+// cost >= 1 and a time left >= 1 ns.
+func decodeSlots(i int, in []*peerpb.SlotItem) ([]cluster.SlotItem, error) {
+	switch {
+	case len(in) > bucket.MaxSlidingLogLimit:
+		return nil, itemErr("handoffs", i, fmt.Sprintf("%d slots, more than %d", len(in), bucket.MaxSlidingLogLimit))
+	case len(in) == 0:
+		return nil, nil
+	}
+	out := make([]cluster.SlotItem, len(in))
+	for j, s := range in {
+		switch {
+		case s == nil:
+			return nil, itemErr("handoffs", i, fmt.Sprintf("slot %d: nil", j))
+		case s.Cost < 1 || s.Left < 1:
+			return nil, itemErr("handoffs", i, fmt.Sprintf("slot %d: cost %d, left %d (want cost >= 1, left >= 1)", j, s.Cost, s.Left))
+		}
+		if s.Holder != "" {
+			if p := checkName("holder", s.Holder, cluster.MaxNodeNameBytes); p != "" {
+				return nil, itemErr("handoffs", i, fmt.Sprintf("slot %d: %s", j, p))
+			}
+		}
+		out[j] = cluster.SlotItem{Holder: s.Holder, Ticket: s.Ticket, Cost: s.Cost, Left: s.Left}
+	}
+	return out, nil
 }
 
 // decodeLog checks and converts handoff i's sliding log: as many ages as

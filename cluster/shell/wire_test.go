@@ -29,6 +29,7 @@ func fullMessage() *cluster.Message {
 		Decides: []cluster.DecideItem{
 			{Ticket: 1, Rule: "login", Identity: "10.0.0.1", Cost: 0},
 			{Ticket: math.MaxUint64, Rule: "login", Identity: strings.Repeat("i", cluster.MaxIdentityBytes), Cost: 3},
+			{Ticket: 1<<63 | 5, Rule: "conc", Identity: "user:7", Cost: 1, Release: true},
 		},
 		Acks: []cluster.AckItem{
 			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Debt: -1_000_000, GrantEpoch: 3, Grant: 12, Refunded: 4},
@@ -46,6 +47,9 @@ func fullMessage() *cluster.Message {
 				Algorithm: quota.AlgorithmSlidingWindow, Limit: 10, Window: 1_000_000_000, Burst: 10},
 			{Rule: "log", Identity: "user:6", Debt: 700_000_000, Log: []cluster.LogItem{{Age: 300_000_000, Cost: 2}, {Age: 0, Cost: 1}},
 				Algorithm: quota.AlgorithmSlidingLog, Limit: 5, Window: 1_000_000_000, Burst: 5},
+			{Rule: "conc", Identity: "user:7", Debt: 60_000_000_000, Slots: []cluster.SlotItem{
+				{Holder: "node-b", Ticket: 12, Cost: 2, Left: 59_000_000_000}, {Holder: "", Ticket: 0, Cost: 1, Left: 1}},
+				Algorithm: quota.AlgorithmConcurrency, Limit: 5, Window: 60_000_000_000, Burst: 5},
 		},
 		HandedOver: math.MaxUint64,
 	}
@@ -113,6 +117,11 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"handoff log negative age", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: []int64{-1}, LogCosts: []int64{1}}}}, "handoffs[0]: log entry 0: age -1"},
 		{"handoff log zero cost", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: []int64{5}, LogCosts: []int64{0}}}}, "log entry 0: age 5, cost 0"},
 		{"handoff log too long", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), LogAges: make([]int64, bucket.MaxSlidingLogLimit+1), LogCosts: make([]int64, bucket.MaxSlidingLogLimit+1)}}}, "more than 10000"},
+		{"handoff slot zero cost", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: []*peerpb.SlotItem{{Holder: "a", Cost: 0, Left: 5}}}}}, "handoffs[0]: slot 0: cost 0, left 5"},
+		{"handoff slot lapsed", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: []*peerpb.SlotItem{{Cost: 1, Left: 0}}}}}, "slot 0: cost 1, left 0"},
+		{"handoff slot nil", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: []*peerpb.SlotItem{nil}}}}, "slot 0: nil"},
+		{"handoff slot bad holder", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: []*peerpb.SlotItem{{Holder: "a\xff", Cost: 1, Left: 1}}}}}, "slot 0: holder is not valid UTF-8"},
+		{"handoff too many slots", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: make([]*peerpb.SlotItem, bucket.MaxSlidingLogLimit+1)}}}, "10001 slots"},
 		{"negative handoff prev", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Prev: -1}}}, "handoffs[0]: negative prev -1"},
 		{"negative handoff count", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Count: -2}}}, "handoffs[0]: negative count -2"},
 	}
