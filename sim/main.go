@@ -152,6 +152,7 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 		c               region.Config
 		o               options
 		mode, onFailure string
+		algorithm       string
 		latency, faults string
 		rules           string
 		slack           int64
@@ -163,7 +164,8 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.Int64Var(&c.Limit, "limit", 100, "the rule's limit: tokens per window")
 	fs.DurationVar(&c.Window, "window", time.Second, "the rule's window")
 	fs.Int64Var(&c.Burst, "burst", 0, "the rule's burst (0: the limit)")
-	fs.StringVar(&mode, "mode", "shared", "shared or exact")
+	fs.StringVar(&mode, "mode", "shared", "shared or exact (exact for an -algorithm other than gcra)")
+	fs.StringVar(&algorithm, "algorithm", "gcra", "the rule's algorithm: gcra, or in mode exact fixed_window, sliding_window, sliding_log or leaky_bucket (held to equality with one instance of it)")
 	fs.Float64Var(&c.Accuracy, "accuracy", quota.DefaultAccuracy, "the rule's accuracy a: S = Σ sᵢ ≤ a·limit")
 	fs.Int64Var(&slack, "slack", -1, "per-node slack in tokens at the initial size (sets -accuracy; -1: use -accuracy)")
 	fs.StringVar(&c.Scheme, "scheme", cluster.DefaultSlackScheme.String(), "slack scheme: fixed (⌊a·L ÷ N⌋ per node) or demand (a base per node, the rest granted by demand)")
@@ -216,6 +218,13 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 		return c, o, fmt.Errorf("-burst %d: want at least 1 (0: the limit)", c.Burst)
 	}
 	c.Mode = quota.Mode(mode)
+	c.Algorithm = quota.Algorithm(algorithm)
+	if explicit := false; c.Algorithm != quota.AlgorithmGCRA {
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "mode" })
+		if !explicit {
+			c.Mode = quota.ModeExact
+		}
+	}
 	c.OnFailure = quota.OnFailure(onFailure)
 	c.Seed = seed
 	l, err := region.ParseLatency(latency)

@@ -67,6 +67,10 @@ type Config struct {
 	Accuracy  float64
 	OnFailure quota.OnFailure
 	Cost      int64
+	// Algorithm is the rule's algorithm ("": gcra), or one of
+	// SimAlgorithms in mode exact (algorithms.go): the run is then held to
+	// equality with one instance of the algorithm, not to the envelope.
+	Algorithm quota.Algorithm
 	// Sketch is the rule's sketch gating threshold θ (quota.Sketch,
 	// docs/overshoot.md "Sketch gating"; 0: no gating, shared mode only)
 	// and SketchPeriod its period P (0: Window; at least Window). Each
@@ -148,8 +152,14 @@ func (c Config) withDefaults() Config {
 	if c.Burst == 0 {
 		c.Burst = c.Limit
 	}
+	if c.Algorithm == "" {
+		c.Algorithm = quota.AlgorithmGCRA
+	}
 	if c.Mode == "" {
 		c.Mode = quota.ModeShared
+		if c.Algorithm != quota.AlgorithmGCRA {
+			c.Mode = quota.ModeExact
+		}
 	}
 	if c.Accuracy == 0 {
 		c.Accuracy = quota.DefaultAccuracy
@@ -275,6 +285,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("traffic pulse: the quiet part %v (B·T + 2·sync + decide timeout + 4 ticks) leaves nothing of the period %v: raise -sketch-period or lower -burst",
 			time.Duration(c.pulseQuiet()), time.Duration(c.pulsePeriod()))
 	}
+	if err := c.validateAlgorithm(); err != nil {
+		return err
+	}
 	if _, err := bucketFor(c); err != nil {
 		return err
 	}
@@ -359,6 +372,9 @@ func (c Config) Flags() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-nodes %d -limit %d -window %v -burst %d -mode %s -accuracy %g -scheme %s -on-failure %s -cost %d",
 		c.Nodes, c.Limit, c.Window, c.Burst, c.Mode, c.Accuracy, c.Scheme, c.OnFailure, c.Cost)
+	if c.Algorithm != quota.AlgorithmGCRA {
+		fmt.Fprintf(&b, " -algorithm %s", c.Algorithm)
+	}
 	fmt.Fprintf(&b, " -sync %v -decide-timeout %v -linger %v -call-timeout %v -breaker-failures %d -breaker-cooldown %v",
 		c.Sync, c.DecideTimeout, c.Linger, c.CallTimeout, c.BreakerFailures, c.BreakerCooldown)
 	fmt.Fprintf(&b, " -tick %v -detect %v -gossip %v -latency %s", c.Tick, c.Detect, c.Gossip, c.Latency)

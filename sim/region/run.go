@@ -23,21 +23,26 @@ const T0 = int64(1_800_000_000) * int64(time.Second)
 // Region is one run in progress: the nodes, the network, the traffic, the
 // reference buckets and the checks.
 type Region struct {
-	cfg         Config
-	sim         *engine.Sim
-	net         *engine.Network
-	t0          int64
-	trafficEnd  int64 // no request arrives at or after
-	end         int64 // the run stops here (traffic end plus a drain)
-	nodes       []*node
-	names       []string // nodeNames.names
-	nodeNames   *idNames // the nodes' names, indexed by where their bytes lie
-	byName      map[string]int
-	pending     [][]pairChange
-	params      cluster.RuleParams
-	ref         bucket.GCRA
-	ids         *idNames // the identities' names
-	refTAT      []bucket.TAT
+	cfg        Config
+	sim        *engine.Sim
+	net        *engine.Network
+	t0         int64
+	trafficEnd int64 // no request arrives at or after
+	end        int64 // the run stops here (traffic end plus a drain)
+	nodes      []*node
+	names      []string // nodeNames.names
+	nodeNames  *idNames // the nodes' names, indexed by where their bytes lie
+	byName     map[string]int
+	pending    [][]pairChange
+	params     cluster.RuleParams
+	ref        bucket.GCRA
+	ids        *idNames // the identities' names
+	refTAT     []bucket.TAT
+	// A rule of another algorithm than gcra (algorithms.go): the arrival
+	// order reference's instance per identity (made on first use), and
+	// the replay check.
+	altRef      []algoRef
+	rep         *replay
 	initialRing *cluster.Ring
 	chk         *checker
 	horizon     int64
@@ -95,8 +100,15 @@ func bucketFor(c Config) (cluster.RuleParams, error) { return bucketForID(c, rul
 
 // bucketForID returns the coordinator's rule id with c's rule settings.
 func bucketForID(c Config, id string) (cluster.RuleParams, error) {
-	r := quota.Rule{ID: id, Algorithm: quota.AlgorithmGCRA, Mode: c.Mode, Limit: c.Limit, Window: c.Window,
+	algo := c.Algorithm
+	if algo == "" {
+		algo = quota.AlgorithmGCRA
+	}
+	r := quota.Rule{ID: id, Algorithm: algo, Mode: c.Mode, Limit: c.Limit, Window: c.Window,
 		Burst: c.Burst, Accuracy: c.Accuracy, OnFailure: c.OnFailure}
+	if algo == quota.AlgorithmLeakyBucket {
+		r.MaxDelay = c.queueDelay()
+	}
 	if c.Sketch > 0 {
 		r.Sketch = &quota.Sketch{Threshold: c.Sketch, Period: c.SketchPeriod}
 	}
@@ -154,6 +166,11 @@ func newRegion(c Config) *Region {
 	}
 	rg.ids = newIDNames(c.IDs)
 	rg.refTAT = make([]bucket.TAT, c.IDs)
+	if c.Algorithm != quota.AlgorithmGCRA {
+		fresh, _ := newAlgoRef(c)
+		rg.rep = &replay{fresh: fresh}
+		rg.altRef = make([]algoRef, c.IDs)
+	}
 	var ms []cluster.Member
 	for i := range c.Nodes {
 		ms = append(ms, cluster.Member{Name: rg.names[i], Addr: rg.names[i]})
@@ -404,9 +421,15 @@ func (rg *Region) arrive(ident, k int) {
 	cost := rg.cfg.Cost
 	rg.requests++
 	var refOK bool
-	if rg.multi {
+	switch {
+	case rg.multi:
 		refOK = rg.refPolicy(int32(ident), vnow, cost)
-	} else {
+	case rg.altRef != nil:
+		if rg.altRef[ident] == nil {
+			rg.altRef[ident] = rg.rep.fresh()
+		}
+		refOK = rg.altRef[ident].admit(vnow, cost)
+	default:
 		refOK = rg.ref.Allow(&rg.refTAT[ident], vnow, cost).Allowed()
 	}
 	if refOK {
@@ -457,6 +480,9 @@ func (rg *Region) outcome(ident int, at int64, o *cluster.Outcome, cost int64) {
 	}
 	rg.binsCluster[(at-rg.t0)/int64(rg.cfg.Bin)] += cost
 	rg.chk.record(at-rg.t0, ident, cost, o.Degraded, o.Source == cluster.SourceSketch)
+	if rg.rep != nil {
+		rg.rep.record(at-rg.t0, ident, cost, o.Degraded)
+	}
 }
 
 // evicted charges a key cap eviction's term to its identity: the debt an
@@ -576,6 +602,9 @@ func (rg *Region) sketchGating(nMax int) {
 func (rg *Region) faultTerms(nMax int) {
 	c := &rg.cfg
 	B := float64(c.Burst)
+	if c.Algorithm != quota.AlgorithmGCRA {
+		B = float64(c.algoBurst()) // the state one instance holds
+	}
 	r := c.rate()
 	T := c.Window.Seconds() / float64(c.Limit) // s per token
 	S := float64(rg.sFault)
@@ -630,7 +659,16 @@ func (rg *Region) faultTerms(nMax int) {
 			if f.Windowed {
 				win(f.At, f.At)
 				t := s
-				if f.Skew > 0 {
+				switch {
+				case c.Algorithm == quota.AlgorithmLeakyBucket:
+					// The queue drains j early at once, but a queue that
+					// never empties shows it only when it next fills,
+					// however late: no fault-free stretch follows.
+					t = max(min(ceil(r*f.Skew.Seconds()), B), 0)
+					rg.windows[len(rg.windows)-1].to = 1 << 62
+				case c.Algorithm != quota.AlgorithmGCRA:
+					t = B // a log's entries in view expire j early, once
+				case f.Skew > 0:
 					t += min(ceil(r*f.Skew.Seconds()), B+S)
 				}
 				addTerm(Term{f.Text, t,

@@ -31,6 +31,10 @@ type Grid struct {
 	Sketch []int64
 	// KeyCap is the coordinators' key cap (0: the default).
 	KeyCap []int
+	// Algorithm is the rule's algorithm ("": gcra); one other than gcra
+	// runs in mode exact only (a shared combination is left out), and the
+	// window algorithms without clock skews (Config.skipped).
+	Algorithm []quota.Algorithm
 }
 
 // GridSyntax documents the sweep spec; -help prints it.
@@ -38,6 +42,8 @@ const GridSyntax = `A sweep spec is dimensions separated by ";", each NAME=VALUE
   nodes=3,5,10  accuracy=0.05,0.1  sync=20ms,100ms  traffic=uneven,saturate
   mode=shared,exact  load=2,3  scheme=fixed,demand  sketch=0,4 (θ; 0: off; shared rules only)
   keycap=0,50 (entries per rule per node; 0: the default)
+  algorithm=gcra,fixed_window,sliding_window,sliding_log,leaky_bucket (other than gcra: exact
+    mode only, and fixed_window and sliding_window without clock skews; other runs are left out)
   faults=[none][crash:n1@2s,restart:n1@4s]   (each fault spec in brackets)
 "default" is the built-in grid (DefaultGrid).`
 
@@ -132,6 +138,12 @@ func ParseGrid(spec string) (Grid, error) {
 					return g, bad(fmt.Errorf("want an integer in [0, %d]", quota.MaxSketchThreshold))
 				}
 				g.Sketch = append(g.Sketch, th)
+			case "algorithm":
+				a := quota.Algorithm(v)
+				if a != quota.AlgorithmGCRA && !slices.Contains(SimAlgorithms, a) {
+					return g, bad(fmt.Errorf("want gcra or one of %v", SimAlgorithms))
+				}
+				g.Algorithm = append(g.Algorithm, a)
 			case "keycap":
 				k, err := strconv.Atoi(v)
 				if err != nil || k < 0 {
@@ -139,7 +151,7 @@ func ParseGrid(spec string) (Grid, error) {
 				}
 				g.KeyCap = append(g.KeyCap, k)
 			default:
-				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, keycap, faults)", ErrGridSpec, name)
+				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, keycap, algorithm, faults)", ErrGridSpec, name)
 			}
 		}
 	}
@@ -149,7 +161,7 @@ func ParseGrid(spec string) (Grid, error) {
 // Configs expands the grid over base. Run i gets seed base.Seed + i.
 func (g Grid) Configs(base Config) []Config {
 	var out []Config
-	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch), len(g.KeyCap)}
+	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch), len(g.KeyCap), len(g.Algorithm)}
 	engine.Product(sizes, func(i []int) {
 		cfg := base
 		if len(g.Scheme) > 0 {
@@ -182,8 +194,14 @@ func (g Grid) Configs(base Config) []Config {
 		if len(g.KeyCap) > 0 {
 			cfg.KeyCap = g.KeyCap[i[9]]
 		}
+		if len(g.Algorithm) > 0 {
+			cfg.Algorithm = g.Algorithm[i[10]]
+		}
 		if cfg.Mode == quota.ModeExact {
 			cfg.Sketch = 0
+		}
+		if cfg.withDefaults().skipped() {
+			return
 		}
 		cfg.Seed = base.Seed + uint64(len(out))
 		out = append(out, cfg)
@@ -241,7 +259,7 @@ func Sweep(base Config, g Grid, w io.Writer, progress func(done, total int)) ([]
 			sk += fmt.Sprintf("%d\t%d/%d/%d\t%s\t", r.Config.KeyCap, st.EvictedIdle, st.EvictedViews, st.EvictedForgiven, fmtTok(r.KeyCapTerm))
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%g\t%s\t%v\t%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%s\t\n",
-			i, r.Config.Nodes, r.Config.Mode, r.Config.Accuracy, r.Config.Scheme, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
+			i, r.Config.Nodes, r.Config.ruleKind(), r.Config.Accuracy, r.Config.Scheme, r.Config.Sync, r.Config.Traffic, shorten(FormatFaults(r.Config.Faults), 32),
 			sk, r.S, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), fmtTok(r.ExcessClean), fmtTok(r.Shortfall), fmtBound(r),
 			r.Degraded, r.MessagesPerSecond(), r.Coord.Forwarded, ok)
 		if progress != nil {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/weir-dev/weir/quota"
 	"github.com/weir-dev/weir/sim/engine"
 )
 
@@ -216,7 +217,9 @@ func (c *Config) saturating() bool {
 // saturating traffic with one rule. With several rules a rule's admissions
 // are held down by the others too (a request another rule rejects is
 // refunded), so no rule's shortfall is bounded by its own terms.
-func (c *Config) checksLower() bool { return c.saturating() && len(c.Rules) == 0 }
+func (c *Config) checksLower() bool {
+	return c.saturating() && len(c.Rules) == 0 && (c.Algorithm == "" || c.Algorithm == quota.AlgorithmGCRA)
+}
 
 // spreadOrder returns the initial nodes for identity i, non-owners first
 // (by index), its initial owner last: the busiest share of uneven traffic

@@ -1,0 +1,226 @@
+package region
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
+)
+
+// Rules of another algorithm than gcra (Config.Algorithm): fixed_window,
+// sliding_window, sliding_log and leaky_bucket rules in mode exact, whose
+// owner decides every request on the algorithm's own state
+// (docs/overshoot.md). Their promise is not an envelope over B + r·Δ but
+// equality with one instance of the algorithm: what the region admits is
+// what one fixed window, sliding counter, log or queue admits when fed the
+// region's admissions in the order the owners decided them. The check
+// replays every identity's admissions, at the times the owners decided
+// them, into a fresh instance of the algorithm (the replay), and counts the
+// tokens the replay refuses (uncharged, so that one over-admission is
+// counted once): the run's excess. It is 0 with no fault; a fault may add
+// its term (faultTerms): the state an owner crash loses (at most the
+// burst, which is the limit for the window and log algorithms and the
+// queue's positions for a leaky bucket), a second owner while views
+// disagree, and so on.
+//
+// The replay reads the simulator's clock: the owners' window boundaries
+// follow their own clocks, so a run of fixed_window or sliding_window with a
+// clock skew is refused, and a sliding_log or leaky_bucket run takes skew
+// steps only (a fault, with a term of one burst).
+
+// SimAlgorithms are the algorithms Config.Algorithm takes besides gcra.
+var SimAlgorithms = []quota.Algorithm{quota.AlgorithmFixedWindow, quota.AlgorithmSlidingWindow, quota.AlgorithmSlidingLog, quota.AlgorithmLeakyBucket}
+
+// ruleKind is the rule's mode, and its algorithm when not gcra.
+func (c Config) ruleKind() string {
+	if c.Algorithm == "" || c.Algorithm == quota.AlgorithmGCRA {
+		return string(c.Mode)
+	}
+	return string(c.Mode) + " " + string(c.Algorithm)
+}
+
+// validateAlgorithm checks a run of another algorithm than gcra (c has its
+// defaults).
+func (c Config) validateAlgorithm() error {
+	if c.Algorithm == quota.AlgorithmGCRA || c.Algorithm == quota.AlgorithmTokenBucket {
+		return nil
+	}
+	switch {
+	case c.Algorithm == quota.AlgorithmConcurrency:
+		return fmt.Errorf("algorithm concurrency: the simulator's requests take no time, so nothing is in flight (TestClusterConcurrency checks it on a real cluster)")
+	case !slices.Contains(SimAlgorithms, c.Algorithm):
+		return fmt.Errorf("algorithm %q: want gcra or one of %v", c.Algorithm, SimAlgorithms)
+	case c.Mode != quota.ModeExact:
+		return fmt.Errorf("algorithm %s: the cluster decides it in mode exact only, not %s", c.Algorithm, c.Mode)
+	case len(c.Rules) > 0:
+		return fmt.Errorf("algorithm %s: extra rules (-rules) are gcra rules, simulated with a gcra main rule only", c.Algorithm)
+	case c.KeyCap > 0:
+		return fmt.Errorf("algorithm %s: the key cap's term is derived for gcra buckets only", c.Algorithm)
+	case c.Algorithm != quota.AlgorithmLeakyBucket && c.Burst != c.Limit:
+		return fmt.Errorf("algorithm %s: burst %d: a window or a log holds its limit (%d); leave -burst unset", c.Algorithm, c.Burst, c.Limit)
+	}
+	for _, f := range c.Faults {
+		switch {
+		case f.Kind != FaultSkew:
+		case c.Algorithm == quota.AlgorithmFixedWindow || c.Algorithm == quota.AlgorithmSlidingWindow:
+			return fmt.Errorf("algorithm %s: a clock skew (%s) moves the owner's window boundaries for good, and the replay reads the simulator's clock: it would count every window it shifts", c.Algorithm, f.Text)
+		case !f.Windowed:
+			return fmt.Errorf("algorithm %s: a static clock skew (%s): the replay reads the simulator's clock; use a skew step (@time)", c.Algorithm, f.Text)
+		}
+	}
+	return nil
+}
+
+// skipped reports whether a grid's config c is left out of a sweep: an
+// algorithm other than gcra runs in mode exact only, and the window
+// algorithms without clock skews (validateAlgorithm).
+func (c Config) skipped() bool {
+	if c.Algorithm == "" || c.Algorithm == quota.AlgorithmGCRA {
+		return false
+	}
+	return c.Mode != quota.ModeExact || c.validateAlgorithm() != nil
+}
+
+// algoRef is one identity's instance of a rule's algorithm.
+type algoRef interface {
+	// admit decides a request of cost at now and counts it when admitted.
+	admit(now, cost int64) bool
+}
+
+type fixedRef struct {
+	fw bucket.FixedWindow
+	st bucket.FixedState
+}
+
+func (f *fixedRef) admit(now, cost int64) bool { return f.fw.Step(&f.st, now, cost).Allowed }
+
+type slidingRef struct {
+	sw bucket.SlidingWindow
+	st bucket.SlidingState
+}
+
+func (s *slidingRef) admit(now, cost int64) bool { return s.sw.Step(&s.st, now, cost).Allowed }
+
+type logRef struct {
+	l  bucket.SlidingLog
+	st bucket.SlidingLogState
+}
+
+func (l *logRef) admit(now, cost int64) bool { return l.l.Step(&l.st, now, cost).Allowed }
+
+type leakyRef struct {
+	lk bucket.Leaky
+	st bucket.Departure
+}
+
+func (l *leakyRef) admit(now, cost int64) bool { return l.lk.Step(&l.st, now, cost).Allowed }
+
+// newAlgoRef returns a maker of fresh instances of c's algorithm.
+func newAlgoRef(c Config) (func() algoRef, error) {
+	switch c.Algorithm {
+	case quota.AlgorithmFixedWindow:
+		fw, err := bucket.NewFixedWindow(c.Limit, c.Window)
+		return func() algoRef { return &fixedRef{fw: fw} }, err
+	case quota.AlgorithmSlidingWindow:
+		sw, err := bucket.NewSlidingWindow(c.Limit, c.Window)
+		return func() algoRef { return &slidingRef{sw: sw} }, err
+	case quota.AlgorithmSlidingLog:
+		l, err := bucket.NewSlidingLog(c.Limit, c.Window)
+		return func() algoRef { return &logRef{l: l} }, err
+	case quota.AlgorithmLeakyBucket:
+		lk, err := bucket.NewLeaky(c.Limit, c.Window, c.queueDelay())
+		return func() algoRef { return &leakyRef{lk: lk} }, err
+	}
+	return nil, fmt.Errorf("algorithm %q: want gcra or one of %v", c.Algorithm, SimAlgorithms)
+}
+
+// queueDelay is a leaky_bucket rule's longest wait: quota's default for
+// the run's limit and burst.
+func (c Config) queueDelay() time.Duration {
+	r := quota.Rule{Limit: c.Limit, Window: c.Window, Burst: c.Burst}
+	return r.QueueDelay(c.Limit, c.Burst)
+}
+
+// algoBurst is the most an instance of c's algorithm holds: the limit of a
+// window or a log, the queue's positions of a leaky bucket.
+func (c Config) algoBurst() int64 {
+	if c.Algorithm == quota.AlgorithmLeakyBucket {
+		return int64(c.queueDelay()/(c.Window/time.Duration(c.Limit))) + 1
+	}
+	return c.Limit
+}
+
+// replayAdmit is one admission the replay check takes.
+type replayAdmit struct {
+	at       int64 // when the owner decided it (run time)
+	seq      int   // record order, for equal times
+	ident    int
+	cost     int64
+	degraded bool
+}
+
+// replay collects a non-gcra run's admissions and replays them.
+type replay struct {
+	fresh func() algoRef
+	adm   []replayAdmit
+}
+
+func (p *replay) record(at int64, ident int, cost int64, degraded bool) {
+	p.adm = append(p.adm, replayAdmit{at: at, seq: len(p.adm), ident: ident, cost: cost, degraded: degraded})
+}
+
+// replayed is what the replay refused, for the identity where it refused
+// the most: of the admissions the owners account for (on_failure decisions
+// left out), of all of them, and of the accounted ones inside fault-free
+// stretches; worst is the identity of acc (-1: none refused).
+type replayed struct {
+	acc, all, clean int64
+	worst           int
+}
+
+// run replays every identity's admissions in decision order.
+func (p *replay) run(segs []segment) replayed {
+	slices.SortFunc(p.adm, func(a, b replayAdmit) int {
+		return cmp.Or(cmp.Compare(a.ident, b.ident), cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq))
+	})
+	out := replayed{worst: -1}
+	inClean := func(t int64) bool {
+		for _, s := range segs {
+			if t >= s.from && t < s.to {
+				return true
+			}
+		}
+		return false
+	}
+	for i := 0; i < len(p.adm); {
+		j := i
+		for j < len(p.adm) && p.adm[j].ident == p.adm[i].ident {
+			j++
+		}
+		accRef, allRef := p.fresh(), p.fresh()
+		var acc, all, clean int64
+		for _, a := range p.adm[i:j] {
+			if !allRef.admit(T0+a.at, a.cost) {
+				all += a.cost
+			}
+			if a.degraded {
+				continue
+			}
+			if !accRef.admit(T0+a.at, a.cost) {
+				acc += a.cost
+				if inClean(a.at) {
+					clean += a.cost
+				}
+			}
+		}
+		if acc > out.acc {
+			out.acc, out.worst = acc, p.adm[i].ident
+		}
+		out.all, out.clean = max(out.all, all), max(out.clean, clean)
+		i = j
+	}
+	return out
+}
