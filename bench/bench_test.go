@@ -221,27 +221,23 @@ func checkUserSmoke(t *testing.T, rep *report, withRedis bool) {
 // drain that never ends reported as such.
 func TestWaitQuiet(t *testing.T) {
 	const span = 50 * time.Millisecond
+	clk := &stepClock{now: time.Unix(1_800_000_000, 0)}
 	fixed := func() time.Duration { return time.Second }
-	if d, ok := waitQuiet(fixed, time.Now(), 0.05, span, time.Second); !ok || d != 0 {
+	if d, ok := waitQuietOn(clk, fixed, clk.Now(), 0.05, span, time.Second); !ok || d != 0 {
 		t.Errorf("no CPU used: drain %v, %v; want 0, true", d, ok)
 	}
-	t0 := time.Now()
-	busy := func() time.Duration { return time.Since(t0) } // one core, for ever
-	if d, ok := waitQuiet(busy, time.Now(), 0.05, span, 200*time.Millisecond); ok || d != 200*time.Millisecond {
+	t0 := clk.Now()
+	busy := func() time.Duration { return clk.Now().Sub(t0) } // one core, for ever
+	if d, ok := waitQuietOn(clk, busy, clk.Now(), 0.05, span, 200*time.Millisecond); ok || d != 200*time.Millisecond {
 		t.Errorf("always busy: drain %v, %v; want the maximum, false", d, ok)
 	}
-	// Busy for 300 ms, then idle: the drain is at least most of it.
+	// Busy for 300 ms, then idle: the drain is the busy time, to a sample.
 	const burn = 300 * time.Millisecond
-	from := time.Now()
-	busyUntil := func() time.Duration {
-		if e := time.Since(from); e < burn {
-			return e
-		}
-		return burn
-	}
-	d, ok := waitQuiet(busyUntil, from, 0.05, span, 5*time.Second)
-	if !ok || d < burn-2*quietSample || d > burn+span {
-		t.Errorf("busy for %v: drain %v, %v; want about %v, true", burn, d, ok, burn)
+	from := clk.Now()
+	busyUntil := func() time.Duration { return min(clk.Now().Sub(from), burn) }
+	d, ok := waitQuietOn(clk, busyUntil, from, 0.05, span, 5*time.Second)
+	if !ok || d < burn-quietSample || d > burn+quietSample {
+		t.Errorf("busy for %v: drain %v, %v; want %v to a sample, true", burn, d, ok, burn)
 	}
 	// The real clock: a goroutine spinning on this process's CPU.
 	stop := make(chan struct{})
@@ -260,6 +256,12 @@ func TestWaitQuiet(t *testing.T) {
 		t.Errorf("a goroutine spinning for %v: drain %v, %v", burn, d, ok)
 	}
 }
+
+// stepClock is a quietClock whose Sleep advances it exactly.
+type stepClock struct{ now time.Time }
+
+func (c *stepClock) Now() time.Time        { return c.now }
+func (c *stepClock) Sleep(d time.Duration) { c.now = c.now.Add(d) }
 
 // TestRedisScript checks the token-bucket script against the reference on a
 // real redis-server: one key hammered from every node admits its burst, and

@@ -504,6 +504,23 @@ const quietSample = 10 * time.Millisecond
 // starts before from + max, max and false. A system that left no work
 // behind is quiet at once: its drain is 0.
 func waitQuiet(cpu func() time.Duration, from time.Time, cores float64, span, max time.Duration) (time.Duration, bool) {
+	return waitQuietOn(wallClock{}, cpu, from, cores, span, max)
+}
+
+// quietClock is the clock waitQuietOn samples by: the wall clock, or a
+// test's.
+type quietClock interface {
+	Now() time.Time
+	Sleep(time.Duration)
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time        { return time.Now() }
+func (wallClock) Sleep(d time.Duration) { time.Sleep(d) }
+
+// waitQuietOn is waitQuiet on clk.
+func waitQuietOn(clk quietClock, cpu func() time.Duration, from time.Time, cores float64, span, max time.Duration) (time.Duration, bool) {
 	type sample struct {
 		at  time.Time
 		cpu time.Duration
@@ -511,8 +528,8 @@ func waitQuiet(cpu func() time.Duration, from time.Time, cores float64, span, ma
 	ss := []sample{{from, cpu()}}
 	i := 0 // the latest sample at least span before the newest
 	for {
-		time.Sleep(quietSample)
-		now := sample{time.Now(), cpu()}
+		clk.Sleep(quietSample)
+		now := sample{clk.Now(), cpu()}
 		ss = append(ss, now)
 		for i+1 < len(ss) && now.at.Sub(ss[i+1].at) >= span {
 			i++
