@@ -182,15 +182,33 @@ rules:
     limit: 20
     window: 1h
     mode: exact
+  - id: lk
+    match: {prefix: /lk}
+    key: [header:X-API-Key]
+    algorithm: leaky_bucket
+    limit: 20
+    window: 1h
+    burst: 20
+    mode: exact
+  - id: conc
+    match: {prefix: /conc}
+    key: [header:X-API-Key]
+    algorithm: concurrency
+    limit: 20
+    window: 1h
+    mode: exact
 `
 
 // TestClusterWindowAlgorithmsRingChange: for each window algorithm in mode
-// exact, and gcra in mode exact beside them, on a real cluster, one
-// identity driven round robin over the live nodes is admitted its limit of
-// 20 once in all across a graceful leave of its owner and the join of a new
-// node that takes it over (the state is handed over both times: no fresh
-// window), and at most the limit once more after a crash of the owner (the
-// stated fault term: the lost state, at most L).
+// exact, gcra, a leaky bucket (a queue of 20 positions) and a concurrency
+// limit of 20 (no request ends) in mode exact beside them, on a real
+// cluster, one identity driven round robin over the live nodes is admitted
+// its limit of 20 once in all across a graceful leave of its owner and the
+// join of a new node that takes it over (the state is handed over both
+// times: no fresh window), and at most the limit once more after a crash of
+// the owner (the stated fault term: the lost state, at most L). The
+// concurrency limit's slots held by the leaving gateway are freed when it
+// leaves: 4 more are admitted after the leave.
 func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("ring changes of a 3-node cluster")
@@ -209,11 +227,11 @@ func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
 			id = cand
 		}
 	}
-	paths := [4]string{"/fw", "/sw", "/log", "/g"}
+	paths := [6]string{"/fw", "/sw", "/log", "/g", "/lk", "/conc"}
 	// send asks n times per rule, round robin over the live nodes, and
 	// returns the admissions of each; a degraded decision or an error
 	// fails the test.
-	send := func(phase string, n int) (got [4]int) {
+	send := func(phase string, n int) (got [6]int) {
 		t.Helper()
 		live := c.live()
 		for k, path := range paths {
@@ -228,7 +246,7 @@ func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
 				}
 			}
 		}
-		t.Logf("%s: admitted %v of %d each (fixed_window, sliding_window, sliding_log, gcra)", phase, got, n)
+		t.Logf("%s: admitted %v of %d each (fixed_window, sliding_window, sliding_log, gcra, leaky_bucket, concurrency)", phase, got, n)
 		return got
 	}
 	first := send("before", 12)
@@ -239,9 +257,13 @@ func TestClusterWindowAlgorithmsRingChange(t *testing.T) {
 	c.settle()
 	left := send("after the owner's leave", 30)
 	for k, path := range paths {
-		if sum := first[k] + left[k]; first[k] != 12 || sum != limit {
+		want := limit
+		if path == "/conc" {
+			want += 4 // gw-1's slots (j = 1, 4, 7, 10 of the 12) are freed when it leaves
+		}
+		if sum := first[k] + left[k]; first[k] != 12 || sum != want {
 			t.Errorf("%s: admitted %d, then %d after the owner's leave: %d in all, want 12 first and exactly %d in all",
-				path, first[k], left[k], sum, limit)
+				path, first[k], left[k], sum, want)
 		}
 	}
 	// gw-3 joins and becomes the identity's owner: the heir hands the

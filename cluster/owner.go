@@ -258,6 +258,11 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 		case !keep:
 		case r.exact != nil:
 			r.exact.take(oe, now, &h)
+			if r.conc != nil && c.table != nil {
+				// Slots of a holder this ring dropped already are free.
+				names := c.table.Names()
+				r.conc.dropHolders(oe, now, func(n string) bool { return slices.Contains(names, n) })
+			}
 		default:
 			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))
 		}
