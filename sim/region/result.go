@@ -226,6 +226,15 @@ func (rg *Region) result() *Result {
 	return res
 }
 
+// checkLabels names the three upper checks of the summary: the excess over
+// over, or, for another algorithm than gcra, the tokens the replay refuses.
+func (c *Config) checkLabels(over string) (what, all, clean string) {
+	if c.Algorithm != quota.AlgorithmGCRA {
+		return "admitted that one " + string(c.Algorithm) + " fed them refuses, accounted", "the same, all admissions", "the same, in fault-free stretches"
+	}
+	return "worst excess over " + over + ", accounted, any interval", "worst excess over " + over + ", all admissions, any interval", "worst excess over " + over + ", fault-free intervals"
+}
+
 // check fills in Violations.
 func (r *Result) check() {
 	c := &r.Config
@@ -351,12 +360,7 @@ func (r *Result) Summary(w io.Writer) {
 	if len(r.Rules) > 0 {
 		over += " + its refund term"
 	}
-	what, all, clean := "worst excess over "+over+", accounted, any interval", "worst excess over "+over+", all admissions, any interval", "worst excess over "+over+", fault-free intervals"
-	if c.Algorithm != quota.AlgorithmGCRA {
-		// The replay: tokens one instance of the algorithm refuses.
-		what = "admitted that one " + string(c.Algorithm) + " fed them refuses, accounted"
-		all, clean = "the same, all admissions", "the same, in fault-free stretches"
-	}
+	what, all, clean := c.checkLabels(over)
 	fmt.Fprintf(tw, "%s (%s)\t%s\t%s\t%s\t\n", what, r.WorstID, fmtTok(r.ExcessAccounted), fmtTok(r.BoundAccounted), ok(r.ExcessAccounted, r.BoundAccounted))
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", all, fmtTok(r.ExcessAll), fmtTok(r.BoundAccounted+float64(r.DegradedAdmitted)), ok(r.ExcessAll, r.BoundAccounted+float64(r.DegradedAdmitted)))
 	fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t\n", clean, fmtTok(r.ExcessClean), r.S, ok(r.ExcessClean, float64(r.S)))
