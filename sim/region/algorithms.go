@@ -32,7 +32,7 @@ import (
 // steps only (a fault, with a term of one burst).
 
 // SimAlgorithms are the algorithms Config.Algorithm takes besides gcra.
-var SimAlgorithms = []quota.Algorithm{quota.AlgorithmFixedWindow, quota.AlgorithmSlidingWindow, quota.AlgorithmSlidingLog, quota.AlgorithmLeakyBucket}
+var SimAlgorithms = []quota.Algorithm{quota.AlgorithmFixedWindow, quota.AlgorithmSlidingWindow, quota.AlgorithmSlidingLog, quota.AlgorithmLeakyBucket, quota.AlgorithmConcurrency}
 
 // ruleKind is the rule's mode, and its algorithm when not gcra.
 func (c Config) ruleKind() string {
@@ -49,8 +49,8 @@ func (c Config) validateAlgorithm() error {
 		return nil
 	}
 	switch {
-	case c.Algorithm == quota.AlgorithmConcurrency:
-		return fmt.Errorf("algorithm concurrency: the simulator's requests take no time, so nothing is in flight (TestClusterConcurrency checks it on a real cluster)")
+	case c.Hold < 0:
+		return fmt.Errorf("hold %v: want > 0", c.Hold)
 	case !slices.Contains(SimAlgorithms, c.Algorithm):
 		return fmt.Errorf("algorithm %q: want gcra or one of %v", c.Algorithm, SimAlgorithms)
 	case c.Mode != quota.ModeExact:
@@ -64,7 +64,9 @@ func (c Config) validateAlgorithm() error {
 	}
 	for _, f := range c.Faults {
 		switch {
-		case f.Kind != FaultSkew:
+		case f.Kind != FaultSkew, c.Algorithm == quota.AlgorithmConcurrency:
+			// A slot lapses a window after it was taken on the owner's
+			// clock: a skew moves no boundary.
 		case c.Algorithm == quota.AlgorithmFixedWindow || c.Algorithm == quota.AlgorithmSlidingWindow:
 			return fmt.Errorf("algorithm %s: a clock skew (%s) moves the owner's window boundaries for good, and the replay reads the simulator's clock: it would count every window it shifts", c.Algorithm, f.Text)
 		case !f.Windowed:
@@ -118,6 +120,32 @@ type leakyRef struct {
 
 func (l *leakyRef) admit(now, cost int64) bool { return l.lk.Step(&l.st, now, cost).Allowed }
 
+// concRef is a concurrency limit whose every admitted request is held for
+// hold: the reference in arrival order.
+type concRef struct {
+	n, hold int64
+	ends    []int64 // of the requests in flight
+}
+
+func (r *concRef) admit(now, cost int64) bool {
+	live := r.ends[:0]
+	var n int64
+	for _, e := range r.ends {
+		if e > now {
+			live = append(live, e)
+			n++
+		}
+	}
+	r.ends = live
+	if n+cost > r.n {
+		return false
+	}
+	for range cost {
+		r.ends = append(r.ends, now+r.hold)
+	}
+	return true
+}
+
 // newAlgoRef returns a maker of fresh instances of c's algorithm.
 func newAlgoRef(c Config) (func() algoRef, error) {
 	switch c.Algorithm {
@@ -133,6 +161,9 @@ func newAlgoRef(c Config) (func() algoRef, error) {
 	case quota.AlgorithmLeakyBucket:
 		lk, err := bucket.NewLeaky(c.Limit, c.Window, c.queueDelay())
 		return func() algoRef { return &leakyRef{lk: lk} }, err
+	case quota.AlgorithmConcurrency:
+		hold := int64(c.Hold)
+		return func() algoRef { return &concRef{n: c.Limit, hold: hold} }, nil
 	}
 	return nil, fmt.Errorf("algorithm %q: want gcra or one of %v", c.Algorithm, SimAlgorithms)
 }
@@ -221,6 +252,84 @@ func (p *replay) run(segs []segment) replayed {
 		}
 		out.all, out.clean = max(out.all, all), max(out.clean, clean)
 		i = j
+	}
+	return out
+}
+
+// slotSpan is an admitted concurrency request as its client saw it: from
+// when the owner decided it to when the client released it (the owner
+// holds its slot at least that long: the release reaches it later).
+type slotSpan struct {
+	from, to int64
+	ident    int
+	cost     int64
+	degraded bool
+}
+
+// inFlight is the check of a concurrency run: the region's requests in
+// flight per identity, counted over the clients' spans, against the limit.
+// A span lies within its slot on the owner, so this count is at most the
+// owner's.
+type inFlight struct {
+	limit int64
+	spans []slotSpan
+}
+
+// run returns, for the identity where it is largest, how far the spans in
+// flight at once passed the limit: accounted ones (on_failure decisions
+// left out), all, and accounted ones at instants in fault-free stretches.
+func (f *inFlight) run(segs []segment) replayed {
+	type edge struct {
+		at    int64
+		delta int64
+	}
+	by := map[int][]slotSpan{}
+	var ids []int
+	for _, s := range f.spans {
+		if _, ok := by[s.ident]; !ok {
+			ids = append(ids, s.ident)
+		}
+		by[s.ident] = append(by[s.ident], s)
+	}
+	slices.Sort(ids)
+	inClean := func(t int64) bool {
+		for _, s := range segs {
+			if t >= s.from && t < s.to {
+				return true
+			}
+		}
+		return false
+	}
+	out := replayed{worst: -1}
+	most := func(spans []slotSpan, accounted bool) (over, clean int64) {
+		var es []edge
+		for _, s := range spans {
+			if accounted && s.degraded {
+				continue
+			}
+			es = append(es, edge{s.from, s.cost}, edge{s.to, -s.cost})
+		}
+		// Ends first at equal times: a span is [from, to).
+		slices.SortFunc(es, func(a, b edge) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.delta, b.delta)) })
+		var cur int64
+		for _, e := range es {
+			cur += e.delta
+			if e.delta > 0 && cur > f.limit {
+				over = max(over, cur-f.limit)
+				if inClean(e.at) {
+					clean = max(clean, cur-f.limit)
+				}
+			}
+		}
+		return over, clean
+	}
+	for _, id := range ids {
+		acc, clean := most(by[id], true)
+		all, _ := most(by[id], false)
+		if acc > out.acc {
+			out.acc, out.worst = acc, id
+		}
+		out.all, out.clean = max(out.all, all), max(out.clean, clean)
 	}
 	return out
 }

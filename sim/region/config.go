@@ -71,6 +71,12 @@ type Config struct {
 	// SimAlgorithms in mode exact (algorithms.go): the run is then held to
 	// equality with one instance of the algorithm, not to the envelope.
 	Algorithm quota.Algorithm
+	// Hold is how long a concurrency rule's admitted request is held
+	// before its release (0: 20ms); the rule's Limit is its slots and its
+	// Window the longest a slot is held without its release. Traffic then
+	// offers Load × Limit ÷ Hold requests per second per identity: Load ×
+	// Limit in flight.
+	Hold time.Duration
 	// Sketch is the rule's sketch gating threshold θ (quota.Sketch,
 	// docs/overshoot.md "Sketch gating"; 0: no gating, shared mode only)
 	// and SketchPeriod its period P (0: Window; at least Window). Each
@@ -155,6 +161,9 @@ func (c Config) withDefaults() Config {
 	if c.Algorithm == "" {
 		c.Algorithm = quota.AlgorithmGCRA
 	}
+	if c.Algorithm == quota.AlgorithmConcurrency && c.Hold == 0 {
+		c.Hold = 20 * time.Millisecond
+	}
 	if c.Mode == "" {
 		c.Mode = quota.ModeShared
 		if c.Algorithm != quota.AlgorithmGCRA {
@@ -234,7 +243,12 @@ func (c Config) withDefaults() Config {
 }
 
 // rate is the rule's rate in tokens per second.
-func (c *Config) rate() float64 { return float64(c.Limit) / c.Window.Seconds() }
+func (c *Config) rate() float64 {
+	if c.Algorithm == quota.AlgorithmConcurrency {
+		return float64(c.Limit) / c.Hold.Seconds() // Limit in flight
+	}
+	return float64(c.Limit) / c.Window.Seconds()
+}
 
 // Validate checks c (after defaults) and returns an error naming the field
 // that is wrong.
@@ -374,6 +388,9 @@ func (c Config) Flags() string {
 		c.Nodes, c.Limit, c.Window, c.Burst, c.Mode, c.Accuracy, c.Scheme, c.OnFailure, c.Cost)
 	if c.Algorithm != quota.AlgorithmGCRA {
 		fmt.Fprintf(&b, " -algorithm %s", c.Algorithm)
+	}
+	if c.Algorithm == quota.AlgorithmConcurrency {
+		fmt.Fprintf(&b, " -hold %v", c.Hold)
 	}
 	fmt.Fprintf(&b, " -sync %v -decide-timeout %v -linger %v -call-timeout %v -breaker-failures %d -breaker-cooldown %v",
 		c.Sync, c.DecideTimeout, c.Linger, c.CallTimeout, c.BreakerFailures, c.BreakerCooldown)

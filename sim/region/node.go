@@ -278,6 +278,9 @@ func (n *node) request(ident int, cost int64) {
 		n.waits.add(o.Ticket, int32(ident), cost)
 	} else {
 		n.rg.outcome(ident, vnow, &o, cost)
+		if n.rg.spans != nil && o.Allowed {
+			n.holdSlot(ident, o.Ticket, vnow, cost, o.Degraded)
+		}
 	}
 	if !o.Pending && !n.coord.HasReady() {
 		return // Links.Decided: nothing to send (the common case, kept cheap)
@@ -384,6 +387,45 @@ func (n *node) completeAll(cs []cluster.Completion) {
 			continue
 		}
 		n.rg.outcome(int(ident), at, &c.Outcome, cost)
+		if n.rg.spans != nil && c.Outcome.Allowed {
+			n.holdSlot(int(ident), c.Ticket, at, cost, c.Outcome.Degraded)
+		}
+	}
+}
+
+// holdSlot holds an admitted request of a concurrency rule, decided by its
+// owner at at, for the run's hold from now, then releases its slot (as the
+// middleware's Done does), unless this node stopped meanwhile. A decision
+// by on_failure releases the ticket at once: the owner may still grant it
+// a slot (the root package's policy).
+func (n *node) holdSlot(ident int, ticket uint64, at, cost int64, degraded bool) {
+	rg := n.rg
+	end := rg.sim.Now() + int64(rg.cfg.Hold)
+	rg.spans.spans = append(rg.spans.spans, slotSpan{from: at - rg.t0, to: end - rg.t0, ident: ident, cost: cost, degraded: degraded})
+	if degraded {
+		n.release(ident, ticket, cost)
+		return
+	}
+	inc := n.inc
+	rg.sim.At(end, engine.EventFunc(func(*engine.Sim) {
+		if n.up && n.inc == inc {
+			n.release(ident, ticket, cost)
+		}
+	}))
+}
+
+// release frees ticket's slot and sends what that queues as a decision's
+// messages are sent.
+func (n *node) release(ident int, ticket uint64, cost int64) {
+	n.coord.Release(n.now(), ruleID, n.rg.ids.names[ident], ticket, cost)
+	if !n.coord.HasReady() {
+		return
+	}
+	switch n.lk.Decided(false, true, n.coord.Queued()) {
+	case cluster.NudgeFlush:
+		n.flush()
+	case cluster.NudgeLinger:
+		n.linger()
 	}
 }
 

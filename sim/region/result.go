@@ -133,10 +133,16 @@ func (rg *Region) result() *Result {
 	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.ids.names) {
 		res.WorstID = rg.ids.names[ch.worstAccID]
 	}
-	if rg.rep != nil {
+	if rg.rep != nil || rg.spans != nil {
 		// Not an envelope: the tokens one instance of the algorithm,
-		// fed the admissions in decision order, refuses (algorithms.go).
-		rp := rg.rep.run(ch.segs)
+		// fed the admissions in decision order, refuses, or the slots
+		// in flight beyond the limit (algorithms.go).
+		var rp replayed
+		if rg.rep != nil {
+			rp = rg.rep.run(ch.segs)
+		} else {
+			rp = rg.spans.run(ch.segs)
+		}
 		res.ExcessAccounted, res.ExcessAll, res.ExcessClean = float64(rp.acc), float64(rp.all), float64(rp.clean)
 		res.WorstID = ""
 		if rp.worst >= 0 {
@@ -229,7 +235,11 @@ func (rg *Region) result() *Result {
 // checkLabels names the three upper checks of the summary: the excess over
 // over, or, for another algorithm than gcra, the tokens the replay refuses.
 func (c *Config) checkLabels(over string) (what, all, clean string) {
-	if c.Algorithm != quota.AlgorithmGCRA {
+	switch c.Algorithm {
+	case quota.AlgorithmConcurrency:
+		return "requests in flight at once beyond the limit, accounted", "the same, all admissions", "the same, in fault-free stretches"
+	case quota.AlgorithmGCRA:
+	default:
 		return "admitted that one " + string(c.Algorithm) + " fed them refuses, accounted", "the same, all admissions", "the same, in fault-free stretches"
 	}
 	return "worst excess over " + over + ", accounted, any interval", "worst excess over " + over + ", all admissions, any interval", "worst excess over " + over + ", fault-free intervals"
@@ -238,7 +248,10 @@ func (c *Config) checkLabels(over string) (what, all, clean string) {
 // check fills in Violations.
 func (r *Result) check() {
 	c := &r.Config
-	if r.ExcessAccounted > r.BoundAccounted+eps && c.Algorithm != quota.AlgorithmGCRA {
+	if r.ExcessAccounted > r.BoundAccounted+eps && c.Algorithm == quota.AlgorithmConcurrency {
+		r.Violations = append(r.Violations, fmt.Sprintf("in flight: %.0f requests (accounted admissions, %s) beyond the limit at once, above the bound %.0f",
+			r.ExcessAccounted, r.WorstID, r.BoundAccounted))
+	} else if r.ExcessAccounted > r.BoundAccounted+eps && c.Algorithm != quota.AlgorithmGCRA {
 		r.Violations = append(r.Violations, fmt.Sprintf("replay: %.0f tokens admitted (accounted admissions, %s) that one %s fed them refuses, above the bound %.0f",
 			r.ExcessAccounted, r.WorstID, c.Algorithm, r.BoundAccounted))
 	} else if r.ExcessAccounted > r.BoundAccounted+eps {

@@ -42,7 +42,9 @@ type Region struct {
 	// order reference's instance per identity (made on first use), and
 	// the replay check.
 	altRef      []algoRef
+	altFresh    func() algoRef
 	rep         *replay
+	spans       *inFlight // a concurrency rule's check instead of rep
 	initialRing *cluster.Ring
 	chk         *checker
 	horizon     int64
@@ -167,9 +169,13 @@ func newRegion(c Config) *Region {
 	rg.ids = newIDNames(c.IDs)
 	rg.refTAT = make([]bucket.TAT, c.IDs)
 	if c.Algorithm != quota.AlgorithmGCRA {
-		fresh, _ := newAlgoRef(c)
-		rg.rep = &replay{fresh: fresh}
+		rg.altFresh, _ = newAlgoRef(c)
 		rg.altRef = make([]algoRef, c.IDs)
+		if c.Algorithm == quota.AlgorithmConcurrency {
+			rg.spans = &inFlight{limit: c.Limit}
+		} else {
+			rg.rep = &replay{fresh: rg.altFresh}
+		}
 	}
 	var ms []cluster.Member
 	for i := range c.Nodes {
@@ -426,7 +432,7 @@ func (rg *Region) arrive(ident, k int) {
 		refOK = rg.refPolicy(int32(ident), vnow, cost)
 	case rg.altRef != nil:
 		if rg.altRef[ident] == nil {
-			rg.altRef[ident] = rg.rep.fresh()
+			rg.altRef[ident] = rg.altFresh()
 		}
 		refOK = rg.altRef[ident].admit(vnow, cost)
 	default:
