@@ -94,7 +94,16 @@ type GRPCTransport struct {
 	unary   map[string]bool          // addresses whose server has no Stream method
 	active  int                      // batches the server is handling
 	drained chan struct{}            // closed when active reaches 0 during Close
+
+	// label marks the goroutines of the client connections (labels.go):
+	// Close waits for them, as ClientConn.Close does not for all of them.
+	label string
 }
+
+// connWait bounds how long Close waits for the client connections'
+// goroutines after closing them; they end at once (every dial and stream
+// is cancelled), so reaching it means a bug, which Close logs.
+const connWait = 5 * time.Second
 
 // maxIdleStreams is how many idle streams to one address are kept: the
 // Node has one exchange in flight per peer, so one is the usual need.
@@ -153,7 +162,7 @@ func NewGRPCTransport(cfg GRPCConfig) (*GRPCTransport, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	t := &GRPCTransport{cfg: cfg, log: log.With("component", "peer-transport", "self", cfg.Self),
-		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{},
+		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{}, label: newGoroutineLabel("grpc"),
 		idle: map[string][]*peerStream{}, unary: map[string]bool{}}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
@@ -418,7 +427,15 @@ func (t *GRPCTransport) conn(addr string) (*grpc.ClientConn, error) {
 	if t.cfg.Dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(t.cfg.Dialer))
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	// Without idleness the goroutines of the connection (its balancer's and
+	// resolver's serializers, which start the connect attempts and
+	// transports) are all started here, under the label Close waits on; a
+	// connection leaving idle would start new ones elsewhere. A peer's
+	// connection is dropped by Disconnect when it leaves, not by idleness.
+	opts = append(opts, grpc.WithIdleTimeout(0))
+	var cc *grpc.ClientConn
+	var err error
+	startLabelled(t.label, func() { cc, err = grpc.NewClient("passthrough:///"+addr, opts...) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: peer address %q: %w", addr, err)
 	}
@@ -492,6 +509,9 @@ func (t *GRPCTransport) Close() error {
 	<-t.serveDone
 	if t.serveErr != nil {
 		errs = append(errs, t.serveErr)
+	}
+	if n := waitLabelled(t.label, connWait); n > 0 {
+		t.log.Warn("peer connection goroutines still running after close", "goroutines", n, "waited", connWait)
 	}
 	return errors.Join(errs...)
 }
