@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/golabel"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -90,7 +91,7 @@ type Membership struct {
 	reconDone chan struct{}
 
 	// label marks the goroutines of memberlist and its transport
-	// (gossip_transport.go); Close and Leave wait up to closeWait for them
+	// (internal/golabel); Close and Leave wait up to closeWait for them
 	// to end: the longest probe (the probe interval at memberlist's
 	// largest health scaling, and its timeout) and a second.
 	label     string
@@ -320,8 +321,8 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	// memberlist, its transport and every goroutine they start carry the
 	// label Close waits on.
 	var ml *memberlist.Memberlist
-	m.label = newGoroutineLabel("memberlist")
-	startLabelled(m.label, func() {
+	m.label = golabel.New("memberlist")
+	golabel.Do(m.label, func() {
 		var gt *gossipTransport
 		if gt, err = newGossipTransport(mlc.BindAddr, mlc.BindPort, mlc.Logger); err != nil {
 			err = fmt.Errorf("cluster: start memberlist for node %q: transport: %w", cfg.Name, err)
@@ -338,7 +339,7 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		}
 	})
 	if err != nil {
-		waitLabelled(m.label, m.closeWait)
+		golabel.Wait(m.label, m.closeWait)
 		return nil, err
 	}
 	m.ml = ml
@@ -606,7 +607,7 @@ func (m *Membership) Close() error {
 // memberlist's own table, with no I/O (the transport is shut) and no event
 // (the stream is closed).
 func (m *Membership) waitMemberlist() {
-	if n := waitLabelled(m.label, m.closeWait); n > 0 && m.log != nil {
+	if n := golabel.Wait(m.label, m.closeWait); n > 0 && m.log != nil {
 		m.log.Warn("memberlist goroutines still running after shutdown", "node", m.name,
 			"goroutines", n, "waited", m.closeWait)
 	}

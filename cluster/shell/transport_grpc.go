@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/golabel"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -95,7 +96,7 @@ type GRPCTransport struct {
 	active  int                      // batches the server is handling
 	drained chan struct{}            // closed when active reaches 0 during Close
 
-	// label marks the goroutines of the client connections (labels.go):
+	// label marks the goroutines of the client connections (internal/golabel):
 	// Close waits for them, as ClientConn.Close does not for all of them.
 	label string
 }
@@ -162,7 +163,7 @@ func NewGRPCTransport(cfg GRPCConfig) (*GRPCTransport, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	t := &GRPCTransport{cfg: cfg, log: log.With("component", "peer-transport", "self", cfg.Self),
-		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{}, label: newGoroutineLabel("grpc"),
+		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{}, label: golabel.New("grpc"),
 		idle: map[string][]*peerStream{}, unary: map[string]bool{}}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
@@ -435,7 +436,7 @@ func (t *GRPCTransport) conn(addr string) (*grpc.ClientConn, error) {
 	opts = append(opts, grpc.WithIdleTimeout(0))
 	var cc *grpc.ClientConn
 	var err error
-	startLabelled(t.label, func() { cc, err = grpc.NewClient("passthrough:///"+addr, opts...) })
+	golabel.Do(t.label, func() { cc, err = grpc.NewClient("passthrough:///"+addr, opts...) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: peer address %q: %w", addr, err)
 	}
@@ -510,7 +511,7 @@ func (t *GRPCTransport) Close() error {
 	if t.serveErr != nil {
 		errs = append(errs, t.serveErr)
 	}
-	if n := waitLabelled(t.label, connWait); n > 0 {
+	if n := golabel.Wait(t.label, connWait); n > 0 {
 		t.log.Warn("peer connection goroutines still running after close", "goroutines", n, "waited", connWait)
 	}
 	return errors.Join(errs...)
