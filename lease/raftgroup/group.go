@@ -648,7 +648,26 @@ func (g *Group) apply(ctx context.Context, e lease.Entry) (lease.ApplyResponse, 
 		return lease.ApplyResponse{}, raftRetryable(err), g.raftError(err)
 	}
 	resp, _ := f.Response().(lease.ApplyResponse)
+	if resp.Err == nil && e.Command != nil && e.Command.Report != nil {
+		g.logGrants(e.Command.Report.Region, now, resp.Result)
+	}
 	return resp, false, resp.Err
+}
+
+// logGrants writes, at debug level, each lease a report got as the leader
+// counts it: granted at its apply time now, expiring at now + lifetime
+// (unix ns; capacity is handed on only after that plus the skew).
+func (g *Group) logGrants(region string, now int64, res lease.Result) {
+	if !g.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	for _, gr := range res.Grants {
+		if gr.Epoch == 0 {
+			continue
+		}
+		g.log.Debug("lease granted", "region", region, "rule", gr.Rule, "identity", gr.Identity, "epoch", gr.Epoch,
+			"share", gr.Share, "at", now, "expiry", now+gr.Lifetime)
+	}
 }
 
 // addVoterLocal adds a voter on this leader.
