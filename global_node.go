@@ -2,6 +2,7 @@ package weir
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,8 @@ type globalPart struct {
 	timeout time.Duration
 	ring    func() *cluster.Ring // nil until the cluster runs
 	now     func() int64
+	skew    int64 // the machine's skew margin, ns: a lease ends at send + lifetime − skew
+	log     *slog.Logger
 
 	kick chan struct{}
 	done chan struct{}
@@ -84,8 +87,12 @@ func (n *Node) startGlobal() {
 		n.log.Error("global rules are not leased", "err", err)
 		return
 	}
+	skew := mc.MaxSkew
+	if skew <= 0 {
+		skew = lease.DefaultMaxSkew
+	}
 	gp := &globalPart{reg: reg, self: cc.Name, regions: len(mc.Regions), events: &n.ops.events, every: every, timeout: every, now: n.now,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), ctx: lp.ctx}
+		skew: int64(skew), log: n.log, kick: make(chan struct{}, 1), done: make(chan struct{}), ctx: lp.ctx}
 	if lp.group != nil {
 		gp.rep = lp.group
 	} else {
@@ -338,7 +345,27 @@ func (n *Node) reportOnce(offCycle bool) bool {
 	gp.mu.Lock()
 	gp.reg.Accept(rep.Seq, sentAt, res)
 	gp.mu.Unlock()
+	gp.logGrants(rep.Region, sentAt, res)
 	return true
+}
+
+// logGrants writes, at debug level, each lease of res as this region holds
+// it: sent is when its report left, at when the region took the lease, and
+// until when it stops using it (send time + lifetime − skew); unix ns. The leader logs the same grant with its own expiry ("lease
+// granted", raftgroup); the process fault harness checks the one against
+// the other.
+func (gp *globalPart) logGrants(region string, sentAt int64, res lease.Result) {
+	if !gp.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	at := gp.now()
+	for _, g := range res.Grants {
+		if g.Epoch == 0 {
+			continue
+		}
+		gp.log.Debug("lease accepted", "region", region, "rule", g.Rule, "identity", g.Identity, "epoch", g.Epoch,
+			"share", g.Share, "sent", sentAt, "at", at, "until", sentAt+g.Lifetime-gp.skew)
+	}
 }
 
 // GlobalStatus is the state of a node's global (scope: global) rules.

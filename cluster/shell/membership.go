@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/golabel"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -88,6 +89,14 @@ type Membership struct {
 	// TCPTimeout. reconDone is closed when the reconnect goroutine ends.
 	rejoinMu  sync.Mutex
 	reconDone chan struct{}
+
+	// label marks the goroutines of memberlist and its transport
+	// (internal/golabel); Close and Leave wait up to closeWait for them
+	// to end: the longest probe (the probe interval at memberlist's
+	// largest health scaling, and its timeout) and a second.
+	label     string
+	closeWait time.Duration
+	log       *slog.Logger // nil: none
 }
 
 // departed is a member that left or was declared dead, and when.
@@ -216,10 +225,11 @@ type MembershipConfig struct {
 	// Logger receives memberlist's own log lines at their level (DEBUG, INFO,
 	// WARN, ERR mapped to slog levels). Nil discards them.
 	Logger *slog.Logger
-	// WrapTransport, when set, wraps memberlist's UDP and TCP transport
-	// (bound on BindAddr) before memberlist uses it: a test puts a
-	// fault-injecting network here. Nil means memberlist's own transport,
-	// unwrapped.
+	// WrapTransport, when set, wraps the UDP and TCP transport (bound on
+	// BindAddr) before memberlist uses it: a test puts a fault-injecting
+	// network here. Nil: the transport unwrapped. It is memberlist's
+	// NetTransport inside one that closes every connection it handed out at
+	// Shutdown (gossip_transport.go).
 	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 }
 
@@ -291,6 +301,8 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		return nil, fmt.Errorf("cluster: MembershipConfig.Region and RPCAddr do not fit in node metadata: %w", err)
 	}
 	m := &Membership{
+		closeWait: mlc.ProbeInterval*time.Duration(max(mlc.AwarenessMaxMultiplier, 1)) + mlc.ProbeTimeout + time.Second,
+		log:       cfg.Logger,
 		name:      cfg.Name,
 		region:    cfg.Region,
 		out:       make(chan Event, eventBuffer),
@@ -306,23 +318,29 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	mlc.Delegate = metaDelegate{m}
 	mlc.Events = eventDelegate{m}
 
-	if cfg.WrapTransport != nil {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{mlc.BindAddr}, BindPort: mlc.BindPort, Logger: mlc.Logger})
-		if err != nil {
-			return nil, fmt.Errorf("cluster: start memberlist for node %q: transport: %w", cfg.Name, err)
+	// memberlist, its transport and every goroutine they start carry the
+	// label Close waits on.
+	var ml *memberlist.Memberlist
+	m.label = golabel.New("memberlist")
+	golabel.Do(m.label, func() {
+		var gt *gossipTransport
+		if gt, err = newGossipTransport(mlc.BindAddr, mlc.BindPort, mlc.Logger); err != nil {
+			err = fmt.Errorf("cluster: start memberlist for node %q: transport: %w", cfg.Name, err)
+			return
 		}
-		if mlc.BindPort == 0 { // what memberlist does with its own transport
-			mlc.BindPort = nt.GetAutoBindPort()
+		mlc.BindPort = gt.port()
+		mlc.Transport = gt
+		if cfg.WrapTransport != nil {
+			mlc.Transport = cfg.WrapTransport(gt)
 		}
-		mlc.Transport = cfg.WrapTransport(nt)
-	}
-	ml, err := memberlist.Create(mlc)
-	if err != nil {
-		if mlc.Transport != nil {
+		if ml, err = memberlist.Create(mlc); err != nil {
 			_ = mlc.Transport.Shutdown()
+			err = fmt.Errorf("cluster: start memberlist for node %q: %w", cfg.Name, err)
 		}
-		return nil, fmt.Errorf("cluster: start memberlist for node %q: %w", cfg.Name, err)
+	})
+	if err != nil {
+		golabel.Wait(m.label, m.closeWait)
+		return nil, err
 	}
 	m.ml = ml
 	// Create reported this node's own join; its address is the bound one.
@@ -541,7 +559,8 @@ func (m *Membership) Join(addrs []string) (int, error) {
 // forever) for that to be gossiped, then shuts memberlist down and closes the
 // Events channel. The other nodes see an EventLeave within a gossip round or
 // two instead of a failure timeout. It shuts down even if the broadcast timed
-// out. After Close or Leave it returns ErrClosed.
+// out, and returns once every goroutine memberlist started has ended, as
+// Close does. After Close or Leave it returns ErrClosed.
 func (m *Membership) Leave(timeout time.Duration) error {
 	err := ErrClosed
 	m.once.Do(func() {
@@ -554,14 +573,17 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		}
 		err = errors.Join(leaveErr, m.ml.Shutdown())
 		m.stopPump()
+		m.waitMemberlist()
 	})
 	return err
 }
 
 // Close shuts memberlist down without a leave message, as a crash would: the
 // other nodes declare this one dead after their failure-detection timeout.
-// It stops the event goroutine and closes the Events channel. Close is
-// idempotent and returns nil after the first call or after Leave.
+// It stops the event goroutine, closes the Events channel, and returns once
+// every goroutine memberlist started has ended (within a probe interval; see
+// waitMemberlist). Close is idempotent and returns nil after the first call
+// or after Leave.
 func (m *Membership) Close() error {
 	var err error
 	m.once.Do(func() {
@@ -570,8 +592,25 @@ func (m *Membership) Close() error {
 		m.rejoinMu.Unlock()
 		err = m.ml.Shutdown()
 		m.stopPump()
+		m.waitMemberlist()
 	})
 	return err
+}
+
+// waitMemberlist waits for memberlist's goroutines to end after its
+// Shutdown, which does not wait for them. The transport has closed every
+// connection and refuses every send, so the wait is for what is timed inside
+// memberlist: a probe waiting out its interval for an ack, at most.
+//
+// memberlist's suspicion timers are not goroutines until they fire: one set
+// before Close may still fire after it and mark a member failed in
+// memberlist's own table, with no I/O (the transport is shut) and no event
+// (the stream is closed).
+func (m *Membership) waitMemberlist() {
+	if n := golabel.Wait(m.label, m.closeWait); n > 0 && m.log != nil {
+		m.log.Warn("memberlist goroutines still running after shutdown", "node", m.name,
+			"goroutines", n, "waited", m.closeWait)
+	}
 }
 
 // enqueue is called from memberlist's callbacks, under its lock, the only
@@ -763,7 +802,7 @@ func (w slogWriter) Write(p []byte) (int, error) {
 		}
 	}
 	msg = strings.TrimPrefix(msg, "memberlist: ")
-	if strings.Contains(msg, "use of closed network connection") {
+	if strings.Contains(msg, "use of closed network connection") || strings.Contains(msg, errGossipClosed.Error()) {
 		// This node's own sockets, closed as it leaves: not a fault.
 		level = slog.LevelDebug
 	}

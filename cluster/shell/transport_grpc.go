@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/cluster"
+	"github.com/weir-dev/weir/internal/golabel"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -94,7 +95,16 @@ type GRPCTransport struct {
 	unary   map[string]bool          // addresses whose server has no Stream method
 	active  int                      // batches the server is handling
 	drained chan struct{}            // closed when active reaches 0 during Close
+
+	// label marks the goroutines of the client connections (internal/golabel):
+	// Close waits for them, as ClientConn.Close does not for all of them.
+	label string
 }
+
+// connWait bounds how long Close waits for the client connections'
+// goroutines after closing them; they end at once (every dial and stream
+// is cancelled), so reaching it means a bug, which Close logs.
+const connWait = 5 * time.Second
 
 // maxIdleStreams is how many idle streams to one address are kept: the
 // Node has one exchange in flight per peer, so one is the usual need.
@@ -153,7 +163,7 @@ func NewGRPCTransport(cfg GRPCConfig) (*GRPCTransport, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	t := &GRPCTransport{cfg: cfg, log: log.With("component", "peer-transport", "self", cfg.Self),
-		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{},
+		serveDone: make(chan struct{}), conns: map[string]*grpc.ClientConn{}, label: golabel.New("grpc"),
 		idle: map[string][]*peerStream{}, unary: map[string]bool{}}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
@@ -418,7 +428,15 @@ func (t *GRPCTransport) conn(addr string) (*grpc.ClientConn, error) {
 	if t.cfg.Dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(t.cfg.Dialer))
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	// Without idleness the goroutines of the connection (its balancer's and
+	// resolver's serializers, which start the connect attempts and
+	// transports) are all started here, under the label Close waits on; a
+	// connection leaving idle would start new ones elsewhere. A peer's
+	// connection is dropped by Disconnect when it leaves, not by idleness.
+	opts = append(opts, grpc.WithIdleTimeout(0))
+	var cc *grpc.ClientConn
+	var err error
+	golabel.Do(t.label, func() { cc, err = grpc.NewClient("passthrough:///"+addr, opts...) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: peer address %q: %w", addr, err)
 	}
@@ -492,6 +510,9 @@ func (t *GRPCTransport) Close() error {
 	<-t.serveDone
 	if t.serveErr != nil {
 		errs = append(errs, t.serveErr)
+	}
+	if n := golabel.Wait(t.label, connWait); n > 0 {
+		t.log.Warn("peer connection goroutines still running after close", "goroutines", n, "waited", connWait)
 	}
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -86,6 +87,10 @@ type harness struct {
 	loadEnd int64
 	// envelope is the envelope check's result per region.
 	envelope []envelopeResult
+	// voterLease is YAML added to the voters' lease section (lines
+	// starting with a newline and two spaces); voterLog their log
+	// settings ("" is info).
+	voterLease, voterLog string
 }
 
 // putRec is one rules PUT: its sequence number (the rule's limit is
@@ -267,10 +272,10 @@ rules: {lease: true}
 lease:
   voter: {data_dir: %s, raft: %s, rpc: %s, voters: [%s]}
   regions: [eu, us]
-  check_interval: 1s
+  check_interval: 1s%s
 http: {listen: %s}
-log: {level: info}
-`, v.name, filepath.Join(h.dir, v.name+"-data"), v.raft, v.rpc, strings.Join(voterList, ", "), v.http)
+log: {level: %s}
+`, v.name, filepath.Join(h.dir, v.name+"-data"), v.raft, v.rpc, strings.Join(voterList, ", "), h.voterLease, v.http, cmp.Or(h.voterLog, "info"))
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/weir-dev/weir/internal/golabel"
 	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/leasepb"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
@@ -57,6 +58,10 @@ type Client struct {
 
 	mu     sync.Mutex
 	closed bool
+
+	// label marks the connections' goroutines (internal/golabel): Close
+	// waits for them, as ClientConn.Close does not for all of them.
+	label string
 }
 
 // NewClient returns a client of the voters in cfg. It does not connect:
@@ -75,7 +80,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS)
 	}
-	c := &Client{cfg: cfg}
+	c := &Client{cfg: cfg, label: golabel.New("lease-client")}
 	for i, addr := range cfg.Voters {
 		if addr == "" {
 			c.closeConns()
@@ -85,7 +90,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 			grpc.WithTransportCredentials(creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRPCBytes), grpc.MaxCallSendMsgSize(maxRPCBytes)),
 		}, cfg.DialOptions...)
-		cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+		// No idleness: every goroutine of the connection descends from
+		// NewClient, under the label Close waits on.
+		opts = append(opts, grpc.WithIdleTimeout(0))
+		var cc *grpc.ClientConn
+		var err error
+		golabel.Do(c.label, func() { cc, err = grpc.NewClient("passthrough:///"+addr, opts...) })
 		if err != nil {
 			c.closeConns()
 			return nil, fmt.Errorf("lease: ClientConfig.Voters[%d] %q: %w", i, addr, err)
@@ -95,7 +105,8 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	return c, nil
 }
 
-// Close closes the connections. Calls after it fail with ErrClosed.
+// Close closes the connections and returns once their goroutines have
+// ended. Calls after it fail with ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -110,6 +121,9 @@ func (c *Client) closeConns() error {
 	var errs []error
 	for _, cc := range c.conns {
 		errs = append(errs, cc.Close())
+	}
+	if n := golabel.Wait(c.label, closeWait); n > 0 {
+		errs = append(errs, fmt.Errorf("lease: %d goroutines of the client's connections still running %v after close", n, closeWait))
 	}
 	return errors.Join(errs...)
 }

@@ -20,6 +20,7 @@ import (
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
 
+	"github.com/weir-dev/weir/internal/golabel"
 	"github.com/weir-dev/weir/lease"
 )
 
@@ -236,8 +237,14 @@ type Group struct {
 	// until then.
 	raftSet chan struct{}
 	trans   *raft.NetworkTransport
-	store   *raftboltdb.BoltStore
-	rpc     *rpcServer
+	// label marks the goroutines of Raft, its transport and the
+	// forwarding connections (internal/golabel); accepted keeps the
+	// transport's accepted connections. Close waits for the one and closes
+	// the other.
+	label    string
+	accepted *acceptedConns
+	store    *raftboltdb.BoltStore
+	rpc      *rpcServer
 
 	notify    chan bool
 	done      chan struct{} // closed by Close
@@ -309,9 +316,18 @@ func Start(cfg Config) (_ *Group, err error) {
 		}
 	}
 	g.cfg.RaftListener = nil // owned by the transport now
-	g.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: g.raftStream(lis, cfg.RaftDialer), MaxPool: 3, Timeout: 10 * time.Second, Logger: cfg.RaftLogger})
-	undo = append(undo, func() { _ = g.trans.Close(); g.trans.CloseStreams() })
+	// raft's transport and Raft itself start their goroutines under the
+	// Group's label, and the listener keeps the connections it accepts:
+	// the transport's Close stops accepting but leaves each accepted
+	// connection's handler reading until the peer hangs up, so Close
+	// closes them and waits for the label.
+	g.label = golabel.New("raft")
+	g.accepted = &acceptedConns{Listener: lis, conns: map[net.Conn]struct{}{}}
+	golabel.Do(g.label, func() {
+		g.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream: g.raftStream(g.accepted, cfg.RaftDialer), MaxPool: 3, Timeout: 10 * time.Second, Logger: cfg.RaftLogger})
+	})
+	undo = append(undo, func() { _ = g.trans.Close(); g.trans.CloseStreams(); g.accepted.closeAll() })
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.Name)
@@ -351,7 +367,7 @@ func Start(cfg Config) (_ *Group, err error) {
 	go g.watchLeadership()
 	undo = append(undo, func() { close(g.done); g.wg.Wait() })
 
-	g.raft, err = raft.NewRaft(rc, g.fsm, g.store, g.store, snaps, g.trans)
+	golabel.Do(g.label, func() { g.raft, err = raft.NewRaft(rc, g.fsm, g.store, g.store, snaps, g.trans) })
 	if err != nil {
 		return nil, fmt.Errorf("lease: starting raft: %w", err)
 	}
@@ -384,9 +400,11 @@ func setDur(dst *time.Duration, v time.Duration) {
 }
 
 // Close stops the forwarding service and Raft, and closes the transport
-// and raft.db. It returns once no goroutine of the Group runs. It does not
-// hand leadership over: the other voters elect a new leader, as after a
-// crash. Calling Close again does nothing.
+// and raft.db. It returns once no goroutine of the Group runs: its own,
+// Raft's, the transport's (the handlers of the connections it accepted
+// included) and the forwarding connections'. It does not hand leadership
+// over: the other voters elect a new leader, as after a crash. Calling
+// Close again does nothing.
 func (g *Group) Close() error {
 	g.mu.Lock()
 	if g.closed {
@@ -412,6 +430,10 @@ func (g *Group) Close() error {
 		errs = append(errs, err)
 	}
 	g.trans.CloseStreams()
+	g.accepted.closeAll()
+	if n := golabel.Wait(g.label, closeWait); n > 0 {
+		g.log.Warn("raft or lease RPC goroutines still running after close", "goroutines", n, "waited", closeWait)
+	}
 	if err := g.store.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("lease: closing raft.db: %w", err))
 	}
@@ -626,7 +648,26 @@ func (g *Group) apply(ctx context.Context, e lease.Entry) (lease.ApplyResponse, 
 		return lease.ApplyResponse{}, raftRetryable(err), g.raftError(err)
 	}
 	resp, _ := f.Response().(lease.ApplyResponse)
+	if resp.Err == nil && e.Command != nil && e.Command.Report != nil {
+		g.logGrants(e.Command.Report.Region, now, resp.Result)
+	}
 	return resp, false, resp.Err
+}
+
+// logGrants writes, at debug level, each lease a report got as the leader
+// counts it: granted at its apply time now, expiring at now + lifetime
+// (unix ns; capacity is handed on only after that plus the skew).
+func (g *Group) logGrants(region string, now int64, res lease.Result) {
+	if !g.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	for _, gr := range res.Grants {
+		if gr.Epoch == 0 {
+			continue
+		}
+		g.log.Debug("lease granted", "region", region, "rule", gr.Rule, "identity", gr.Identity, "epoch", gr.Epoch,
+			"share", gr.Share, "at", now, "expiry", now+gr.Lifetime)
+	}
 }
 
 // addVoterLocal adds a voter on this leader.
@@ -776,6 +817,72 @@ func (g *Group) leaderLoop(l *leadership) {
 			}
 		}
 	}
+}
+
+// closeWait bounds how long Close waits for the goroutines of Raft, its
+// transport and the forwarding connections once it has closed them: they
+// end at once (every connection is closed), so reaching it means a bug,
+// which Close logs.
+const closeWait = 5 * time.Second
+
+// acceptedConns is the Raft listener, keeping every connection it accepted
+// until the connection closes, so that Close can close those the transport
+// leaves open.
+type acceptedConns struct {
+	net.Listener
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// Accept implements net.Listener.
+func (l *acceptedConns) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	ac := &acceptedConn{Conn: c, l: l}
+	l.conns[ac] = struct{}{}
+	return ac, nil
+}
+
+// closeAll closes every accepted connection still open, and any accepted
+// from now on.
+func (l *acceptedConns) closeAll() {
+	l.mu.Lock()
+	l.closed = true
+	open := make([]net.Conn, 0, len(l.conns))
+	for c := range l.conns {
+		open = append(open, c)
+	}
+	l.mu.Unlock()
+	for _, c := range open {
+		c.Close()
+	}
+}
+
+// acceptedConn is an accepted connection, forgotten when it closes.
+type acceptedConn struct {
+	net.Conn
+	l    *acceptedConns
+	once sync.Once
+}
+
+func (c *acceptedConn) Close() error {
+	var err error
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+		err = c.Conn.Close()
+	})
+	return err
 }
 
 // tcpStream is raft's StreamLayer over a TCP listener the Group owns.

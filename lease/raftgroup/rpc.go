@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/golabel"
 	"github.com/weir-dev/weir/lease"
 	"github.com/weir-dev/weir/lease/raftgroup/grouppb"
 	"github.com/weir-dev/weir/quota"
@@ -581,7 +582,12 @@ func (g *Group) conn(addr string) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRPCBytes), grpc.MaxCallSendMsgSize(maxRPCBytes)),
 	}, g.cfg.DialOptions...)
-	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	// No idleness: every goroutine of the connection descends from
+	// NewClient, under the label Close waits on.
+	opts = append(opts, grpc.WithIdleTimeout(0))
+	var cc *grpc.ClientConn
+	var err error
+	golabel.Do(g.label, func() { cc, err = grpc.NewClient("passthrough:///"+addr, opts...) })
 	if err != nil {
 		return nil, fmt.Errorf("lease: forwarding address %q: %w", addr, err)
 	}
