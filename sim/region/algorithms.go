@@ -57,8 +57,6 @@ func (c Config) validateAlgorithm() error {
 		return fmt.Errorf("algorithm %s: the cluster decides it in mode exact only, not %s", c.Algorithm, c.Mode)
 	case len(c.Rules) > 0:
 		return fmt.Errorf("algorithm %s: extra rules (-rules) are gcra rules, simulated with a gcra main rule only", c.Algorithm)
-	case c.KeyCap > 0:
-		return fmt.Errorf("algorithm %s: the key cap's term is derived for gcra buckets only", c.Algorithm)
 	case c.Algorithm != quota.AlgorithmLeakyBucket && c.Burst != c.Limit:
 		return fmt.Errorf("algorithm %s: burst %d: a window or a log holds its limit (%d); leave -burst unset", c.Algorithm, c.Burst, c.Limit)
 	}
@@ -203,17 +201,28 @@ func (p *replay) record(at int64, ident int, cost int64, degraded bool) {
 	p.adm = append(p.adm, replayAdmit{at: at, seq: len(p.adm), ident: ident, cost: cost, degraded: degraded})
 }
 
-// replayed is what the replay refused, for the identity where it refused
-// the most: of the admissions the owners account for (on_failure decisions
+// replayed is what the replay refused beyond each identity's key cap term
+// (the state its evicted owner entries held), for the identity where that
+// is most: of the admissions the owners account for (on_failure decisions
 // left out), of all of them, and of the accounted ones inside fault-free
 // stretches; worst is the identity of acc (-1: none refused).
 type replayed struct {
-	acc, all, clean int64
+	acc, all, clean float64
 	worst           int
 }
 
-// run replays every identity's admissions in decision order.
-func (p *replay) run(segs []segment) replayed {
+// keep sets r's figures for an identity id whose own are acc, all and clean
+// tokens, beyond its key cap term.
+func (r *replayed) keep(id int, acc, all, clean int64, term float64) {
+	if a := float64(acc) - term; a > r.acc {
+		r.acc, r.worst = a, id
+	}
+	r.all, r.clean = max(r.all, float64(all)-term), max(r.clean, float64(clean)-term)
+}
+
+// run replays every identity's admissions in decision order; term is an
+// identity's key cap term (nil: none).
+func (p *replay) run(segs []segment, term []float64) replayed {
 	slices.SortFunc(p.adm, func(a, b replayAdmit) int {
 		return cmp.Or(cmp.Compare(a.ident, b.ident), cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq))
 	})
@@ -247,13 +256,18 @@ func (p *replay) run(segs []segment) replayed {
 				}
 			}
 		}
-		if acc > out.acc {
-			out.acc, out.worst = acc, p.adm[i].ident
-		}
-		out.all, out.clean = max(out.all, all), max(out.clean, clean)
+		out.keep(p.adm[i].ident, acc, all, clean, termOf(term, p.adm[i].ident))
 		i = j
 	}
 	return out
+}
+
+// termOf is identity id's key cap term in term (0 for none).
+func termOf(term []float64, id int) float64 {
+	if id < len(term) {
+		return term[id]
+	}
+	return 0
 }
 
 // slotSpan is an admitted concurrency request as its client saw it: from
@@ -278,7 +292,7 @@ type inFlight struct {
 // run returns, for the identity where it is largest, how far the spans in
 // flight at once passed the limit: accounted ones (on_failure decisions
 // left out), all, and accounted ones at instants in fault-free stretches.
-func (f *inFlight) run(segs []segment) replayed {
+func (f *inFlight) run(segs []segment, term []float64) replayed {
 	type edge struct {
 		at    int64
 		delta int64
@@ -326,10 +340,37 @@ func (f *inFlight) run(segs []segment) replayed {
 	for _, id := range ids {
 		acc, clean := most(by[id], true)
 		all, _ := most(by[id], false)
-		if acc > out.acc {
-			out.acc, out.worst = acc, id
-		}
-		out.all, out.clean = max(out.all, all), max(out.clean, clean)
+		out.keep(id, acc, all, clean, termOf(term, id))
 	}
 	return out
+}
+
+// algoResult sets res's upper checks for a rule of another algorithm than
+// gcra: not an envelope, but the tokens one instance of the algorithm, fed
+// the admissions in decision order, refuses, or the requests in flight
+// beyond the limit; with the key cap, the same with no term (ExcessRaw).
+func (rg *Region) algoResult(res *Result) {
+	if rg.rep == nil && rg.spans == nil {
+		return
+	}
+	ch := rg.chk
+	run := func(term []float64) replayed {
+		if rg.rep != nil {
+			return rg.rep.run(ch.segs, term)
+		}
+		return rg.spans.run(ch.segs, term)
+	}
+	rp := run(ch.capTerm)
+	res.ExcessAccounted, res.ExcessAll, res.ExcessClean = rp.acc, rp.all, rp.clean
+	res.WorstID = ""
+	if rp.worst >= 0 {
+		res.WorstID = rg.ids.names[rp.worst]
+	}
+	if rg.cfg.KeyCap > 0 {
+		raw := run(nil)
+		res.ExcessRaw, res.RawID, res.RawTerm = raw.acc, "", 0
+		if raw.worst >= 0 {
+			res.RawID, res.RawTerm = rg.ids.names[raw.worst], ch.capTerm[raw.worst]
+		}
+	}
 }

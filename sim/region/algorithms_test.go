@@ -97,7 +97,7 @@ func TestReplayCounts(t *testing.T) {
 		p.record(int64(i)*int64(time.Millisecond), 0, 1, i >= 20)
 	}
 	p.record(int64(1500*time.Millisecond), 0, 1, false) // the next window
-	got := p.run([]segment{{0, int64(10 * time.Second)}})
+	got := p.run([]segment{{0, int64(10 * time.Second)}}, nil)
 	if got.acc != 10 || got.all != 15 || got.clean != 10 || got.worst != 0 {
 		t.Errorf("replay %+v, want 10 accounted, 15 of all, 10 clean, identity 0", got)
 	}
@@ -125,7 +125,6 @@ func TestAlgorithmConfigErrors(t *testing.T) {
 		{Config{Algorithm: quota.AlgorithmFixedWindow, Faults: skew}, "window boundaries"},
 		{Config{Algorithm: quota.AlgorithmLeakyBucket, Faults: static}, "static clock skew"},
 		{Config{Algorithm: quota.AlgorithmSlidingLog, Rules: []RuleSpec{{Limit: 5}}}, "extra rules"},
-		{Config{Algorithm: quota.AlgorithmSlidingLog, KeyCap: 5}, "key cap"},
 	} {
 		err := tc.c.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -142,8 +141,27 @@ func TestInFlightCounts(t *testing.T) {
 		f.spans = append(f.spans, slotSpan{from: 10, to: 20, ident: 1, cost: 1, degraded: i == 3})
 	}
 	f.spans = append(f.spans, slotSpan{from: 20, to: 30, ident: 1, cost: 2}) // starts as the others end
-	got := f.run([]segment{{15, 100}})
+	got := f.run([]segment{{15, 100}}, nil)
 	if got.acc != 1 || got.all != 2 || got.clean != 0 || got.worst != 1 {
 		t.Errorf("in flight %+v, want 1 beyond the limit accounted, 2 of all, 0 clean (the peak began at 10), identity 1", got)
+	}
+}
+
+// TestAlgorithmsKeyCap: with a key cap far under the identities, every
+// algorithm's evictions forgive state, and each identity's excess stays
+// within what its own evictions forgave (its key cap term).
+func TestAlgorithmsKeyCap(t *testing.T) {
+	for _, a := range SimAlgorithms {
+		c := Config{Algorithm: a, Traffic: TrafficZipf, IDs: 2000, KeyCap: 50, Duration: 2 * time.Second, Seed: 7}
+		if a == quota.AlgorithmConcurrency {
+			c.Limit = 5
+		}
+		r, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.OK() || r.Coord.EvictedForgiven == 0 || r.ExcessRaw <= 0 {
+			t.Errorf("%s: %d evictions forgave state, %.0f refused with no term; violations %v", a, r.Coord.EvictedForgiven, r.ExcessRaw, r.Violations)
+		}
 	}
 }

@@ -133,22 +133,6 @@ func (rg *Region) result() *Result {
 	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.ids.names) {
 		res.WorstID = rg.ids.names[ch.worstAccID]
 	}
-	if rg.rep != nil || rg.spans != nil {
-		// Not an envelope: the tokens one instance of the algorithm,
-		// fed the admissions in decision order, refuses, or the slots
-		// in flight beyond the limit (algorithms.go).
-		var rp replayed
-		if rg.rep != nil {
-			rp = rg.rep.run(ch.segs)
-		} else {
-			rp = rg.spans.run(ch.segs)
-		}
-		res.ExcessAccounted, res.ExcessAll, res.ExcessClean = float64(rp.acc), float64(rp.all), float64(rp.clean)
-		res.WorstID = ""
-		if rp.worst >= 0 {
-			res.WorstID = rg.ids.names[rp.worst]
-		}
-	}
 	res.ExcessPlain = res.ExcessAccounted
 	if ch.gated {
 		res.SketchN, res.SketchTheta, res.SketchPeriod = rg.sketchN, rg.sketchTheta, c.SketchPeriod
@@ -220,6 +204,7 @@ func (rg *Region) result() *Result {
 			res.RawID, res.RawTerm = rg.ids.names[i], ch.capTerm[i]
 		}
 	}
+	rg.algoResult(res)
 	res.Late = ch.late
 	if rg.multi {
 		res.Rules = rg.ruleResults()
@@ -412,13 +397,7 @@ func (r *Result) Summary(w io.Writer) {
 		fmt.Fprintf(w, "sketch: %d admissions through the sketch, %d promotions\n", r.Coord.SketchAdmits, r.Coord.SketchPromotions)
 	}
 	if c.KeyCap > 0 {
-		st := &r.Coord
-		fmt.Fprintf(w, "key cap %d per rule per node: evicted %d idle, %d views, %d forgiven (%d tokens of debt; derived bound (B + S)·%d + s·%d = %.0f); %d made over the cap\n",
-			c.KeyCap, st.EvictedIdle, st.EvictedViews, st.EvictedForgiven, st.ForgivenTokens, st.EvictedForgiven, st.EvictedViews, r.KeyCapDerived, st.OverCap)
-		fmt.Fprintf(w, "  most debt one eviction forgave %d (bound B + S = %d, plus s per view of the identity evicted before; %d above it)\n",
-			r.MaxForgiven, c.Burst+r.SFault, r.CapBreaks)
-		fmt.Fprintf(w, "  worst excess over B + r·Δ without the key cap term %s (%s, whose term, forgiven debt + s per view evicted, is %.0f); largest term %.0f\n",
-			fmtTok(r.ExcessRaw), r.RawID, r.RawTerm, r.KeyCapTerm)
+		r.summarizeKeyCap(w)
 	}
 	fmt.Fprintf(w, "messages: %d exchanges + %d replies = %.1f/s; %d failed, %d lost, %d cut; %d syncs, %d forwarded, %d view rejects; %d breaker opens, %d ring changes\n",
 		r.Exchanges, r.Replies, r.MessagesPerSecond(), r.FailedExchanges, r.Lost, r.Cut, r.Coord.SyncsSent, r.Coord.Forwarded, r.Coord.ViewRejects, r.BreakerOpens, r.RingChanges)
@@ -427,4 +406,21 @@ func (r *Result) Summary(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "result: VIOLATION\n  %s\n", strings.Join(r.Violations, "\n  "))
 	}
+}
+
+// summarizeKeyCap writes the summary's lines of a key cap run.
+func (r *Result) summarizeKeyCap(w io.Writer) {
+	c := &r.Config
+	st := &r.Coord
+	fmt.Fprintf(w, "key cap %d per rule per node: evicted %d idle, %d views, %d forgiven (%d tokens of debt; derived bound (B + S)·%d + s·%d = %.0f); %d made over the cap\n",
+		c.KeyCap, st.EvictedIdle, st.EvictedViews, st.EvictedForgiven, st.ForgivenTokens, st.EvictedForgiven, st.EvictedViews, r.KeyCapDerived, st.OverCap)
+	fmt.Fprintf(w, "  most debt one eviction forgave %d (bound B + S = %d, plus s per view of the identity evicted before; %d above it)\n",
+		r.MaxForgiven, c.Burst+r.SFault, r.CapBreaks)
+	what := "worst excess over B + r·Δ"
+	if c.Algorithm != quota.AlgorithmGCRA {
+		what, _, _ = c.checkLabels("")
+		what += ","
+	}
+	fmt.Fprintf(w, "  %s without the key cap term %s (%s, whose term, forgiven debt + s per view evicted, is %.0f); largest term %.0f\n",
+		what, fmtTok(r.ExcessRaw), r.RawID, r.RawTerm, r.KeyCapTerm)
 }

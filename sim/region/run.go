@@ -507,7 +507,11 @@ func (rg *Region) evicted(ev cluster.Eviction) {
 		// The derived bound on one bucket's debt: B + S_f, plus s for
 		// each view of the identity evicted before.
 		rg.maxForgiven = max(rg.maxForgiven, ev.Forgiven)
-		if ev.Forgiven > rg.cfg.Burst+rg.sFault+rg.sView*rg.views[i] {
+		B := rg.cfg.Burst
+		if rg.cfg.Algorithm != quota.AlgorithmGCRA {
+			B = rg.cfg.algoBurst() // the most one instance's state holds
+		}
+		if ev.Forgiven > B+rg.sFault+rg.sView*rg.views[i] {
 			rg.capBreaks++
 		}
 	} else {
