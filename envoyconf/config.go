@@ -125,9 +125,10 @@ type Config struct {
 	domains map[string]*node
 	rules   []quota.Rule
 	limits  []*Limit // every limit, in file order
-	// fidelity: Options.Fidelity; prefix its RulePrefix (CounterRule).
+	// fidelity: Options.Fidelity; counters the counter rule ids by unit
+	// (CounterRule), made once: the id is asked on every call.
 	fidelity bool
-	prefix   string
+	counters [UnitWeek + 1]string
 }
 
 type node struct {
@@ -223,7 +224,10 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 		walk(root, d.Descriptors, "", false)
 	}
 	if opts.Fidelity {
-		c.fidelity, c.prefix = true, opts.RulePrefix
+		c.fidelity = true
+		for _, u := range counterUnits {
+			c.counters[u] = counterRuleID(opts.RulePrefix, u)
+		}
 		rules, err := counterRules(opts)
 		if err != nil {
 			errs = append(errs, err)
@@ -504,7 +508,7 @@ func (c *Config) CounterRule(u Unit) string {
 	if !c.fidelity || u.Duration() == 0 {
 		return ""
 	}
-	return counterRuleID(c.prefix, u)
+	return c.counters[u]
 }
 
 // Identity is the value path of entries as Match.Identity writes it, with

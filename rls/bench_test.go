@@ -132,3 +132,31 @@ func BenchmarkServeFidelity(b *testing.B) {
 	b.ReportMetric(float64(cpu[1])/float64(b.N), "plain-cpu-ns/call")
 	b.ReportMetric(float64(cpu[0])/float64(cpu[1]), "serve/plain")
 }
+
+// BenchmarkShouldRateLimitFidelity is BenchmarkShouldRateLimit's call in
+// fidelity mode (in process, no network), beside the same call in the
+// default mode, in the same run.
+func BenchmarkShouldRateLimitFidelity(b *testing.B) {
+	reqs := make([]*rlsv3.RateLimitRequest, 1000)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonv3.RateLimitDescriptor{desc("remote_address", fmt.Sprintf("10.0.%d.%d", i/256, i%256))}}
+	}
+	for _, opts := range []envoyconf.Options{{}, {Fidelity: true}} {
+		b.Run(fmt.Sprintf("fidelity=%v", opts.Fidelity), func(b *testing.B) {
+			cfg := loadConfig(b, opts)
+			node, err := weir.New(weir.Config{Rules: cfg.Rules()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer node.Close()
+			svc := rls.New(node, cfg)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, err := svc.ShouldRateLimit(ctx, reqs[i%len(reqs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
