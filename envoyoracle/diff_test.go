@@ -135,9 +135,12 @@ var fixedWindowMismatches = map[string]string{
 // cluster only.
 var clusterMismatches = map[string]string{
 	"cluster: a hits_addend 0 check answers the full limit": "in a cluster a check that charges nothing " +
-		"reports remaining = the limit, whatever the owner counted (on one node it reports the count)",
-	"cluster: over the limit, duration_until_reset 0": "in a cluster an answer over the limit (rejected, or " +
-		"shadow_mode) carries duration_until_reset 0 (on one node: the time to the window's end)",
+		"is not sent to the owner: every node answers it from its own window of the rule (its on_failure store), " +
+		"which the owner's decisions never charge, so remaining = the limit whatever the owner counted " +
+		"(on one node that window is the counter)",
+	"cluster: over the limit, duration_until_reset 0": "in a cluster a node that does not own the identity " +
+		"refuses a request whose hits exceed the limit itself at once, without asking the owner, with remaining 0 " +
+		"and duration_until_reset 0, answered OK over a shadow_mode limit (the owner and one node: the time to the window's end)",
 }
 
 // fidelityMismatches are the classes of weir's fidelity mode, on one node
