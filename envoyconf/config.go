@@ -87,6 +87,12 @@ type Limit struct {
 	// envoyproxy/ratelimit sanitizes stats names). It names the configured
 	// path, never a request's values.
 	Domain, StatsKey string
+	// ValueStats: the limit's stats name takes a request's values, by
+	// value_to_metric on a descriptor of its path or detailed_metric on
+	// its own (Match.StatsKey).
+	ValueStats bool
+	// detailed: detailed_metric.
+	detailed bool
 }
 
 // Entry is one entry of a descriptor Envoy sends.
@@ -101,6 +107,16 @@ type Match struct {
 	// a bucket. With share_threshold, a wildcard's pattern stands in for
 	// the value.
 	Identity string
+	// StatsKey is the descriptor's stats name after the domain when
+	// Limit.ValueStats, as envoyproxy/ratelimit builds it (sanitized as
+	// Limit.StatsKey): with detailed_metric every entry's key_value; with
+	// value_to_metric, the request's value at each level that has it and
+	// matched by key alone or by a wildcard, the configured value at a
+	// level that matched by value, the wildcard as written at a wildcard
+	// level without it, and the key alone at a key-only level without it.
+	// A share_threshold wildcard's pattern stands in for its values in
+	// both. Empty when the limit's stats name is its configured path.
+	StatsKey string
 }
 
 // Config is a compiled set of domains. It is immutable and safe for
@@ -109,9 +125,10 @@ type Config struct {
 	domains map[string]*node
 	rules   []quota.Rule
 	limits  []*Limit // every limit, in file order
-	// fidelity: Options.Fidelity; prefix its RulePrefix (CounterRule).
+	// fidelity: Options.Fidelity; counters the counter rule ids by unit
+	// (CounterRule), made once: the id is asked on every call.
 	fidelity bool
-	prefix   string
+	counters [UnitWeek + 1]string
 }
 
 type node struct {
@@ -120,6 +137,7 @@ type node struct {
 	limit    *Limit
 	share    bool   // share_threshold
 	pattern  string // the value as written (for share_threshold)
+	v2m      bool   // value_to_metric
 }
 
 type wildChild struct {
@@ -153,8 +171,9 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 			root = &node{}
 			c.domains[d.Name] = root
 		}
-		var walk func(parent *node, ds []*Descriptor, path string)
-		walk = func(parent *node, ds []*Descriptor, path string) {
+		// v2m: value_to_metric on some descriptor of the path above.
+		var walk func(parent *node, ds []*Descriptor, path string, v2m bool)
+		walk = func(parent *node, ds []*Descriptor, path string, v2m bool) {
 			for _, ds := range ds {
 				ck := compositeKey(ds.Key, ds.Value)
 				full := path + "." + ck
@@ -164,7 +183,7 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 						Msg: fmt.Sprintf("duplicate descriptor %q in domain %q (also in %s)", ck, d.Name, files[d.Name]), Err: quota.ErrInvalidRule})
 					continue
 				}
-				n := &node{share: ds.ShareThreshold, pattern: ds.Value}
+				n := &node{share: ds.ShareThreshold, pattern: ds.Value, v2m: ds.ValueToMetric}
 				if parent.children == nil {
 					parent.children = map[string]*node{}
 				}
@@ -176,7 +195,8 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 					lim := &Limit{Name: rl.Name, Replaces: rl.Replaces, Unit: rl.Unit, RequestsPerUnit: rl.RequestsPerUnit,
 						Unlimited: rl.Unlimited, Blocked: !rl.Unlimited && rl.RequestsPerUnit == 0, Shadow: ds.ShadowMode,
 						Quota:  ds.QuotaMode,
-						Domain: d.Name, StatsKey: sanitizeStatName(full[1:])}
+						Domain: d.Name, StatsKey: sanitizeStatName(full[1:]),
+						ValueStats: ds.DetailedMetric || v2m || ds.ValueToMetric, detailed: ds.DetailedMetric}
 					c.limits = append(c.limits, lim)
 					if opts.Fidelity && !lim.Unlimited {
 						lim.RuleID = counterRuleID(opts.RulePrefix, lim.Unit)
@@ -198,13 +218,16 @@ func Compile(opts Options, domains ...*Domain) (*Config, error) {
 					}
 					n.limit = lim
 				}
-				walk(n, ds.Descriptors, full)
+				walk(n, ds.Descriptors, full, v2m || ds.ValueToMetric)
 			}
 		}
-		walk(root, d.Descriptors, "")
+		walk(root, d.Descriptors, "", false)
 	}
 	if opts.Fidelity {
-		c.fidelity, c.prefix = true, opts.RulePrefix
+		c.fidelity = true
+		for _, u := range counterUnits {
+			c.counters[u] = counterRuleID(opts.RulePrefix, u)
+		}
 		rules, err := counterRules(opts)
 		if err != nil {
 			errs = append(errs, err)
@@ -334,7 +357,11 @@ func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
 			return Match{}, false
 		}
 		if next.limit != nil && i == len(entries)-1 {
-			return Match{Limit: next.limit, Identity: id.String()}, true
+			m := Match{Limit: next.limit, Identity: id.String()}
+			if m.Limit.ValueStats {
+				m.StatsKey = c.statsKey(domain, entries)
+			}
+			return m, true
 		}
 		if len(next.children) == 0 {
 			return Match{}, false
@@ -342,6 +369,71 @@ func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
 		level = next
 	}
 	return Match{}, false
+}
+
+// statsKey is Match.StatsKey of entries, which match a limit with
+// ValueStats in domain: the walk of Match again, writing each level's part
+// of the name as envoyproxy/ratelimit's GetLimit does.
+func (c *Config) statsKey(domain string, entries []Entry) string {
+	level := c.domains[domain]
+	var v2m strings.Builder
+	shares := make([]string, len(entries)) // a share_threshold wildcard's pattern, by level
+	shared := false
+	for i, e := range entries {
+		ck := e.Key + "_" + e.Value
+		next, wild := level.children[ck], false
+		if next == nil {
+			for _, w := range level.wild {
+				if strings.HasPrefix(ck, w.prefix) {
+					next, wild = w.n, true
+					break
+				}
+			}
+		}
+		byValue := next != nil
+		if next == nil {
+			next = level.children[e.Key]
+		}
+		if next == nil { // not reached: Match found a limit
+			return ""
+		}
+		value := ""
+		switch {
+		case wild && next.share:
+			value, shares[i], shared = next.pattern, next.pattern, true
+		case wild && next.v2m:
+			value = e.Value
+		case wild:
+			value = next.pattern
+		case byValue, next.v2m:
+			value = e.Value
+		}
+		if i > 0 {
+			v2m.WriteByte('.')
+		}
+		v2m.WriteString(compositeKey(e.Key, value))
+		level = next
+	}
+	if level.limit == nil || !level.limit.detailed {
+		return sanitizeStatName(v2m.String())
+	}
+	// detailed_metric: every entry's key_value; when a level shares, that
+	// level's pattern and the other levels' key alone for an empty value.
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		switch {
+		case shares[i] != "":
+			b.WriteString(e.Key + "_" + shares[i])
+		case shared:
+			b.WriteString(compositeKey(e.Key, e.Value))
+		default:
+			b.WriteString(e.Key + "_" + e.Value)
+		}
+	}
+	return sanitizeStatName(b.String())
 }
 
 // Replaced reports, for the limits matched by one request's descriptors
@@ -416,7 +508,7 @@ func (c *Config) CounterRule(u Unit) string {
 	if !c.fidelity || u.Duration() == 0 {
 		return ""
 	}
-	return counterRuleID(c.prefix, u)
+	return c.counters[u]
 }
 
 // Identity is the value path of entries as Match.Identity writes it, with

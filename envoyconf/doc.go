@@ -24,7 +24,7 @@
 // counter rule per unit (Config.CounterRule) to which every request adds
 // its hits, compared with the descriptor's limit by package rls.
 //
-// detailed_metric and value_to_metric are accepted and ignored: they change
-// only the names of envoyproxy/ratelimit's statsd counters, and weir's
-// counters are per rule. quota_mode is Limit.Quota.
+// detailed_metric and value_to_metric put a request's values into the
+// limit's stats name, as in envoyproxy/ratelimit (Match.StatsKey; package
+// rls bounds the number of such names). quota_mode is Limit.Quota.
 package envoyconf

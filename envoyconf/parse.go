@@ -98,14 +98,15 @@ type Descriptor struct {
 	RateLimit *RateLimit
 	// ShadowMode: the limit is counted but never rejects.
 	ShadowMode bool
-	// DetailedMetric is accepted and ignored (see the package doc).
+	// DetailedMetric names the limit's stats after the request's values,
+	// every entry's key_value (Limit.ValueStats, Match.StatsKey).
 	DetailedMetric bool
 	// QuotaMode: over the limit the descriptor answers OK (see
 	// Limit.Quota).
 	QuotaMode bool
-	// ValueToMetric is accepted: in envoyproxy/ratelimit it puts the
-	// request's value into the stats name; weir's per-descriptor metrics
-	// name the configured path only (docs/envoy.md, "Stats").
+	// ValueToMetric puts the request's value of this level into the stats
+	// name of the limits at and below it where the level matched by key
+	// alone or by a wildcard (Limit.ValueStats, Match.StatsKey).
 	ValueToMetric bool
 	// ShareThreshold makes every value matching a wildcard value share one
 	// bucket instead of one bucket per distinct value.

@@ -135,14 +135,31 @@ var fixedWindowMismatches = map[string]string{
 // cluster only.
 var clusterMismatches = map[string]string{
 	"cluster: a hits_addend 0 check answers the full limit": "in a cluster a check that charges nothing " +
-		"reports remaining = the limit, whatever the owner counted (on one node it reports the count)",
-	"cluster: over the limit, duration_until_reset 0": "in a cluster an answer over the limit (rejected, or " +
-		"shadow_mode) carries duration_until_reset 0 (on one node: the time to the window's end)",
+		"is not sent to the owner: every node answers it from its own window of the rule (its on_failure store), " +
+		"which the owner's decisions never charge, so remaining = the limit whatever the owner counted " +
+		"(on one node that window is the counter)",
+	"cluster: over the limit, duration_until_reset 0": "in a cluster a node that does not own the identity " +
+		"refuses a request whose hits exceed the limit itself at once, without asking the owner, with remaining 0 " +
+		"and duration_until_reset 0, answered OK over a shadow_mode limit (the owner and one node: the time to the window's end)",
 }
 
 // fidelityMismatches are the classes of weir's fidelity mode, on one node
 // and in a cluster: none.
 var fidelityMismatches = map[string]string{}
+
+// sharedKeyClass is the one difference of fidelity mode (docs/envoy.md's
+// table of differences): envoyproxy/ratelimit's Redis key is a counter's
+// entries and its window's start, without the unit, so two units' counters
+// of one descriptor (a configured limit and an override of another unit)
+// are one key where both windows start at the same second (a minute's
+// first second, say), and the shorter unit's EXPIRE then ends the longer
+// window's count too. weir counts them apart.
+const sharedKeyClass = "two units' counters share a Redis key"
+
+// rareMismatches are known classes that a run reaches only by chance: they
+// are not checked for absence. sharedKeyClass needs an override of another
+// unit sent in the first second of a minute (or hour, day ...).
+var rareMismatches = map[string]bool{}
 
 func init() {
 	for _, m := range []weirMode{weirDefault, weirFixedWindow, weirFixedX3} {
@@ -154,6 +171,9 @@ func init() {
 		for c, why := range fidelityMismatches {
 			knownMismatches[string(m)+": "+c] = why
 		}
+		knownMismatches[string(m)+": "+sharedKeyClass] = "envoyproxy/ratelimit's Redis key is the entries and the window's start: " +
+			"two units' counters of one descriptor that start at the same second are one count there, apart in weir"
+		rareMismatches[string(m)+": "+sharedKeyClass] = true
 	}
 	knownMismatches["default: token bucket"] = "weir's default is a token bucket: remaining, reset and code follow " +
 		"the bucket, not a fixed window (by design; envoy.fixed_window: true is the fixed window)"
@@ -252,7 +272,7 @@ func TestDifferential(t *testing.T) {
 	}
 	if total >= minRequestsForAbsence {
 		for class, cause := range knownMismatches {
-			if tally.classes[class] == 0 {
+			if tally.classes[class] == 0 && !rareMismatches[class] {
 				t.Errorf("known mismatch class %q (%s) did not occur in %d requests: drop it from knownMismatches", class, cause, total)
 			}
 		}
@@ -341,10 +361,36 @@ type history struct {
 	overLimit map[string]bool     // descKey|window: envoy answered OVER_LIMIT
 	override  map[string]bool     // descKey|window: a limit override was charged elsewhere by each
 	excluded  map[string]bool     // descKey|window: an answer crossed the window's end
+	// units are, by descKey|window start (envoyproxy/ratelimit's Redis
+	// key), the units (in seconds) of the counters charged under it.
+	units map[string]map[int64]bool
 }
 
 func newHistory(share map[string][]string) *history {
-	return &history{share: share, overLimit: map[string]bool{}, override: map[string]bool{}, excluded: map[string]bool{}}
+	return &history{share: share, overLimit: map[string]bool{}, override: map[string]bool{}, excluded: map[string]bool{},
+		units: map[string]map[int64]bool{}}
+}
+
+// redisKey is envoyproxy/ratelimit's counter key of descriptor dk for a
+// window of unit at: the entries and the window's start, not the unit.
+func redisKey(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) string {
+	div := unitSeconds(unit)
+	return fmt.Sprintf("%s|@%d", dk, at.Unix()/div*div)
+}
+
+// chargedUnits adds to units the unit of every status of envoyproxy's
+// answer e to req sent at, under its Redis key.
+func (h *history) chargedUnits(units map[string]map[int64]bool, req *pb.RateLimitRequest, e *pb.RateLimitResponse, at time.Time) {
+	for i, st := range e.GetStatuses() {
+		if i >= len(req.Descriptors) || st.CurrentLimit == nil {
+			continue
+		}
+		k := redisKey(h.descKey(req.Domain, req.Descriptors[i]), st.CurrentLimit.Unit, at)
+		if units[k] == nil {
+			units[k] = map[int64]bool{}
+		}
+		units[k][unitSeconds(st.CurrentLimit.Unit)] = true
+	}
 }
 
 // descKey names envoyproxy/ratelimit's counter of a descriptor (less the
@@ -395,6 +441,7 @@ func (h *history) record(req *pb.RateLimitRequest, start, end time.Time, eResp *
 	if eResp == nil {
 		return
 	}
+	h.chargedUnits(h.units, req, eResp, start)
 	for _, w := range wResps {
 		for i, st := range w.GetStatuses() {
 			if i < len(req.Descriptors) && req.Descriptors[i].Limit != nil && st.CurrentLimit != nil {
@@ -419,9 +466,12 @@ func (h *history) record(req *pb.RateLimitRequest, start, end time.Time, eResp *
 // historyView answers for one comparison.
 type historyView struct {
 	h *history
+	// here: the units of the request's own counters by Redis key
+	// (chargedUnits), which share keys as earlier ones do.
+	here map[string]map[int64]bool
 }
 
-func (h *history) view() historyView { return historyView{h} }
+func (h *history) view() historyView { return historyView{h: h} }
 
 func (v historyView) overLimitBefore(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) bool {
 	return v.h.overLimit[windowKey(dk, unit, at)]
@@ -429,6 +479,21 @@ func (v historyView) overLimitBefore(dk string, unit pb.RateLimitResponse_RateLi
 
 func (v historyView) overridden(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) bool {
 	return v.h.override[windowKey(dk, unit, at)]
+}
+
+// sharedKey reports whether envoyproxy/ratelimit's Redis key of dk's
+// counter of unit at was charged by a counter of another unit, earlier or
+// in this request.
+func (v historyView) sharedKey(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) bool {
+	k, u := redisKey(dk, unit, at), unitSeconds(unit)
+	for _, m := range []map[int64]bool{v.h.units[k], v.here[k]} {
+		for other := range m {
+			if other != u {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (v historyView) excluded(dk string, unit pb.RateLimitResponse_RateLimit_Unit, at time.Time) bool {
@@ -493,6 +558,8 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 		add("status count")
 	default:
 		skip := false
+		hist.here = map[string]map[int64]bool{}
+		hist.h.chargedUnits(hist.here, req, e, start)
 		earlier := map[string]bool{} // windows envoy answered OVER_LIMIT earlier in this request
 		for i := range e.Statuses {
 			es, ws := e.Statuses[i], w.Statuses[i]
@@ -518,7 +585,9 @@ func (ta *tally) compare(t *testing.T, mode string, req *pb.RateLimitRequest, st
 			add("overall code with equal statuses")
 		}
 		if c := headerCause(headers, e, w); c != "" {
-			if weirMode(mode).fidelity() && (hasOverride(req) || classes[mode+": limit override ignored"]) {
+			if weirMode(mode).fidelity() && classes[mode+": "+sharedKeyClass] {
+				c = sharedKeyClass
+			} else if weirMode(mode).fidelity() && (hasOverride(req) || classes[mode+": limit override ignored"]) {
 				// Fidelity mode adds envoy's headers, of the descriptor
 				// closest to its limit: an override ignored (in this
 				// request, or earlier on one of its counters) changes them.
@@ -595,6 +664,8 @@ func statusCauses(mode string, req *pb.RateLimitRequest, d *commonv3.RateLimitDe
 	for _, f := range fields {
 		var cause string
 		switch {
+		case weirMode(mode).fidelity() && es.CurrentLimit != nil && hist.sharedKey(dk, es.CurrentLimit.Unit, at):
+			cause = sharedKeyClass
 		case d.Limit != nil || overrideHere:
 			cause = "limit override ignored"
 		case f == "code" && es.CurrentLimit != nil && es.CurrentLimit.RequestsPerUnit == 0 && hitsOf(req, d) == 0:

@@ -19,13 +19,13 @@ import (
 
 // TestSideBySide measures weir and envoyproxy/ratelimit on this machine in
 // one run (docs/envoy.md, "Side by side with envoyproxy/ratelimit"): three
-// `weir serve` processes as one cluster (no Redis), once with the default
-// token buckets and once with envoy.fixed_window, against three processes
-// of envoyproxy/ratelimit's own service binary sharing one redis-server,
-// all serving sideDescriptors and all fed the same request stream. Each
-// round measures the three in turn (weir default, envoyproxy/ratelimit,
-// weir fixed_window), so that every weir measurement sits next to one of
-// envoyproxy/ratelimit's; then each weir mode and envoyproxy/ratelimit are
+// `weir serve` processes as one cluster (no Redis), in three clusters: with
+// the default token buckets, with envoy.fidelity and with
+// envoy.fixed_window, against three processes of envoyproxy/ratelimit's own
+// service binary sharing one redis-server, all serving sideDescriptors and
+// all fed the same request stream. Each round measures the four in turn
+// (weir default, envoyproxy/ratelimit, weir fidelity, weir fixed_window);
+// then each weir mode and envoyproxy/ratelimit are
 // offered half the fixed load each at the same time, call by call in turn,
 // so that their latencies see the same machine. The ratios are taken round
 // by round.
@@ -68,13 +68,12 @@ func TestSideBySide(t *testing.T) {
 	}
 	ec, ep := startEnvoyProcs(t, envoyBin, redis.addr, desc, 3, envoyExtra)
 	envoy := sideSystem{name: sideEnvoy, clients: ec, pids: append(ep, redis.cmd.Process.Pid)}
-	dc, dp := startSideWeir(t, weirBin, desc, false, nil)
-	fc, fp := startSideWeir(t, weirBin, desc, true, nil)
-	order := []sideSystem{
-		{name: sideWeirDefault, clients: dc, pids: dp},
-		envoy,
-		{name: sideWeirFixed, clients: fc, pids: fp},
+	weirs := map[string]sideSystem{}
+	for _, m := range sideWeirModes {
+		c, p := startSideWeir(t, weirBin, desc, m.mode, nil)
+		weirs[m.name] = sideSystem{name: m.name, clients: c, pids: p}
 	}
+	order := []sideSystem{weirs[sideWeirDefault], envoy, weirs[sideWeirFidelity], weirs[sideWeirFixed]}
 	rep := sideReport{
 		Go: runtime.Version(), CPUs: runtime.NumCPU(), Rounds: cfg.rounds, PhaseSeconds: cfg.phase.Seconds(),
 		Offered: cfg.offered, SatWorkers: cfg.satWorkers, LoadBefore: machineLoad(), EnvoySettings: envoyExtra,
@@ -88,7 +87,8 @@ func TestSideBySide(t *testing.T) {
 				r+1, s.name, run.Sat.PerSec(), run.Sat.PerSysCPU(), run.Sat.GenCPU, run.Sat.MachineCPU, run.Sat.Seconds,
 				cfg.offered, run.Lat.P50, run.Lat.P99)
 		}
-		for _, w := range []sideSystem{order[0], order[2]} {
+		for _, m := range sideWeirModes {
+			w := weirs[m.name]
 			pr := measurePair(t, w, envoy, cfg, uint64(r+1))
 			rep.Pairs[w.name] = append(rep.Pairs[w.name], pr)
 			t.Logf("round %d, paired at %.0f/s each: %s p50 %.0f µs, p99 %.0f µs; %s p50 %.0f µs, p99 %.0f µs",
@@ -97,16 +97,16 @@ func TestSideBySide(t *testing.T) {
 	}
 	rep.LoadAfter = machineLoad()
 	missed := false
-	for _, mode := range []string{sideWeirDefault, sideWeirFixed} {
-		v := rep.verdict(mode)
+	for _, m := range sideWeirModes {
+		v := rep.verdict(m.name)
 		rep.Verdicts = append(rep.Verdicts, v)
 		missed = missed || !v.MetMedian
 	}
 	t.Log("\n" + rep.markdown())
 	if missed || os.Getenv("WEIR_SIDE_PROFILE") == "1" {
-		for _, v := range rep.Verdicts {
+		for i, v := range rep.Verdicts {
 			if !v.MetMedian || os.Getenv("WEIR_SIDE_PROFILE") == "1" {
-				t.Logf("CPU profile of weir serve node n1 (%s) at saturation:\n%s", v.Mode, profileWeir(t, dir, desc, v.Mode == sideWeirFixed, cfg))
+				t.Logf("CPU profile of weir serve node n1 (%s) at saturation:\n%s", v.Mode, profileWeir(t, dir, desc, sideWeirModes[i], cfg))
 			}
 		}
 	}
@@ -126,10 +126,26 @@ func TestSideBySide(t *testing.T) {
 }
 
 const (
-	sideWeirDefault = "weir (default: token buckets)"
-	sideWeirFixed   = "weir (envoy.fixed_window)"
-	sideEnvoy       = "envoyproxy/ratelimit + Redis"
+	sideWeirDefault  = "weir (default: token buckets)"
+	sideWeirFidelity = "weir (envoy.fidelity)"
+	sideWeirFixed    = "weir (envoy.fixed_window)"
+	sideEnvoy        = "envoyproxy/ratelimit + Redis"
 )
+
+// sideWeirMode is one weir system of the measurement.
+type sideWeirMode struct {
+	name string
+	mode sideMode
+	file string // the profile's file name part
+}
+
+// sideWeirModes are the weir systems measured, each a 3-node cluster, in
+// the order of the report's tables.
+var sideWeirModes = []sideWeirMode{
+	{sideWeirDefault, sideModeDefault, "default"},
+	{sideWeirFidelity, sideModeFidelity, "fidelity"},
+	{sideWeirFixed, sideModeFixed, "fixed_window"},
+}
 
 // sideConfig sizes the measurement.
 type sideConfig struct {
@@ -175,13 +191,13 @@ func measurePair(t *testing.T, w, e sideSystem, cfg sideConfig, seed uint64) sid
 // profile endpoint (buildWeirProfiled), saturates it as the measurement
 // does, takes a CPU profile of node n1 over the phase and returns the top
 // of `go tool pprof -top`.
-func profileWeir(t *testing.T, dir, desc string, fixedWindow bool, cfg sideConfig) string {
+func profileWeir(t *testing.T, dir, desc string, m sideWeirMode, cfg sideConfig) string {
 	bin := filepath.Join(dir, "weir-pprof")
 	if _, err := os.Stat(bin); err != nil {
 		bin = buildWeirProfiled(t, dir)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	c, p := startSideWeir(t, bin, desc, fixedWindow, func(i int) []string {
+	c, p := startSideWeir(t, bin, desc, m.mode, func(i int) []string {
 		if i == 0 {
 			return []string{"WEIR_PPROF_LISTEN=" + addr}
 		}
@@ -193,7 +209,7 @@ func profileWeir(t *testing.T, dir, desc string, fixedWindow bool, cfg sideConfi
 	if profDir == "" {
 		profDir = dir
 	}
-	prof := filepath.Join(profDir, fmt.Sprintf("weir-n1-fixed_window-%v.pprof", fixedWindow))
+	prof := filepath.Join(profDir, fmt.Sprintf("weir-n1-%s.pprof", m.file))
 	done := make(chan error, 1)
 	go func() {
 		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(cfg.phase.Seconds())))
@@ -338,7 +354,7 @@ func (r sideReport) markdown() string {
 	fmt.Fprintf(&b, "envoyproxy/ratelimit: pinned settings, and %q\n\n", r.EnvoySettings)
 	fmt.Fprintf(&b, "| system | saturation, decisions/s | decisions per CPU-second (system) | generator CPU-s per 1000 decisions | p50 at %.0f/s | p99 at %.0f/s | over limit |\n", r.Offered, r.Offered)
 	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, name := range []string{sideWeirDefault, sideWeirFixed, sideEnvoy} {
+	for _, name := range []string{sideWeirDefault, sideWeirFidelity, sideWeirFixed, sideEnvoy} {
 		runs := r.Runs[name]
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s µs | %s µs | %s |\n", name,
 			spread(pick(runs, func(x sideRun) float64 { return x.Sat.PerSec() }), "%.0f"),
@@ -353,7 +369,8 @@ func (r sideReport) markdown() string {
 	fmt.Fprintf(&b, "\npaired, %.0f/s each at once, call by call in turn:\n\n", r.Offered/2)
 	b.WriteString("| weir mode | weir p50 | weir p99 | envoyproxy/ratelimit p50 | envoyproxy/ratelimit p99 |\n")
 	b.WriteString("| --- | ---: | ---: | ---: | ---: |\n")
-	for _, mode := range []string{sideWeirDefault, sideWeirFixed} {
+	for _, m := range sideWeirModes {
+		mode := m.name
 		ps := r.Pairs[mode]
 		fmt.Fprintf(&b, "| %s | %s µs | %s µs | %s µs | %s µs |\n", mode,
 			spread(pickPair(ps, func(p sidePair) float64 { return p.Weir.P50 }), "%.0f"),
@@ -370,13 +387,14 @@ func (r sideReport) markdown() string {
 	}
 	b.WriteString("\nround by round:\n")
 	for i := range r.Rounds {
-		for _, name := range []string{sideWeirDefault, sideEnvoy, sideWeirFixed} {
+		for _, name := range []string{sideWeirDefault, sideEnvoy, sideWeirFidelity, sideWeirFixed} {
 			x := r.Runs[name][i]
 			fmt.Fprintf(&b, "  %d %-32s sat %6.0f/s  sys %5.2f CPU-s  gen %5.2f CPU-s  machine %5.2f CPU-s in %4.1f s  per sys CPU-s %6.0f  degraded %d  |  fixed %6.0f/s p50 %5.0f µs p99 %6.0f µs p99.9 %6.0f µs late %d sys %5.2f CPU-s degraded %d\n",
 				i+1, name, x.Sat.PerSec(), x.Sat.SysCPU, x.Sat.GenCPU, x.Sat.MachineCPU, x.Sat.Seconds, x.Sat.PerSysCPU(), x.Sat.Degraded,
 				x.Lat.PerSec(), x.Lat.P50, x.Lat.P99, x.Lat.P999, x.Lat.Late, x.Lat.SysCPU, x.Lat.Degraded)
 		}
-		for _, mode := range []string{sideWeirDefault, sideWeirFixed} {
+		for _, m := range sideWeirModes {
+			mode := m.name
 			p := r.Pairs[mode][i]
 			fmt.Fprintf(&b, "  %d paired: %-32s p50 %5.0f µs p99 %6.0f µs p99.9 %6.0f µs sys %5.2f CPU-s; envoyproxy/ratelimit p50 %5.0f µs p99 %6.0f µs p99.9 %6.0f µs sys %5.2f CPU-s; late %d\n",
 				i+1, mode, p.Weir.P50, p.Weir.P99, p.Weir.P999, p.Weir.SysCPU, p.Envoy.P50, p.Envoy.P99, p.Envoy.P999, p.Envoy.SysCPU, p.Weir.Late)
@@ -390,9 +408,9 @@ func (r sideReport) markdown() string {
 // first part whose pattern one of its frames matches.
 var profileParts = []struct{ name, pattern string }{
 	{"GC (mark workers, assists, sweeping)", `runtime\.(gcBgMarkWorker|gcAssistAlloc|bgsweep|bgscavenge)`},
-	{"peer exchange (sending, serving, the shell's loop)", `cluster\.\(\*Shell\)\.(run|send|flush|exchange|Handle)|cluster\.\(\*GRPCTransport\)|cluster\.peerServer|cluster\.\(\*peerStream\)|peerpb\.`},
+	{"peer exchange (sending, serving, the shell's loop)", `shell\.\(\*Node\)\.(run|send|flush|flusher|flushWith|exchange|Handle|collect)|shell\.\(\*GRPCTransport\)|shell\.peerServer|shell\.\(\*peerStream\)|shell\.(encodeBatch|decodeBatch)|peerpb\.`},
 	{"weir's answer (rls.ShouldRateLimit: matching, deciding, headers)", `rls\.\(\*Service\)\.ShouldRateLimit`},
-	{"gossip, ticks, metrics", `memberlist|prometheus|cluster\.\(\*Shell\)\.tick`},
+	{"gossip, ticks, metrics", `memberlist|prometheus|shell\.\(\*Node\)\.ticker`},
 	{"gRPC serving (HTTP/2 frames, protobuf, reads and writes)", `google\.golang\.org/grpc|golang\.org/x/net/http2|google\.golang\.org/protobuf`},
 }
 

@@ -158,15 +158,33 @@ func waitAnswers(c pb.RateLimitServiceClient, done <-chan struct{}) error {
 	}
 }
 
-// sideWeirConfig writes a `weir serve` config for one member of a cluster
-// serving the descriptor file with the daemon's defaults (peer timeouts,
-// gossip timing), on ephemeral loopback ports.
-func sideWeirConfig(t *testing.T, descriptors string, fixedWindow bool, name, label, join string) string {
-	t.Helper()
-	extra := ""
-	if fixedWindow {
-		extra = ", fixed_window: true"
+// sideMode is one of the weir modes the side-by-side measurement runs.
+type sideMode int
+
+const (
+	sideModeDefault  sideMode = iota // token buckets, shared mode
+	sideModeFixed                    // envoy.fixed_window: true
+	sideModeFidelity                 // envoy.fidelity: true
+)
+
+// envoyOption is the mode's setting in the envoy section of weir serve's
+// config, with its leading comma, or "" for the default.
+func (m sideMode) envoyOption() string {
+	switch m {
+	case sideModeFixed:
+		return ", fixed_window: true"
+	case sideModeFidelity:
+		return ", fidelity: true"
 	}
+	return ""
+}
+
+// sideWeirConfig writes a `weir serve` config for one member of a cluster
+// serving the descriptor file in mode with the daemon's defaults (peer
+// timeouts, gossip timing), on ephemeral loopback ports.
+func sideWeirConfig(t *testing.T, descriptors string, mode sideMode, name, label, join string) string {
+	t.Helper()
+	extra := mode.envoyOption()
 	gossip := fmt.Sprintf(`gossip: {bind: "127.0.0.1:0", label: %s`, label)
 	if join != "" {
 		gossip += fmt.Sprintf(", join: [%q]", join)
@@ -186,9 +204,9 @@ log: {level: error}
 }
 
 // startSideWeir starts a 3-node `weir serve` cluster of binary bin on the
-// descriptor file and waits until every node sees the three members;
+// descriptor file in mode and waits until every node sees the three members;
 // envFor, when not nil, gives node i's extra environment.
-func startSideWeir(t *testing.T, bin, descriptors string, fixedWindow bool, envFor func(i int) []string) (clients []pb.RateLimitServiceClient, pids []int) {
+func startSideWeir(t *testing.T, bin, descriptors string, mode sideMode, envFor func(i int) []string) (clients []pb.RateLimitServiceClient, pids []int) {
 	t.Helper()
 	label := fmt.Sprintf("side-%d-%d", os.Getpid(), time.Now().UnixNano())
 	var nodes []weirAddrs
@@ -201,7 +219,7 @@ func startSideWeir(t *testing.T, bin, descriptors string, fixedWindow bool, envF
 		if envFor != nil {
 			env = envFor(i)
 		}
-		nodes = append(nodes, startWeirProcWith(t, bin, sideWeirConfig(t, descriptors, fixedWindow, name, label, join), env))
+		nodes = append(nodes, startWeirProcWith(t, bin, sideWeirConfig(t, descriptors, mode, name, label, join), env))
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for !allSeeMembers(nodes, 3) {

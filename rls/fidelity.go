@@ -108,6 +108,7 @@ type fidelityCheck struct {
 	lim   *envoyconf.Limit
 	limit *rlsv3.RateLimitResponse_RateLimit
 	hits  int64
+	stats string // envoyconf.Match.StatsKey
 }
 
 // fidelityLimits resolves each descriptor's limit as envoyproxy/ratelimit
@@ -120,6 +121,7 @@ func fidelityLimits(cfg *envoyconf.Config, req *rlsv3.RateLimitRequest, resp *rl
 	n := len(req.Descriptors)
 	limits := make([]*envoyconf.Limit, n)
 	ids := make([]string, n)
+	statsKeys := make([]string, n)
 	overrides := make([]*rlsv3.RateLimitResponse_RateLimit, n)
 	entries := make([]envoyconf.Entry, 0, 4)
 	for i, d := range req.Descriptors {
@@ -131,7 +133,7 @@ func fidelityLimits(cfg *envoyconf.Config, req *rlsv3.RateLimitRequest, resp *rl
 			overrides[i] = &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit())}
 			ids[i] = envoyconf.Identity(entries)
 		} else if m, ok := cfg.Match(req.Domain, entries); ok {
-			limits[i], ids[i] = m.Limit, m.Identity
+			limits[i], ids[i], statsKeys[i] = m.Limit, m.Identity, m.StatsKey
 		}
 	}
 	replaced := envoyconf.Replaced(limits)
@@ -139,7 +141,7 @@ func fidelityLimits(cfg *envoyconf.Config, req *rlsv3.RateLimitRequest, resp *rl
 	var checks []weir.KeyCheck
 	for i := range n {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		fc := fidelityCheck{i: i, lim: limits[i], limit: overrides[i], hits: cost(req, req.Descriptors[i])}
+		fc := fidelityCheck{i: i, lim: limits[i], limit: overrides[i], hits: cost(req, req.Descriptors[i]), stats: statsKeys[i]}
 		unit := envoyconf.Unit(0)
 		switch {
 		case fc.limit != nil:
@@ -198,7 +200,7 @@ func (s *Service) shouldFidelity(ctx context.Context, req *rlsv3.RateLimitReques
 			st.LimitRemaining = uint32(rpu - count)
 		}
 		shadow, quota := fc.lim != nil && fc.lim.Shadow, fc.lim != nil && fc.lim.Quota
-		if st := sv.stats[fc.lim]; st != nil {
+		if st := sv.stats[fc.lim].of(fc.stats); st != nil {
 			st.count(uint64(rpu), uint64(fc.hits), o, shadow, uint64(max(rpu-count, 0)))
 		}
 		switch {

@@ -69,7 +69,7 @@ func WithMaxIdentityBytes(n int) Option { return func(s *Service) { s.maxID = n 
 // domain: every call is OK). The node must hold cfg.Rules() (weir.Config.Rules, Node.SetRules, or a rules file written
 // from them).
 func New(node *weir.Node, cfg *envoyconf.Config, opts ...Option) *Service {
-	s := &Service{node: node, maxID: weir.DefaultMaxIdentityBytes,
+	s := &Service{node: node, maxID: weir.DefaultMaxIdentityBytes, stats: statsTable{cap: DefaultValueSeries},
 		hLimit: "RateLimit-Limit", hRemaining: "RateLimit-Remaining", hReset: "RateLimit-Reset"}
 	for _, o := range opts {
 		o(s)
@@ -148,7 +148,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case lim.Blocked:
 			// A zero limit, counted by no rule: every request is over it.
 			st.CurrentLimit = currentLimit(lim)
-			sv.stats[lim].count(0, uint64(cost(req, req.Descriptors[i])), true, lim.Shadow, 0)
+			sv.stats[lim].of(matches[i].StatsKey).count(0, uint64(cost(req, req.Descriptors[i])), true, lim.Shadow, 0)
 			over[i] = !lim.Shadow && !lim.Quota
 			if over[i] {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -176,7 +176,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		remaining := max(r.Remaining, 0)
 		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(r.Reset)
-		sv.stats[limits[i]].count(uint64(limits[i].RequestsPerUnit), uint64(cost(req, req.Descriptors[i])), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(remaining))
+		sv.stats[limits[i]].of(matches[i].StatsKey).count(uint64(limits[i].RequestsPerUnit), uint64(cost(req, req.Descriptors[i])), !r.Allowed || r.ShadowRejected, limits[i].Shadow, uint64(remaining))
 		switch {
 		case r.Allowed:
 		case limits[i].Quota:
@@ -265,9 +265,24 @@ func Listen(addr string, svc *Service, opts ...grpc.ServerOption) (*Server, erro
 	return Serve(lis, svc, opts...), nil
 }
 
-// Serve serves svc on lis until Close.
+// StreamWorkers is the number of goroutines ServerOptions keeps to run
+// calls: each keeps the stack it grew, where a goroutine per call grows
+// one on every call (runtime.morestack, a tenth of a node's CPU at
+// saturation); a call that finds every worker busy gets a goroutine of its
+// own, as without workers.
+const StreamWorkers = 64
+
+// ServerOptions are the gRPC server options Serve and Listen start with
+// (before the caller's, which may override them): StreamWorkers stream
+// workers (grpc.NumStreamWorkers). A server of your own that mounts the
+// service with Register may take them too.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.NumStreamWorkers(StreamWorkers)}
+}
+
+// Serve serves svc on lis until Close, with ServerOptions and then opts.
 func Serve(lis net.Listener, svc *Service, opts ...grpc.ServerOption) *Server {
-	s := &Server{g: grpc.NewServer(opts...), lis: lis, done: make(chan error, 1)}
+	s := &Server{g: grpc.NewServer(append(ServerOptions(), opts...)...), lis: lis, done: make(chan error, 1)}
 	svc.Register(s.g)
 	go func() { s.done <- s.g.Serve(lis) }()
 	return s

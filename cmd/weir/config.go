@@ -166,6 +166,11 @@ type EnvoySection struct {
 	// MergeDomains merges the files of one domain, as
 	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true.
 	MergeDomains bool `yaml:"merge_domains"`
+	// ValueSeries bounds the per-descriptor stats series named after
+	// request values (value_to_metric, detailed_metric) per configured
+	// descriptor (rls.WithValueSeries); zero means
+	// rls.DefaultValueSeries, negative none.
+	ValueSeries int `yaml:"value_series"`
 }
 
 // EnvoyHeaderNames are the names of envoy's response headers.

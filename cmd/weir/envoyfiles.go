@@ -217,6 +217,10 @@ func (e *EnvoySection) rlsOptions() []rls.Option {
 		return nil
 	}
 	hm, _ := e.headerMode() // validated by compileEnvoy
-	return []rls.Option{rls.WithHeaders(hm), rls.WithGlobalShadow(e.ShadowMode),
+	opts := []rls.Option{rls.WithHeaders(hm), rls.WithGlobalShadow(e.ShadowMode),
 		rls.WithEnvoyHeaderNames(e.HeaderNames.Limit, e.HeaderNames.Remaining, e.HeaderNames.Reset)}
+	if e.ValueSeries != 0 {
+		opts = append(opts, rls.WithValueSeries(e.ValueSeries))
+	}
+	return opts
 }

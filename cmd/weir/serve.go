@@ -314,7 +314,7 @@ func (d *daemon) countReloads(reg *prometheus.Registry) {
 // served, watches their directories for the changes that trigger a reload.
 func (d *daemon) serveRLS(st *startup, reg *prometheus.Registry, ln net.Listener) error {
 	cfg := d.cfg
-	d.rlsSrv = grpc.NewServer()
+	d.rlsSrv = grpc.NewServer(rls.ServerOptions()...)
 	d.rls = rls.New(d.node, d.envoy, cfg.Envoy.rlsOptions()...)
 	d.rls.Register(d.rlsSrv)
 	reg.MustRegister(d.rls.Collector())
