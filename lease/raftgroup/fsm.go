@@ -20,6 +20,9 @@ type FSM struct {
 	mu       sync.Mutex
 	r        *lease.Replica
 	restores int // how many snapshots Restore installed
+	// applied, when set, sees every entry applied and its response, under
+	// mu (the group logs the grants of reports with it).
+	applied func(e lease.Entry, resp lease.ApplyResponse)
 }
 
 var (
@@ -42,7 +45,11 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.r.ApplyEntry(e)
+	resp := f.r.ApplyEntry(e)
+	if f.applied != nil {
+		f.applied(e, resp)
+	}
+	return resp
 }
 
 // Snapshot implements raft.FSM: it encodes the state at once, so Persist

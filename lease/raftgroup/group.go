@@ -284,6 +284,7 @@ func Start(cfg Config) (_ *Group, err error) {
 	g := &Group{cfg: cfg, log: log.With("component", "lease-group", "self", cfg.Name), fsm: NewFSM(m),
 		notify: make(chan bool, 8), done: make(chan struct{}), raftSet: make(chan struct{}),
 		conns: map[string]*grpc.ClientConn{}}
+	g.fsm.applied = g.logGrants
 	// On failure, undo what was started, in reverse.
 	var undo []func()
 	defer func() {
@@ -648,20 +649,21 @@ func (g *Group) apply(ctx context.Context, e lease.Entry) (lease.ApplyResponse, 
 		return lease.ApplyResponse{}, raftRetryable(err), g.raftError(err)
 	}
 	resp, _ := f.Response().(lease.ApplyResponse)
-	if resp.Err == nil && e.Command != nil && e.Command.Report != nil {
-		g.logGrants(e.Command.Report.Region, now, resp.Result)
-	}
 	return resp, false, resp.Err
 }
 
-// logGrants writes, at debug level, each lease a report got as the leader
-// counts it: granted at its apply time now, expiring at now + lifetime
-// (unix ns; capacity is handed on only after that plus the skew).
-func (g *Group) logGrants(region string, now int64, res lease.Result) {
-	if !g.log.Enabled(context.Background(), slog.LevelDebug) {
+// logGrants writes, at debug level, each lease a report got as the group
+// counts it: granted at its entry's time now (the leader's clock when it
+// proposed it), expiring at now + lifetime (unix ns; capacity is handed on
+// only after that plus the skew). Every voter logs the reports it applies,
+// from its FSM, so that a grant committed after its proposer gave up on it
+// (a timeout, a lost leadership) is logged too.
+func (g *Group) logGrants(e lease.Entry, resp lease.ApplyResponse) {
+	if resp.Err != nil || e.Command == nil || e.Command.Report == nil || !g.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	for _, gr := range res.Grants {
+	region, now := e.Command.Report.Region, e.Command.Now
+	for _, gr := range resp.Result.Grants {
 		if gr.Epoch == 0 {
 			continue
 		}

@@ -191,8 +191,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("burst %d: over %d regions a share's burst is below the cost %d", c.Burst, c.Regions, c.Cost)
 	case c.Accuracy < 0 || c.Accuracy > 0.5:
 		return fmt.Errorf("accuracy %g: want 0 to 0.5", c.Accuracy)
-	case c.IDs < 1 || c.IDs > 1000:
-		return fmt.Errorf("ids %d: want 1 to 1000", c.IDs)
+	case c.IDs < 1 || c.IDs > 10000:
+		return fmt.Errorf("ids %d: want 1 to 10000", c.IDs)
 	case c.Refresh <= 0 || c.Tick <= 0 || c.Sync <= 0 || c.Sample <= 0:
 		return errors.New("refresh, tick, sync and sample must be positive")
 	case c.MaxSkew >= c.Lease:

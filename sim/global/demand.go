@@ -77,6 +77,7 @@ type arrival struct {
 
 func (a *arrival) Fire(s *engine.Sim) {
 	r := a.g.r
+	r.arrivalOnly, r.touched = true, a.id
 	rate := r.rates[a.id][a.g.i] // tokens per window
 	c := r.cfg.Cost
 	if rate <= 0 {

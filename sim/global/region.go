@@ -225,6 +225,7 @@ func (g *region) onReply(sentAt int64, seq uint64, grants []lease.Grant) {
 type reportTick struct{ g *region }
 
 func (e *reportTick) Fire(s *engine.Sim) {
+	e.g.r.noRaise = true
 	e.g.report(false)
 	s.After(int64(e.g.r.cfg.Refresh), e)
 }
@@ -232,6 +233,7 @@ func (e *reportTick) Fire(s *engine.Sim) {
 type urgentReport struct{ g *region }
 
 func (e *urgentReport) Fire(*engine.Sim) {
+	e.g.r.noRaise = true
 	e.g.kicked = false
 	e.g.report(true)
 }
@@ -241,6 +243,7 @@ func (e *urgentReport) Fire(*engine.Sim) {
 type pollTick struct{ g *region }
 
 func (e *pollTick) Fire(s *engine.Sim) {
+	e.g.r.noRaise = true
 	gap := int64(e.g.reg.Gap())
 	if wait := e.g.lastRep + gap - s.Now(); wait > 0 {
 		s.After(wait, e)
@@ -253,6 +256,7 @@ func (e *pollTick) Fire(s *engine.Sim) {
 type syncTick struct{ g *region }
 
 func (e *syncTick) Fire(s *engine.Sim) {
+	e.g.r.noRaise = true
 	for id := range e.g.b {
 		e.g.look(id)
 		e.g.charge(id)
@@ -268,6 +272,7 @@ type retry struct {
 }
 
 func (e *retry) Fire(*engine.Sim) {
+	e.g.r.noRaise = true
 	if e.g.replied >= e.rep.Seq || e.g.seq != e.rep.Seq {
 		return
 	}
