@@ -258,3 +258,71 @@ rules:
 		}
 	}
 }
+
+// TestUnaryReleasesOnEveryPath: the unary interceptor gives a concurrency
+// slot back whatever way the handler ends: an error, a panic, a client
+// that gave up. With one slot, the call after each is admitted.
+func TestUnaryReleasesOnEveryPath(t *testing.T) {
+	rs, err := quota.Parse("rules.yaml", []byte(`
+rules:
+  - id: one-at-a-time
+    key: [global]
+    algorithm: concurrency
+    limit: 1
+    window: 1m
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := weir.New(weir.Config{Rules: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	unary := grpclimit.Config{Node: node}.Unary()
+	info := &grpc.UnaryServerInfo{FullMethod: "/a.B/C"}
+	call := func(ctx context.Context, h grpc.UnaryHandler) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = status.Error(codes.Internal, "panic")
+			}
+		}()
+		_, err = unary(ctx, nil, info, h)
+		return err
+	}
+	held, entered := make(chan struct{}), make(chan struct{})
+	hold := func(ctx context.Context, _ any) (any, error) { close(entered); <-held; return nil, nil }
+	// One call holds the slot: a second is refused.
+	go func() { _ = call(context.Background(), hold) }()
+	<-entered
+	if err := call(context.Background(), func(context.Context, any) (any, error) { return nil, nil }); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a second call while one holds the slot: %v, want ResourceExhausted", err)
+	}
+	close(held)
+	ends := map[string]grpc.UnaryHandler{
+		"error": func(context.Context, any) (any, error) { return nil, status.Error(codes.Unavailable, "upstream down") },
+		"panic": func(context.Context, any) (any, error) { panic("handler bug") },
+		"cancel": func(ctx context.Context, _ any) (any, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		},
+	}
+	for _, end := range []string{"error", "panic", "cancel"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		if end == "cancel" {
+			time.AfterFunc(10*time.Millisecond, cancel)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		var err error
+		for err = call(ctx, ends[end]); status.Code(err) == codes.ResourceExhausted && time.Now().Before(deadline); err = call(ctx, ends[end]) {
+			time.Sleep(time.Millisecond) // the holding call is still returning
+		}
+		cancel()
+		if status.Code(err) == codes.ResourceExhausted {
+			t.Fatalf("%s: refused: an earlier call's slot was not released", end)
+		}
+		if err := call(context.Background(), func(context.Context, any) (any, error) { return nil, nil }); err != nil {
+			t.Fatalf("after a call that ended by %s: %v, want the slot free", end, err)
+		}
+	}
+}
