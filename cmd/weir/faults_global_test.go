@@ -211,7 +211,7 @@ func (h *harness) checkGlobalLeases(paused *fproc) {
 	slices.SortStableFunc(granted, func(a, b leaseEvent) int { return cmp.Compare(a.At, b.At) })
 	slices.SortStableFunc(accepted, func(a, b leaseEvent) int { return cmp.Compare(a.At, b.At) })
 	if len(granted) < 20 || len(accepted) < 20 {
-		t.Fatalf("%d grants logged by the leader, %d leases taken by the regions: too few to check", len(granted), len(accepted))
+		t.Fatalf("%d grant lines logged by the voters, %d leases taken by the regions: too few to check", len(granted), len(accepted))
 	}
 
 	// 1. Σ shares ≤ L at every grant the leader logged.
@@ -288,7 +288,7 @@ func (h *harness) checkGlobalLeases(paused *fproc) {
 			h.violation("at %s's lease (epoch %d, taken %d): Σ shares the regions hold %d > L = %d", a.node, a.Epoch, a.At, sum, globalLimit)
 		}
 	}
-	t.Logf("leader: %d grants logged, largest Σ unexpired shares %d of L = %d", len(granted), worstLeader, globalLimit)
+	t.Logf("voters: %d grant lines logged (each voter logs the grants it applies), largest Σ unexpired shares %d of L = %d", len(granted), worstLeader, globalLimit)
 	t.Logf("regions: %d leases taken, each ending at least %v before the leader's expiry; %d late; largest Σ shares held %d of %d",
 		len(accepted), time.Duration(margin).Round(time.Millisecond), late, worstRegions, globalLimit)
 	t.Logf("%s: %d leases taken after the resume from reports sent before the stop, %d of them already ended when taken; us's share while it was stopped: up to %d",
