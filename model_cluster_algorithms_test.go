@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -107,13 +108,7 @@ func TestModelClusterAlgorithms(t *testing.T) {
 				rt.Logf("pause %v", d)
 			},
 		})
-		for _, key := range slices.Sorted(func(yield func(string) bool) {
-			for k := range sends {
-				if !yield(k) {
-					return
-				}
-			}
-		}) {
+		for _, key := range slices.Sorted(maps.Keys(sends)) {
 			ss := sends[key]
 			for _, s := range ss {
 				if s.degraded || s.err != nil {

@@ -223,9 +223,10 @@ func (a *concAlgo) handOff(oe *ownerEntry, now int64, h *HandoffItem) {
 	}
 }
 
-// handDelta hands the slot the last admission took (the new owner takes
-// concurrency rules without a warm-up, so only HandoffAll's round of a
-// leaving owner uses it).
+// handDelta hands the slot the last admission took. It serves the previous
+// owner's decisions for a new owner that waits for its state
+// (decideHanded), which a concurrency rule's new owner never asks for (it
+// takes the rule without a warm-up).
 func (a *concAlgo) handDelta(oe *ownerEntry, now int64, _ bucket.TAT, cost int64, h *HandoffItem) {
 	st := a.state(oe)
 	h.Slots = h.Slots[:0]
@@ -327,9 +328,29 @@ func (c *Coordinator) releaseFrom(now int64, r *RuleParams, holder, identity str
 	c.watchOwned(oe)
 }
 
+// hasConcurrency reports whether a rule in force is a concurrency rule
+// (any order of the rules gives the same answer).
+func (c *Coordinator) hasConcurrency() bool {
+	for _, r := range c.rules {
+		if r.conc != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// memberOf returns whether a name is one of t's members.
+func memberOf(t OwnerTable) func(string) bool {
+	names := t.Names()
+	return func(n string) bool { return slices.Contains(names, n) }
+}
+
 // dropDeparted frees, on this node's concurrency entries, the slots of
 // holders that are not members of t.
 func (c *Coordinator) dropDeparted(now int64, t OwnerTable) {
+	if !c.hasConcurrency() {
+		return // no walk over the owned entries
+	}
 	var keys []entryKey
 	c.owned.all(func(k entryKey, oe *ownerEntry) {
 		if r := c.rules[k.rule]; r != nil && r.conc != nil {
@@ -340,8 +361,7 @@ func (c *Coordinator) dropDeparted(now int64, t OwnerTable) {
 		return
 	}
 	slices.SortFunc(keys, cmpKey)
-	names := t.Names()
-	member := func(n string) bool { return slices.Contains(names, n) }
+	member := memberOf(t)
 	for _, k := range keys {
 		if oe := c.owned.get(k); oe != nil {
 			c.rules[k.rule].conc.dropHolders(oe, now, member)

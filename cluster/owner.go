@@ -166,10 +166,7 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, 
 	case r.plain:
 		d = r.gcra.Step(&oe.tat, now, cost)
 	case r.exact != nil:
-		d = r.exact.step(oe, now, cost)
-		if r.conc != nil && d.Allowed {
-			r.conc.tag(oe, c.taker, c.takerTicket)
-		}
+		d = c.exactStep(now, r, oe, cost)
 	default:
 		d = c.otherStep(now, r, k, oe, cost)
 	}
@@ -183,11 +180,22 @@ func (c *Coordinator) ownerStep(now int64, r *RuleParams, k entryKey, h uint64, 
 func (c *Coordinator) otherStep(now int64, r *RuleParams, k entryKey, oe *ownerEntry, cost int64) bucket.Decision {
 	switch {
 	case r.exact != nil:
-		return r.exact.step(oe, now, cost)
+		return c.exactStep(now, r, oe, cost)
 	case r.leased:
 		return c.shareStep(now, r, k, oe, cost)
 	}
 	return r.gcra.Step(&oe.tat, now, cost)
+}
+
+// exactStep decides a request on oe by r's exact algorithm; an admitted
+// concurrency acquisition's slot names the decision's holder and ticket
+// (Coordinator.taker).
+func (c *Coordinator) exactStep(now int64, r *RuleParams, oe *ownerEntry, cost int64) bucket.Decision {
+	d := r.exact.step(oe, now, cost)
+	if r.conc != nil && d.Allowed {
+		r.conc.tag(oe, c.taker, c.takerTicket)
+	}
+	return d
 }
 
 // shareStep decides a leased rule's request at the identity's share
@@ -230,6 +238,7 @@ func (c *Coordinator) ownedEntry(now int64, r *RuleParams, k entryKey, h uint64)
 
 // takeHandoffs is Step taking the buckets a previous owner handed over.
 func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
+	var member func(string) bool // made once, for a concurrency rule's slots
 	for _, h := range hs {
 		r := c.rules[h.Rule]
 		if r == nil {
@@ -260,8 +269,10 @@ func (c *Coordinator) takeHandoffs(now int64, hs []HandoffItem) {
 			r.exact.take(oe, now, &h)
 			if r.conc != nil && c.table != nil {
 				// Slots of a holder this ring dropped already are free.
-				names := c.table.Names()
-				r.conc.dropHolders(oe, now, func(n string) bool { return slices.Contains(names, n) })
+				if member == nil {
+					member = memberOf(c.table)
+				}
+				r.conc.dropHolders(oe, now, member)
 			}
 		default:
 			oe.tat = bucket.TAT(now + max(int64(oe.tat)-now, 0) + max(h.Debt, 0))

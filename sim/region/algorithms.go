@@ -227,14 +227,6 @@ func (p *replay) run(segs []segment, term []float64) replayed {
 		return cmp.Or(cmp.Compare(a.ident, b.ident), cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq))
 	})
 	out := replayed{worst: -1}
-	inClean := func(t int64) bool {
-		for _, s := range segs {
-			if t >= s.from && t < s.to {
-				return true
-			}
-		}
-		return false
-	}
 	for i := 0; i < len(p.adm); {
 		j := i
 		for j < len(p.adm) && p.adm[j].ident == p.adm[i].ident {
@@ -251,7 +243,7 @@ func (p *replay) run(segs []segment, term []float64) replayed {
 			}
 			if !accRef.admit(T0+a.at, a.cost) {
 				acc += a.cost
-				if inClean(a.at) {
+				if inSegments(segs, a.at) {
 					clean += a.cost
 				}
 			}
@@ -261,6 +253,9 @@ func (p *replay) run(segs []segment, term []float64) replayed {
 	}
 	return out
 }
+
+// inSegments reports whether t lies in one of segs (cleanSegments).
+func inSegments(segs []segment, t int64) bool { return segIndex(segs, t) >= 0 }
 
 // termOf is identity id's key cap term in term (0 for none).
 func termOf(term []float64, id int) float64 {
@@ -306,14 +301,6 @@ func (f *inFlight) run(segs []segment, term []float64) replayed {
 		by[s.ident] = append(by[s.ident], s)
 	}
 	slices.Sort(ids)
-	inClean := func(t int64) bool {
-		for _, s := range segs {
-			if t >= s.from && t < s.to {
-				return true
-			}
-		}
-		return false
-	}
 	out := replayed{worst: -1}
 	most := func(spans []slotSpan, accounted bool) (over, clean int64) {
 		var es []edge
@@ -330,7 +317,7 @@ func (f *inFlight) run(segs []segment, term []float64) replayed {
 			cur += e.delta
 			if e.delta > 0 && cur > f.limit {
 				over = max(over, cur-f.limit)
-				if inClean(e.at) {
+				if inSegments(segs, e.at) {
 					clean = max(clean, cur-f.limit)
 				}
 			}

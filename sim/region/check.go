@@ -303,13 +303,10 @@ func sortAdmissions(a []admission) {
 	}
 }
 
-// segOf returns the index of the clean segment holding t, or -1.
-func (c *checker) segOf(t int64) int {
-	// Admissions are fed in time order: mostly the last segment found.
-	if k := c.lastSeg; k < len(c.segs) && c.segs[k].from <= t && t < c.segs[k].to {
-		return k
-	}
-	i, found := slices.BinarySearchFunc(c.segs, t, func(s segment, t int64) int {
+// segIndex returns the index of the segment of segs (sorted, disjoint:
+// cleanSegments) that holds t, or -1.
+func segIndex(segs []segment, t int64) int {
+	i, found := slices.BinarySearchFunc(segs, t, func(s segment, t int64) int {
 		switch {
 		case s.to <= t:
 			return -1
@@ -321,7 +318,19 @@ func (c *checker) segOf(t int64) int {
 	if !found {
 		return -1
 	}
-	c.lastSeg = i
+	return i
+}
+
+// segOf returns the index of the clean segment holding t, or -1.
+func (c *checker) segOf(t int64) int {
+	// Admissions are fed in time order: mostly the last segment found.
+	if k := c.lastSeg; k < len(c.segs) && c.segs[k].from <= t && t < c.segs[k].to {
+		return k
+	}
+	i := segIndex(c.segs, t)
+	if i >= 0 {
+		c.lastSeg = i
+	}
 	return i
 }
 
