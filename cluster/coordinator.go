@@ -93,6 +93,11 @@ type CoordinatorConfig struct {
 	// larger value than any earlier run (the Shell uses its start time in
 	// nanoseconds), or its new reports would be taken for stale ones.
 	Incarnation uint64
+	// Stream identifies this coordinator's blind reports (blind.go) to
+	// the owners that charge them: it must differ between the
+	// coordinators of one node (the Shell gives its shards Incarnation +
+	// their index) and between runs of the node. 0 means Incarnation.
+	Stream uint64
 	// SketchSeed seeds the hashes of gated rules' sketches (sketch.go).
 	// The zero value is a fixed seed: the simulator stays deterministic,
 	// and a per-process seed can be injected here.

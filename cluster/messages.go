@@ -63,6 +63,12 @@ type Message struct {
 	Results []ResultItem
 	// Handoffs carry owner state to a new owner after a ring change.
 	Handoffs []HandoffItem
+	// Blinds report spend admitted without an entry (blind.go), BlindAcks
+	// acknowledge such reports, and Tracks tell a node to keep an entry of
+	// an identity whose owner bucket is no longer far from its limit.
+	Blinds    []BlindItem
+	BlindAcks []BlindAck
+	Tracks    []TrackItem
 	// HandedOver, when not 0, is the digest of the sender's ring
 	// (OwnerTable.Digest): the sender has handed over every bucket it
 	// owned that this ring assigns to another member. It follows the
@@ -238,6 +244,35 @@ type HandoffItem struct {
 	MaxDelay  int64 // ns
 	// Slots are a concurrency rule's slots in flight.
 	Slots []SlotItem
+}
+
+// BlindItem is spend a node admitted for an identity it keeps no entry of
+// (blind spend, blind.go): Cost tokens of Identity under Rule, to be
+// charged by the identity's owner. The items of one report share Stream
+// (the sending coordinator's, CoordinatorConfig.Stream) and Seq, sit next
+// to each other in a message and are never cut between messages: an
+// owner charges a report whose Seq is above the highest it charged for
+// (sender, Stream) and then acknowledges it, so a report sent again is
+// charged once.
+type BlindItem struct {
+	Stream, Seq    uint64
+	Rule, Identity string
+	Cost           int64
+}
+
+// BlindAck acknowledges the blind report (Stream, Seq): its owner has
+// charged every item of it.
+type BlindAck struct {
+	Stream, Seq uint64
+}
+
+// TrackItem tells a node to keep an entry of Identity under Rule, with
+// its view of the owner's bucket at Debt (TAT − now in ns, as in
+// AckItem): the owner charged blind spend of the identity and its bucket
+// is no longer far from its limit, or the owner keeps a bucket of it.
+type TrackItem struct {
+	Rule, Identity string
+	Debt           int64
 }
 
 // LogItem is one admission of a handed sliding log: Age ns before the
