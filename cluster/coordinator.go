@@ -202,6 +202,13 @@ type Stats struct {
 	// Releases counts concurrency slots released to another owner.
 	Releases       uint64
 	Entries, Owned int
+	// Blind spend (blind.go): BlindAdmits counts admissions without an
+	// entry within a node's slack (counted in LocalAdmits too), BlindOwn
+	// the owner's own decisions on its sketch, BlindCharged the items of
+	// blind reports charged to a sketch, BlindTracks the identities an
+	// owner told a node to keep an entry of, BlindReports the reports
+	// sent (a report sent again counts again).
+	BlindAdmits, BlindOwn, BlindCharged, BlindTracks, BlindReports uint64
 	// SketchAdmits counts admissions through a gated rule's sketch;
 	// SketchPromotions the identities that passed its threshold and got
 	// an entry; SketchBytes is the memory the sketches hold.
@@ -310,6 +317,21 @@ type Coordinator struct {
 	// they arrived (held.go).
 	held  []heldHandoff
 	heldN map[string]int // held states per rule
+	// Blind spend (blind.go): stream names this coordinator's reports,
+	// blindU holds the unacknowledged blind spend per key (an identity's
+	// hashID under a rule's salt), blindTo the reports per owner in the
+	// order they were started (lastBlind the one used last), blindDue is
+	// set when one of them has an open report and none in flight; on the
+	// owner, blindHigh is the highest report charged per sender stream;
+	// blindRules are the rules with a sketch, in the order SetRules had
+	// them.
+	stream     uint64
+	blindU     map[uint64]int64
+	blindTo    []*blindDest
+	lastBlind  *blindDest
+	blindDue   bool
+	blindHigh  map[blindSender]uint64
+	blindRules []*RuleParams
 }
 
 // Drops returns how many node entries the coordinator has dropped.
@@ -329,7 +351,12 @@ func NewCoordinator(cfg CoordinatorConfig) *Coordinator {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
+	stream := cfg.Stream
+	if stream == 0 {
+		stream = cfg.Incarnation
+	}
 	return &Coordinator{
+		stream:     stream,
 		handoff:    int64(cfg.HandoffTimeout),
 		handedOver: map[string]uint64{},
 		cfg:        cfg,
@@ -392,6 +419,15 @@ func (c *Coordinator) SetRules(now int64, rules []RuleParams) {
 	}
 	c.retype(next, now)
 	c.setSketches(c.rules, next)
+	c.blindRules = c.blindRules[:0]
+	for i := range rules {
+		if r := next[rules[i].ID]; r.ID == rules[i].ID {
+			c.setBlind(c.rules[r.ID], r, now)
+			if r.bs != nil {
+				c.blindRules = append(c.blindRules, r)
+			}
+		}
+	}
 	c.rules = next
 	c.lastRule = nil
 	c.sketched = false
@@ -409,6 +445,9 @@ func (c *Coordinator) Stats() Stats {
 	for _, r := range c.rules {
 		if r.sk != nil {
 			s.SketchBytes += r.sk.bytes()
+		}
+		if r.bs != nil {
+			s.SketchBytes += r.bs.bytes()
 		}
 	}
 	return s
@@ -501,7 +540,14 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID string, key Key
 		}
 		if oe == nil || oe.warming {
 			// A first request, a gated identity or a warm-up: readied
-			// apart, off the common path.
+			// apart, off the common path. An identity far from its limit
+			// is decided on the rule's sketch, with no bucket (blind.go).
+			if oe == nil && r.blind && !c.mayWarm(now, identity) {
+				if d, ok := c.blindOwn(now, r, h, cost); ok {
+					*out = Outcome{Decision: d, Source: SourceOwner}
+					return nil
+				}
+			}
 			if oe = c.ownedBucket(out, now, r, k, h, oe, scored, gated, cost); oe == nil {
 				return nil
 			}
@@ -549,6 +595,9 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 	if m.HandedOver != 0 {
 		c.handedOver[from] = m.HandedOver
 	}
+	if len(m.Blinds) > 0 {
+		c.takeBlinds(now, from, m.Blinds)
+	}
 	for i := range m.Syncs {
 		c.charge(now, from, &m.Syncs[i])
 	}
@@ -557,6 +606,12 @@ func (c *Coordinator) Step(now int64, from string, m *Message) {
 	}
 	for i := range m.Acks {
 		c.ack(now, &m.Acks[i])
+	}
+	for i := range m.BlindAcks {
+		c.blindAck(from, &m.BlindAcks[i])
+	}
+	for i := range m.Tracks {
+		c.track(now, from, &m.Tracks[i])
 	}
 	for i := range m.Results {
 		c.result(now, &m.Results[i])
@@ -618,6 +673,8 @@ func (c *Coordinator) Tick(now int64) {
 	for _, rk := range c.keyList {
 		c.scanOwned(now, rk)
 	}
+	c.resendBlinds(now)
+	c.checkBlind(now)
 	c.rollSketches(now)
 }
 
@@ -752,6 +809,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 		oe.handed = true
 		oe.warming = false
 	}
+	c.readdressBlinds(now, t)
 	c.dropDeparted(now, t)
 	if changed {
 		c.markHandedOver(t)
@@ -759,7 +817,7 @@ func (c *Coordinator) SetTable(now int64, t OwnerTable) {
 }
 
 // HasReady reports whether Ready would return anything.
-func (c *Coordinator) HasReady() bool { return len(c.outs) > 0 || len(c.done) > 0 }
+func (c *Coordinator) HasReady() bool { return len(c.outs) > 0 || len(c.done) > 0 || c.blindDue }
 
 // Add adds every counter of o to st (the shell sums its shards' with it).
 func (st *Stats) Add(o *Stats) {
@@ -774,6 +832,11 @@ func (st *Stats) Add(o *Stats) {
 	st.Releases += o.Releases
 	st.Entries += o.Entries
 	st.Owned += o.Owned
+	st.BlindAdmits += o.BlindAdmits
+	st.BlindOwn += o.BlindOwn
+	st.BlindCharged += o.BlindCharged
+	st.BlindTracks += o.BlindTracks
+	st.BlindReports += o.BlindReports
 	st.SketchAdmits += o.SketchAdmits
 	st.SketchPromotions += o.SketchPromotions
 	st.SketchBytes += o.SketchBytes

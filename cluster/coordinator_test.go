@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,7 @@ type admit struct {
 	at   int64
 	cost int64
 	node string
+	src  Source
 }
 
 const t0 = int64(1_800_000_000) * int64(time.Second)
@@ -101,7 +103,7 @@ func (h *harness) record(node string, o Outcome, cost int64) {
 	for i > 0 && h.admits[i-1].at > at {
 		i--
 	}
-	h.admits = slices.Insert(h.admits, i, admit{at: at, cost: cost, node: node})
+	h.admits = slices.Insert(h.admits, i, admit{at: at, cost: cost, node: node, src: o.Source})
 }
 
 // step advances the clock by d: delivers due messages, ticks every node and
@@ -471,6 +473,7 @@ func TestDeterministic(t *testing.T) {
 func TestRefund(t *testing.T) {
 	rule := gcraRule("r", quota.ModeShared, 600, time.Second, 10)
 	h := newHarness(t, 3, time.Millisecond, rule)
+	h.trackAll() // refunds of entries; TestRefundBlind has blind spend
 	id := "refund-me"
 	owner := h.ring.OwnerName(id)
 	c := h.nodes[owner]
@@ -542,6 +545,7 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.TrackAll = true // it counts entries
 	c := NewCoordinator(CoordinatorConfig{Self: "a"})
 	c.SetRules(0, []RuleParams{p})
 	now := t0
@@ -554,6 +558,7 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p2.TrackAll = true
 	c.SetRules(now, []RuleParams{p2})
 	if o, _ := c.Decide(now, "r", "x", 1); o.Allowed {
 		t.Fatal("the bucket spent before SetRules admitted an 11th request of a burst of 10")
@@ -577,5 +582,23 @@ func TestRuleTablesAcrossSetRules(t *testing.T) {
 	}
 	if c.Stats().Degraded+d.Stats().Degraded != 0 {
 		t.Fatal("degraded decisions without a fault")
+	}
+}
+
+// trackAll makes every rule of every node of h keep an entry of every
+// identity (RuleParams.TrackAll): for the tests of the tracked path's
+// entries, syncs and acknowledgements, which blind spend skips for
+// identities far from their limit (blind.go).
+func (h *harness) trackAll() {
+	for _, name := range h.names {
+		c := h.nodes[name]
+		var ps []RuleParams
+		for _, r := range c.rules {
+			p := *r
+			p.TrackAll = true
+			ps = append(ps, p)
+		}
+		slices.SortFunc(ps, func(a, b RuleParams) int { return strings.Compare(a.ID, b.ID) })
+		c.SetRules(h.now, ps)
 	}
 }

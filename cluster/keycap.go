@@ -3,6 +3,8 @@ package cluster
 import (
 	"math"
 
+	"github.com/weir-dev/weir/bucket"
+
 	"github.com/weir-dev/weir/internal/strtable"
 )
 
@@ -197,6 +199,13 @@ func (c *Coordinator) newOwnerEntry(now int64, k entryKey, h uint64) *ownerEntry
 		oe = &ownerEntry{}
 	}
 	*oe = ownerEntry{key: k, h: h, rk: rk, heapAt: never}
+	if r := c.rules[k.rule]; r != nil && r.bs != nil {
+		// The blind spend charged to the rule's sketch comes with the
+		// bucket, whatever makes it (blind.go).
+		var idx [blindDepth]int
+		r.bs.slots(h, &idx)
+		oe.tat = bucket.TAT(max(r.bs.estimate(&idx), 0))
+	}
 	c.watchOwned(oe) // an empty bucket is full: dropped at the next scan unless charged
 	return oe
 }

@@ -16,6 +16,7 @@ func capRule(t testing.TB, mode quota.Mode) RuleParams {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.TrackAll = true // the cap counts entries: no blind spend
 	return p
 }
 

@@ -79,12 +79,13 @@ type Message struct {
 // Empty reports whether m carries nothing.
 func (m *Message) Empty() bool {
 	return len(m.Decides) == 0 && len(m.Results) == 0 && len(m.Syncs) == 0 && len(m.Acks) == 0 &&
-		len(m.Handoffs) == 0 && m.HandedOver == 0
+		len(m.Handoffs) == 0 && len(m.Blinds) == 0 && len(m.BlindAcks) == 0 && len(m.Tracks) == 0 && m.HandedOver == 0
 }
 
 // Items returns the number of items of all kinds in m.
 func (m *Message) Items() int {
-	return len(m.Syncs) + len(m.Decides) + len(m.Acks) + len(m.Results) + len(m.Handoffs)
+	return len(m.Syncs) + len(m.Decides) + len(m.Acks) + len(m.Results) + len(m.Handoffs) + len(m.Blinds) +
+		len(m.BlindAcks) + len(m.Tracks)
 }
 
 // Split returns m cut into messages of at most n items each (m itself when

@@ -21,6 +21,9 @@ type itemPools struct {
 	acks     [][]AckItem
 	results  [][]ResultItem
 	handoffs [][]HandoffItem
+	blinds   [][]BlindItem
+	backs    [][]BlindAck
+	tracks   [][]TrackItem
 }
 
 // addItem returns s one item longer, starting from an array of pool when
@@ -119,6 +122,9 @@ func (c *Coordinator) Recycle(m *Message) {
 	recycle(&p.acks, m.Acks)
 	recycle(&p.results, m.Results)
 	recycle(&p.handoffs, m.Handoffs)
+	recycle(&p.blinds, m.Blinds)
+	recycle(&p.backs, m.BlindAcks)
+	recycle(&p.tracks, m.Tracks)
 }
 
 // Queued returns the largest number of items queued for one peer: the
@@ -136,6 +142,7 @@ func (c *Coordinator) Queued() int {
 // sorted by name) and the completions to hand out (in ticket order of
 // arrival).
 func (c *Coordinator) Ready() Ready {
+	c.sealBlinds()
 	var rd Ready
 	if len(c.outs) > 0 {
 		rd.Messages = c.takeOutboxes()
@@ -153,6 +160,7 @@ func (c *Coordinator) Ready() Ready {
 // then. The items of each message are new arrays, or ones handed back with
 // Recycle.
 func (c *Coordinator) ReadyInto(rd *Ready) {
+	c.sealBlinds()
 	// With nothing of a kind to hand out, rd keeps its own array, emptied.
 	if len(c.outs) > 0 {
 		rd.Messages, c.outs = c.takeOutboxes(), rd.Messages[:0]

@@ -36,7 +36,12 @@ type RuleParams struct {
 	// counts every request's cost, admitted or not
 	// (bucket.FixedWindow.CountingRejected), so any cost goes to the owner.
 	CountRejected bool
-	gcra          bucket.GCRA
+	// TrackAll keeps an entry of every identity on every node that
+	// admits it, with syncs and acknowledgements of its own: no blind
+	// spend (blind.go) for the identities far from their limit. Only
+	// shared gcra rules spend blind; the zero value lets them.
+	TrackAll bool
+	gcra     bucket.GCRA
 	// exact is how the owner decides a rule of an algorithm other than
 	// gcra (exact.go), nil for gcra; gcra then serves only the node side's
 	// arithmetic and on_failure.
@@ -56,6 +61,18 @@ type RuleParams struct {
 	// plain: a gcra rule that is not leased, decided on the owner by
 	// gcra.Step alone (SetRules sets it): ownerStep's one test.
 	plain bool
+	// blind: a shared plain gcra rule with no sketch gating and TrackAll
+	// unset, whose identities far from their limit are spent blind
+	// (blind.go, SetRules sets it); salt tells its identities' keys in
+	// Coordinator.blindU from other rules', trackAt (ns) is how spent
+	// (TAT − now) the owner lets a bucket get on its sketch before it
+	// keeps the bucket, blindMax the largest cost admitted blind, and bs
+	// the owner's TAT sketch of the identities it keeps no bucket of.
+	blind    bool
+	salt     uint64
+	trackAt  int64
+	blindMax int64
+	bs       *tatSketch
 	// slackN and slackS cache Slack(slackN) for Coordinator.slack (0: none).
 	slackN int
 	slackS int64

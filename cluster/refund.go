@@ -76,6 +76,10 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 			// owner's bucket full: nothing left to give back.
 			if oe := c.owned.get(k); oe != nil && src == SourceRemote {
 				c.refundOwned(now, r, k, oe, cost, true)
+			} else if src == SourceSlack && r.blind {
+				// Blind spend is given back while its report is open;
+				// once sent, the owner charges it (never too little).
+				c.refundBlind(r, k, hashID(identity), cost)
 			}
 			return RefundRange{}, false
 		}

@@ -12,6 +12,7 @@ import (
 func refundSetup(t *testing.T, mode quota.Mode) (h *harness, id, owner, other string) {
 	t.Helper()
 	h = newHarness(t, 3, time.Millisecond, gcraRule("r", mode, 600, time.Second, 10))
+	h.trackAll()
 	id = "refund-me"
 	owner = h.ring.OwnerName(id)
 	for _, n := range h.names {

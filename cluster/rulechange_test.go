@@ -86,6 +86,7 @@ func TestLowerClampsOwnerBucket(t *testing.T) {
 func TestHandoffConvertsOldRuleState(t *testing.T) {
 	h := newHarness(t, 3, time.Millisecond, gcraRule("api", quota.ModeShared, 5, time.Minute, 5))
 	id := "handed"
+	h.trackAll() // a bucket handed over: blind state is not (docs/overshoot.md)
 	owner := h.ring.OwnerName(id)
 	if !decideAPI(t, h, owner, id) {
 		t.Fatal("the owner refused a full bucket")

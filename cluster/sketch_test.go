@@ -140,8 +140,11 @@ type heavyTailRun struct {
 	end         int64
 }
 
-func runHeavyTail(t *testing.T, rule quota.Rule, ids, heavy int, run time.Duration, seed uint64) heavyTailRun {
+func runHeavyTail(t *testing.T, rule quota.Rule, ids, heavy int, run time.Duration, seed uint64, tracked bool) heavyTailRun {
 	h := newHarness(t, 3, time.Millisecond, rule)
+	if tracked {
+		h.trackAll()
+	}
 	tr := newTracker(h, false)
 	const step = 5 * time.Millisecond
 	steps := int(run / step)
@@ -208,8 +211,8 @@ func TestSketchHeavyTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := runHeavyTail(t, gated, ids, heavy, run, 7)
-	u := runHeavyTail(t, plain, ids, heavy, run, 7)
+	g := runHeavyTail(t, gated, ids, heavy, run, 7, false)
+	u := runHeavyTail(t, plain, ids, heavy, run, 7, true)
 	gs, us := g.tr.totals(), u.tr.totals()
 	t.Logf("gated:   peak entries %d, syncs %d, sketch admits %d, promotions %d, sketch bytes %d",
 		g.peakEntries, gs.SyncsSent, gs.SketchAdmits, gs.SketchPromotions, gs.SketchBytes)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -144,7 +145,10 @@ func TestDemandSlackLossNeverOvercommits(t *testing.T) {
 		h.step(330 * time.Microsecond)
 		checkPool(t, h, p, id)
 	}
-	if up := upperExcess(h.admits, float64(rule.Limit)/float64(rule.Window)); up > float64(rule.Burst+p.Pool())+1e-6 {
+	// on_failure decisions (forwards lost with the messages) are outside
+	// the owners' accounting: the envelope holds for the others.
+	accounted := slices.DeleteFunc(slices.Clone(h.admits), func(a admit) bool { return a.src == SourceFailure })
+	if up := upperExcess(accounted, float64(rule.Limit)/float64(rule.Window)); up > float64(rule.Burst+p.Pool())+1e-6 {
 		t.Errorf("excess over r·Δ %.2f, above B + P = %d", up, rule.Burst+p.Pool())
 	}
 }

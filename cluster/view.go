@@ -317,6 +317,12 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 				return
 			}
 		}
+		if r.blind && !down && c.table != nil {
+			if o, ok := c.blindAdmit(now, r, k, h, owner, cost); ok {
+				*out = o
+				return
+			}
+		}
 		e = c.entry(now, k, h, r, owner)
 	}
 	if down {
@@ -327,7 +333,8 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 	}
 	t := r.gcra.Interval().Nanoseconds()
 	tau := t * r.Burst
-	unconf := e.spent - e.acked
+	// Blind spend not yet acknowledged is unconfirmed too (blind.go).
+	unconf := e.spent - e.acked + c.blindSpend(r, h)
 	// The view: the owner's state as last seen plus this node's
 	// unconfirmed spend, which the owner has not charged yet.
 	v := max(e.view, now) + (unconf+cost)*t

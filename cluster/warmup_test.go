@@ -237,6 +237,7 @@ func TestWarmUpPeerDown(t *testing.T) {
 func TestWarmUpSyncNotAcknowledged(t *testing.T) {
 	rule := gcraRule("api", quota.ModeShared, 400, time.Minute, 20) // slack 5 on 4 nodes
 	h, next := joinHarness(t, rule)
+	h.trackAll()
 	ids, from := movedTo(next, 1)
 	id, prev := ids[0], from[0]
 	asker := thirdNode(h, prev, "node-3")

@@ -86,6 +86,9 @@ type Config struct {
 	// KeyCap is every coordinator's key cap (cluster.CoordinatorConfig
 	// MaxKeys: entries per rule per node; 0: the coordinator's default).
 	KeyCap int
+	// TrackAll keeps an entry of every identity on every node of a
+	// shared rule (cluster.RuleParams.TrackAll): no blind spend.
+	TrackAll bool
 	// Rules are rules every request carries after the main one (nil: the
 	// main rule only). Each node then decides a request with the request
 	// policy (internal/policy): cluster rules charged one by one, a
@@ -404,6 +407,9 @@ func (c Config) Flags() string {
 	}
 	if c.KeyCap > 0 {
 		fmt.Fprintf(&b, " -keycap %d", c.KeyCap)
+	}
+	if c.TrackAll {
+		fmt.Fprintf(&b, " -track-all")
 	}
 	if len(c.Rules) > 0 {
 		fmt.Fprintf(&b, " -rules '%s'", FormatRules(c.Rules))

@@ -13,7 +13,9 @@ import (
 // fault terms), the derived bound on the debt forgiven, and that the term is
 // needed: without it the worst identity's excess is above S.
 func TestKeyCap(t *testing.T) {
-	cfg := Config{Nodes: 3, Traffic: TrafficZipf, IDs: 2000, Rate: 30000, KeyCap: 100, Duration: 4 * time.Second, Seed: 1}
+	// Every identity keeps entries (no blind spend): the cap has entries
+	// to evict.
+	cfg := Config{Nodes: 3, Traffic: TrafficZipf, IDs: 2000, Rate: 30000, KeyCap: 100, TrackAll: true, Duration: 4 * time.Second, Seed: 1}
 	r, err := Run(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,10 @@ func TestRulesRefundOnOneNode(t *testing.T) {
 // refund that the non-owner cannot give back itself (a remote owner's
 // admission, slack spend already reported) reaches the owner, so that
 // rule 1's charges that stood are the requests admitted, in exact mode and
-// in shared mode (docs/overshoot.md, "Several rules on a request").
+// in shared mode (docs/overshoot.md, "Several rules on a request"). In
+// shared mode blind spend whose report has left its node is kept (its
+// owner charged it to a sketch, which gives nothing back): a few tokens,
+// each one charge that stood beyond the admitted.
 func TestRulesRefundsReachOwners(t *testing.T) {
 	for _, cfg := range []Config{
 		{Nodes: 3, Mode: quota.ModeExact, Limit: 100, IDs: 4, Rules: []RuleSpec{{Limit: 150, Tenants: 2}}, Duration: 5 * time.Second, Seed: 5},
@@ -60,11 +63,12 @@ func TestRulesRefundsReachOwners(t *testing.T) {
 		switch {
 		case r2.Rejects < res.Requests/4:
 			t.Fatalf("%s: rule 2 rejected %d of %d requests: the scenario does not exercise refunds", cfg.Mode, r2.Rejects, res.Requests)
-		case r1.Kept != 0 || r1.Refunded != r2.Rejects*res.Config.Cost:
+		case r1.Refunded+r1.Kept != r2.Rejects*res.Config.Cost || (cfg.Mode == quota.ModeExact && r1.Kept != 0) || r1.Kept*100 > r1.Refunded:
 			t.Fatalf("%s: rule 1 refunded %d tokens and kept %d for %d requests rule 2 rejected", cfg.Mode, r1.Refunded, r1.Kept, r2.Rejects)
-		case r1.Stood != res.Admitted:
-			t.Fatalf("%s: rule 1's charges that stood %d, admitted %d", cfg.Mode, r1.Stood, res.Admitted)
+		case r1.Stood != res.Admitted+r1.Kept/res.Config.Cost:
+			t.Fatalf("%s: rule 1's charges that stood %d, admitted %d, kept %d", cfg.Mode, r1.Stood, res.Admitted, r1.Kept)
 		}
+		t.Logf("%s: refunded %d, kept %d", cfg.Mode, r1.Refunded, r1.Kept)
 	}
 }
 

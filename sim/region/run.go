@@ -121,6 +121,7 @@ func bucketForID(c Config, id string) (cluster.RuleParams, error) {
 	if p.Scheme, err = cluster.ParseSlackScheme(c.Scheme); err != nil {
 		return p, fmt.Errorf("slack scheme: %w", err)
 	}
+	p.TrackAll = c.TrackAll
 	return p, nil
 }
 

@@ -31,6 +31,10 @@ type Grid struct {
 	Sketch []int64
 	// KeyCap is the coordinators' key cap (0: the default).
 	KeyCap []int
+	// Track says whether shared rules spend blind ("blind", the
+	// default) or keep an entry of every identity ("all":
+	// cluster.RuleParams.TrackAll).
+	Track []bool
 	// Algorithm is the rule's algorithm ("": gcra); one other than gcra
 	// runs in mode exact only (a shared combination is left out), and the
 	// window algorithms without clock skews (Config.skipped).
@@ -144,6 +148,11 @@ func ParseGrid(spec string) (Grid, error) {
 					return g, bad(fmt.Errorf("want gcra or one of %v", SimAlgorithms))
 				}
 				g.Algorithm = append(g.Algorithm, a)
+			case "track":
+				if v != "blind" && v != "all" {
+					return g, bad(errors.New("want blind or all"))
+				}
+				g.Track = append(g.Track, v == "all")
 			case "keycap":
 				k, err := strconv.Atoi(v)
 				if err != nil || k < 0 {
@@ -151,7 +160,7 @@ func ParseGrid(spec string) (Grid, error) {
 				}
 				g.KeyCap = append(g.KeyCap, k)
 			default:
-				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, keycap, algorithm, faults)", ErrGridSpec, name)
+				return g, fmt.Errorf("%w: unknown dimension %q (nodes, accuracy, sync, traffic, mode, load, scheme, sketch, keycap, algorithm, track, faults)", ErrGridSpec, name)
 			}
 		}
 	}
@@ -161,7 +170,7 @@ func ParseGrid(spec string) (Grid, error) {
 // Configs expands the grid over base. Run i gets seed base.Seed + i.
 func (g Grid) Configs(base Config) []Config {
 	var out []Config
-	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch), len(g.KeyCap), len(g.Algorithm)}
+	sizes := []int{len(g.Nodes), len(g.Accuracy), len(g.Sync), len(g.Traffic), len(g.Faults), len(g.Mode), len(g.Load), len(g.Scheme), len(g.Sketch), len(g.KeyCap), len(g.Algorithm), len(g.Track)}
 	engine.Product(sizes, func(i []int) {
 		cfg := base
 		if len(g.Scheme) > 0 {
@@ -196,6 +205,9 @@ func (g Grid) Configs(base Config) []Config {
 		}
 		if len(g.Algorithm) > 0 {
 			cfg.Algorithm = g.Algorithm[i[10]]
+		}
+		if len(g.Track) > 0 {
+			cfg.TrackAll = g.Track[i[11]]
 		}
 		if cfg.Mode == quota.ModeExact {
 			cfg.Sketch = 0
