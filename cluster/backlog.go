@@ -119,13 +119,17 @@ func (b *Backlog) Empty() bool { return b.msg.Empty() }
 func (b *Backlog) Take() Message {
 	m := b.msg
 	b.lastSyncs = len(m.Syncs)
-	b.lastMost = max(len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results), len(m.Handoffs))
+	b.lastMost = max(len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results), len(m.Handoffs), len(m.Blinds),
+		len(m.BlindAcks), len(m.Tracks))
 	b.msg = Message{
-		Syncs:    b.spare.Syncs,
-		Decides:  b.spare.Decides,
-		Acks:     b.spare.Acks,
-		Results:  b.spare.Results,
-		Handoffs: b.spare.Handoffs,
+		Syncs:     b.spare.Syncs,
+		Decides:   b.spare.Decides,
+		Acks:      b.spare.Acks,
+		Results:   b.spare.Results,
+		Handoffs:  b.spare.Handoffs,
+		Blinds:    b.spare.Blinds,
+		BlindAcks: b.spare.BlindAcks,
+		Tracks:    b.spare.Tracks,
 	}
 	b.spare = Message{}
 	b.idx.pos.Reset(maxIdleIndexSlots)
@@ -146,6 +150,9 @@ func (b *Backlog) Reuse(m *Message) {
 	b.spare.Acks = keepLarger(b.spare.Acks, m.Acks, limit)
 	b.spare.Results = keepLarger(b.spare.Results, m.Results, limit)
 	b.spare.Handoffs = keepLarger(b.spare.Handoffs, m.Handoffs, limit)
+	b.spare.Blinds = keepLarger(b.spare.Blinds, m.Blinds, limit)
+	b.spare.BlindAcks = keepLarger(b.spare.BlindAcks, m.BlindAcks, limit)
+	b.spare.Tracks = keepLarger(b.spare.Tracks, m.Tracks, limit)
 	*m = Message{}
 }
 
@@ -173,6 +180,9 @@ func (m *Message) Merge(n *Message) {
 	m.Acks = append(m.Acks, n.Acks...)
 	m.Results = append(m.Results, n.Results...)
 	m.Handoffs = append(m.Handoffs, n.Handoffs...)
+	m.Blinds = append(m.Blinds, n.Blinds...)
+	m.BlindAcks = append(m.BlindAcks, n.BlindAcks...)
+	m.Tracks = append(m.Tracks, n.Tracks...)
 	if n.HandedOver != 0 {
 		m.HandedOver = n.HandedOver
 	}

@@ -40,14 +40,26 @@ import (
 // blindDepth is the rows of an owner's TAT sketch.
 const blindDepth = 4
 
-// Widths of an owner's TAT sketch per row: it starts narrow and doubles
-// while a sample of its cells finds more than a quarter of them live (a TAT
-// after now), up to the widest.
+// Widths of an owner's TAT sketch per row: it starts narrow, doubles while
+// a sample of its cells finds more than a quarter of them live (a TAT
+// after now) and halves while it finds fewer than a sixteenth, within
+// [blindMinWidth, maxBlindWidth(MaxKeys)].
 const (
 	blindMinWidth = 256
 	blindMaxWidth = 1 << 20
 	blindSample   = 256
 )
+
+// maxBlindWidth is the widest sketch of a coordinator that keeps at most
+// maxKeys entries per rule: two cells per row for each identity it could
+// keep an entry of, a power of two within [blindMinWidth, blindMaxWidth].
+func maxBlindWidth(maxKeys int) int {
+	w := blindMinWidth
+	for w < 2*maxKeys && w < blindMaxWidth {
+		w *= 2
+	}
+	return w
+}
 
 // maxBlindReport bounds the items of one blind report: beyond it a node
 // keeps entries for the identities it admits until the report in flight is
@@ -60,77 +72,140 @@ const maxBlindReport = 2048
 // cell holds the latest TAT of the identities it maps (raise); an
 // identity's estimate, the earliest of its cells, is never earlier than
 // its own TAT.
+//
+// A sketch that changes width starts its cells anew (cur) and keeps the
+// previous ones (old) until every TAT in them is past: an estimate is the
+// later of the two, so it never falls, and the new cells' occupancy is
+// that of the identities charged since, which the next change of width
+// is decided on.
 type tatSketch struct {
-	cells  []int64 // blindDepth rows of width cells
-	width  int     // a power of two
-	sample int     // the next cell the occupancy sample reads
+	cur, old tatRows
+	oldUntil int64 // no cell of old is after it
+	sample   int   // the next cell of cur the occupancy sample reads
+	maxWidth int
 }
 
-func newTATSketch() *tatSketch {
-	return &tatSketch{cells: make([]int64, blindDepth*blindMinWidth), width: blindMinWidth}
+// tatRows are blindDepth rows of width cells (none: no cells).
+type tatRows struct {
+	cells []int64
+	width int // a power of two
 }
 
-// slots returns the cells of the identity whose hashID is h.
-func (s *tatSketch) slots(h uint64, idx *[blindDepth]int) {
-	mask := uint64(s.width - 1)
-	for r := range blindDepth {
-		idx[r] = r*s.width + int(bucket.Splitmix64(h+uint64(r+1)*0x9e3779b97f4a7c15)&mask)
+// tatSlots are the cells of one identity in a sketch's rows.
+type tatSlots struct {
+	cur, old [blindDepth]int
+	hasOld   bool
+}
+
+func newTATSketch(maxWidth int) *tatSketch {
+	return &tatSketch{cur: newTATRows(blindMinWidth), maxWidth: max(maxWidth, blindMinWidth)}
+}
+
+func newTATRows(width int) tatRows {
+	return tatRows{cells: make([]int64, blindDepth*width), width: width}
+}
+
+// slots returns in idx the cells of the identity whose hashID is h.
+func (s *tatSketch) slots(h uint64, idx *tatSlots) {
+	s.cur.slots(h, &idx.cur)
+	idx.hasOld = s.old.cells != nil
+	if idx.hasOld {
+		s.old.slots(h, &idx.old)
 	}
 }
 
-// estimate returns the earliest TAT of the cells idx.
-func (s *tatSketch) estimate(idx *[blindDepth]int) int64 {
-	est := s.cells[idx[0]]
-	for _, i := range idx[1:] {
-		est = min(est, s.cells[i])
+func (rs *tatRows) slots(h uint64, idx *[blindDepth]int) {
+	mask := uint64(rs.width - 1)
+	for r := range blindDepth {
+		idx[r] = r*rs.width + int(bucket.Splitmix64(h+uint64(r+1)*0x9e3779b97f4a7c15)&mask)
+	}
+}
+
+// estimate returns the identity's estimate: the earliest TAT of its cells,
+// the later of the two when there are old cells.
+func (s *tatSketch) estimate(idx *tatSlots) int64 {
+	est := s.cur.estimate(&idx.cur)
+	if idx.hasOld {
+		est = max(est, s.old.estimate(&idx.old))
 	}
 	return est
 }
 
+func (rs *tatRows) estimate(idx *[blindDepth]int) int64 {
+	est := rs.cells[idx[0]]
+	for _, i := range idx[1:] {
+		est = min(est, rs.cells[i])
+	}
+	return est
+}
+
+// idle reports whether the estimate of the identity whose hashID is h is
+// at or before now: a full bucket.
+func (s *tatSketch) idle(now int64, h uint64) bool {
+	var idx tatSlots
+	s.slots(h, &idx)
+	return s.estimate(&idx) <= now
+}
+
 // raise makes every cell of idx at least tat.
-func (s *tatSketch) raise(idx *[blindDepth]int, tat int64) {
-	for _, i := range idx {
-		s.cells[i] = max(s.cells[i], tat)
+func (s *tatSketch) raise(idx *tatSlots, tat int64) {
+	for _, i := range idx.cur {
+		s.cur.cells[i] = max(s.cur.cells[i], tat)
 	}
 }
 
-// check samples blindSample cells and doubles the width when more than a
-// quarter of them are live at now. A doubled row copies each cell into
-// the two cells the identities it mapped now map to, so no estimate falls.
+// check forgets the old cells once they are all past, and samples
+// blindSample cells: with no old cells, a sketch more than a quarter live
+// doubles its width, one less than a sixteenth live halves it.
 func (s *tatSketch) check(now int64) {
+	if s.old.cells != nil && now >= s.oldUntil {
+		s.old = tatRows{}
+	}
 	live := 0
-	n := len(s.cells)
+	n := len(s.cur.cells)
 	for range blindSample {
-		if s.cells[s.sample] > now {
+		if s.cur.cells[s.sample] > now {
 			live++
 		}
 		s.sample = (s.sample + 1) % n
 	}
-	if live*4 <= blindSample || s.width >= blindMaxWidth {
-		return
+	w := s.cur.width
+	switch {
+	case s.old.cells != nil:
+	case live*4 > blindSample && w < s.maxWidth:
+		s.resize(2 * w)
+	case live*16 < blindSample && w > blindMinWidth:
+		s.resize(w / 2)
 	}
-	w := s.width
-	next := make([]int64, blindDepth*2*w)
-	for r := range blindDepth {
-		row := s.cells[r*w : (r+1)*w]
-		copy(next[r*2*w:], row)
-		copy(next[r*2*w+w:], row)
+}
+
+// resize starts cells of width w, keeping the current ones as old.
+func (s *tatSketch) resize(w int) {
+	s.old, s.oldUntil = s.cur, 0
+	for _, v := range s.old.cells {
+		s.oldUntil = max(s.oldUntil, v)
 	}
-	s.cells, s.width, s.sample = next, 2*w, 0
+	s.cur, s.sample = newTATRows(w), 0
 }
 
 // convert carries every cell over from rule o's parameters to r's at now,
 // as a bucket's TAT is (the conversion keeps the order of TATs, so no
 // estimate falls below its identity's converted TAT).
 func (s *tatSketch) convert(o, r *RuleParams, now int64) {
-	for i, v := range s.cells {
-		if v > now {
-			s.cells[i] = int64(r.convertTAT(o, bucket.TAT(v), now))
+	for _, rs := range []*tatRows{&s.cur, &s.old} {
+		for i, v := range rs.cells {
+			if v > now {
+				rs.cells[i] = int64(r.convertTAT(o, bucket.TAT(v), now))
+			}
 		}
+	}
+	s.oldUntil = 0
+	for _, v := range s.old.cells {
+		s.oldUntil = max(s.oldUntil, v)
 	}
 }
 
-func (s *tatSketch) bytes() int { return 8 * len(s.cells) }
+func (s *tatSketch) bytes() int { return 8 * (len(s.cur.cells) + len(s.old.cells)) }
 
 // blindItem is a blind admission not yet acknowledged by its owner.
 type blindItem struct {
@@ -175,7 +250,7 @@ func (c *Coordinator) setBlind(o, r *RuleParams, now int64) {
 		}
 		return
 	}
-	r.bs = newTATSketch()
+	r.bs = newTATSketch(maxBlindWidth(c.cfg.MaxKeys))
 }
 
 // blindSpend returns the blind spend of the identity whose hashID is h
@@ -316,6 +391,14 @@ func (c *Coordinator) resendBlinds(now int64) {
 // when this node owns them now. What is in flight to a member stays: that
 // owner charges and acknowledges it.
 func (c *Coordinator) readdressBlinds(now int64, t OwnerTable) {
+	// The streams of senders that left are forgotten: a sender that comes
+	// back and sends a charged report again has it charged twice, which
+	// over-counts (never under-counts) its spend.
+	for k := range c.blindHigh {
+		if !c.members[k.from] {
+			delete(c.blindHigh, k)
+		}
+	}
 	if len(c.blindTo) == 0 {
 		return
 	}
@@ -408,7 +491,7 @@ func (c *Coordinator) chargeBlind(now int64, from string, r *RuleParams, rule, i
 	h := hashID(identity)
 	oe := c.ownedOf(r).GetH(h, identity)
 	if oe == nil && r.bs != nil && !c.mayWarm(now, identity) {
-		var idx [blindDepth]int
+		var idx tatSlots
 		r.bs.slots(h, &idx)
 		est := r.bs.estimate(&idx)
 		tat := bucket.TAT(est)
@@ -460,7 +543,7 @@ func (c *Coordinator) trackIfKept(now int64, from string, r *RuleParams, rule, i
 // decision would leave the bucket more than half spent (the caller makes
 // the bucket, which starts at the sketch's estimate: ownedEntry).
 func (c *Coordinator) blindOwn(now int64, r *RuleParams, h uint64, cost int64) (bucket.Decision, bool) {
-	var idx [blindDepth]int
+	var idx tatSlots
 	r.bs.slots(h, &idx)
 	tat := bucket.TAT(r.bs.estimate(&idx))
 	d := r.gcra.Step(&tat, now, cost)

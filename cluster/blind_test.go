@@ -130,7 +130,7 @@ func TestBlindReportChargedOnce(t *testing.T) {
 	}
 	oc := h.nodes[owner]
 	r := oc.rules["api"]
-	var idx [blindDepth]int
+	var idx tatSlots
 	r.bs.slots(hashID(id), &idx)
 	// Charged once: 5 tokens of 1/1200 s each from the first charge's
 	// time; a second charge of the resent report would add 5 more.
@@ -210,11 +210,14 @@ func TestBlindRefund(t *testing.T) {
 }
 
 // TestTATSketchGrows: a sketch whose cells are mostly live doubles its
-// width, and no identity's estimate falls.
+// width, starting its cells anew while the old ones last, so that no
+// identity's estimate falls and the new cells count only what is charged
+// after; once the old cells are past they are forgotten, and a sketch
+// mostly idle halves its width again.
 func TestTATSketchGrows(t *testing.T) {
-	s := newTATSketch()
+	s := newTATSketch(maxBlindWidth(DefaultMaxKeys))
 	now := int64(1_000_000)
-	var idx [blindDepth]int
+	var idx tatSlots
 	est := map[uint64]int64{}
 	for i := range uint64(4 * blindMinWidth) {
 		h := i * 0x9e3779b97f4a7c15
@@ -227,13 +230,40 @@ func TestTATSketchGrows(t *testing.T) {
 		est[h] = s.estimate(&idx)
 	}
 	s.check(now)
-	if s.width != 2*blindMinWidth {
-		t.Fatalf("width %d after a sample of live cells, want %d", s.width, 2*blindMinWidth)
+	if s.cur.width != 2*blindMinWidth || s.old.width != blindMinWidth {
+		t.Fatalf("width %d (old %d) after a sample of live cells, want %d (old %d)", s.cur.width, s.old.width, 2*blindMinWidth, blindMinWidth)
 	}
 	for h, e := range est {
 		s.slots(h, &idx)
 		if got := s.estimate(&idx); got < e {
 			t.Fatalf("estimate fell from %d to %d when the sketch grew", e, got)
 		}
+	}
+	// While the old cells last the width stays, however live the new ones.
+	for i := range uint64(4 * blindMinWidth) {
+		h := i * 0x9e3779b97f4a7c15
+		s.slots(h, &idx)
+		s.raise(&idx, now+int64(1<<40))
+	}
+	s.check(now + 1)
+	if s.cur.width != 2*blindMinWidth {
+		t.Fatalf("width %d while the old cells last, want %d", s.cur.width, 2*blindMinWidth)
+	}
+	// Past the old cells' latest TAT: they are gone, and a live sketch
+	// grows again, the cells of the last width old now.
+	s.check(now + 4*blindMinWidth + 1)
+	if s.old.width != 2*blindMinWidth || s.cur.width != 4*blindMinWidth {
+		t.Fatalf("old width %d, width %d, want %d and %d", s.old.width, s.cur.width, 2*blindMinWidth, 4*blindMinWidth)
+	}
+	// Every TAT past: the sketch halves once its old cells are gone.
+	idle := now + int64(1<<41)
+	for range 3 {
+		s.check(idle)
+	}
+	if s.cur.width != blindMinWidth && s.cur.width != 2*blindMinWidth {
+		t.Fatalf("width %d after idle checks, want it halving", s.cur.width)
+	}
+	if maxBlindWidth(100) != blindMinWidth || maxBlindWidth(1000) != 2048 || maxBlindWidth(1<<30) != blindMaxWidth {
+		t.Fatalf("maxBlindWidth: %d %d %d", maxBlindWidth(100), maxBlindWidth(1000), maxBlindWidth(1<<30))
 	}
 }

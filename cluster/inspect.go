@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/weir-dev/weir/bucket"
 )
 
 // BucketState is one identity's bucket under one rule as one node knows it:
@@ -19,7 +21,10 @@ type BucketState struct {
 	Known bool
 	// Held is true when Node is the owner and holds a bucket for the
 	// identity; false on the owner means the bucket is full (the same as
-	// no entry).
+	// no entry). For an identity of a shared gcra rule that the owner
+	// decides on its sketch (blind spend: docs/overshoot.md), the bucket
+	// is the sketch's estimate, which is never below the identity's own,
+	// and Held says whether it is spent at all.
 	Held bool
 	// Algorithm is the rule's: quota.AlgorithmGCRA ("gcra"),
 	// quota.AlgorithmFixedWindow ("fixed_window"),
@@ -57,7 +62,8 @@ type BucketState struct {
 	// Reporters is how many nodes' spend reports the owner keeps for it.
 	Reporters int
 	// Unconfirmed is, on a node that is not the owner, what it admitted
-	// within its slack and the owner has not acknowledged yet.
+	// within its slack and the owner has not acknowledged yet (with an
+	// entry of the identity, or as blind spend without one).
 	Unconfirmed int64
 }
 
@@ -88,6 +94,16 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 	e := c.entries.get(k)
 	if e != nil {
 		st.Unconfirmed = e.spent - e.acked
+	}
+	if r.blind {
+		h := hashID(identity)
+		st.Unconfirmed += c.blindSpend(r, h)
+		if oe == nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
+			// Decided on the sketch: its estimate stands for the bucket.
+			var idx tatSlots
+			r.bs.slots(h, &idx)
+			oe = &ownerEntry{tat: bucket.TAT(r.bs.estimate(&idx))}
+		}
 	}
 	switch {
 	case r.exact != nil:

@@ -202,7 +202,7 @@ func (c *Coordinator) newOwnerEntry(now int64, k entryKey, h uint64) *ownerEntry
 	if r := c.rules[k.rule]; r != nil && r.bs != nil {
 		// The blind spend charged to the rule's sketch comes with the
 		// bucket, whatever makes it (blind.go).
-		var idx [blindDepth]int
+		var idx tatSlots
 		r.bs.slots(h, &idx)
 		oe.tat = bucket.TAT(max(r.bs.estimate(&idx), 0))
 	}

@@ -89,9 +89,11 @@ func (m *Message) Items() int {
 }
 
 // Split returns m cut into messages of at most n items each (m itself when
-// it fits), in order: handoffs, then syncs, decides, acks and results, so
-// that a receiver stepping them in order sees an identity's handed-over
-// state before the reports that follow it.
+// it fits), in the order Coordinator.Step takes them: handoffs, then blind
+// reports, syncs, decides, acks, blind acknowledgements, tracks and
+// results, so that a receiver stepping them in order sees an identity's
+// handed-over state before the reports that follow it. A blind report is
+// never cut: one longer than n is a message of its own.
 func (m *Message) Split(n int) []Message {
 	if n <= 0 || m.Items() <= n {
 		return []Message{*m}
@@ -115,6 +117,14 @@ func (m *Message) Split(n int) []Message {
 		t := take(len(rest))
 		cur.Handoffs, rest = append(cur.Handoffs, rest[:t]...), rest[t:]
 	}
+	for rest := m.Blinds; len(rest) > 0; {
+		k := BlindReportLen(rest)
+		if room < k && room < n {
+			next()
+		}
+		room = max(room-k, 0)
+		cur.Blinds, rest = append(cur.Blinds, rest[:k]...), rest[k:]
+	}
 	for rest := m.Syncs; len(rest) > 0; {
 		t := take(len(rest))
 		cur.Syncs, rest = append(cur.Syncs, rest[:t]...), rest[t:]
@@ -127,6 +137,14 @@ func (m *Message) Split(n int) []Message {
 		t := take(len(rest))
 		cur.Acks, rest = append(cur.Acks, rest[:t]...), rest[t:]
 	}
+	for rest := m.BlindAcks; len(rest) > 0; {
+		t := take(len(rest))
+		cur.BlindAcks, rest = append(cur.BlindAcks, rest[:t]...), rest[t:]
+	}
+	for rest := m.Tracks; len(rest) > 0; {
+		t := take(len(rest))
+		cur.Tracks, rest = append(cur.Tracks, rest[:t]...), rest[t:]
+	}
 	for rest := m.Results; len(rest) > 0; {
 		t := take(len(rest))
 		cur.Results, rest = append(cur.Results, rest[:t]...), rest[t:]
@@ -136,6 +154,20 @@ func (m *Message) Split(n int) []Message {
 	}
 	out[len(out)-1].HandedOver = m.HandedOver
 	return out
+}
+
+// BlindReportLen returns the number of items of the blind report that
+// blinds starts with: those of its first item's stream and sequence
+// number, which sit next to each other (0 when blinds is empty).
+func BlindReportLen(blinds []BlindItem) int {
+	if len(blinds) == 0 {
+		return 0
+	}
+	k := 1
+	for k < len(blinds) && blinds[k].Stream == blinds[0].Stream && blinds[k].Seq == blinds[0].Seq {
+		k++
+	}
+	return k
 }
 
 // SyncItem reports a node's cumulative spend on an identity under a rule,

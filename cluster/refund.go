@@ -64,7 +64,14 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 	k := entryKey{ruleID, identity}
 	switch src {
 	case SourceOwner:
-		if oe := c.owned.get(k); oe != nil {
+		oe := c.owned.get(k)
+		if oe == nil && r.bs != nil && !r.bs.idle(now, hashID(identity)) {
+			// Decided on the sketch (blindOwn): the identity gets a
+			// bucket at the sketch's estimate, never below its own, and
+			// the refund comes off that bucket.
+			oe = c.ownedEntry(now, r, k, hashID(identity))
+		}
+		if oe != nil {
 			c.refundOwned(now, r, k, oe, cost, false)
 		}
 	case SourceSlack, SourceRemote:

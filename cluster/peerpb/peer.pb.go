@@ -265,7 +265,15 @@ type Batch struct {
 	// handed_over, when not 0, is the digest of the sender's ring (Ring.Digest):
 	// the sender has handed over every bucket it owned that this ring assigns
 	// to another member. It comes after the batch's handoffs.
-	HandedOver    uint64 `protobuf:"fixed64,8,opt,name=handed_over,json=handedOver,proto3" json:"handed_over,omitempty"`
+	HandedOver uint64 `protobuf:"fixed64,8,opt,name=handed_over,json=handedOver,proto3" json:"handed_over,omitempty"`
+	// blinds are blind reports: spend the sender admitted for identities it
+	// keeps no entry of, for this receiver to charge once per report.
+	Blinds []*BlindReport `protobuf:"bytes,9,rep,name=blinds,proto3" json:"blinds,omitempty"`
+	// blind_acks acknowledge the receiver's blind reports: every item of
+	// each was charged.
+	BlindAcks []*BlindAck `protobuf:"bytes,10,rep,name=blind_acks,json=blindAcks,proto3" json:"blind_acks,omitempty"`
+	// tracks tell the receiver to keep an entry of an identity.
+	Tracks        []*TrackItem `protobuf:"bytes,11,rep,name=tracks,proto3" json:"tracks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +364,269 @@ func (x *Batch) GetHandedOver() uint64 {
 	return 0
 }
 
+func (x *Batch) GetBlinds() []*BlindReport {
+	if x != nil {
+		return x.Blinds
+	}
+	return nil
+}
+
+func (x *Batch) GetBlindAcks() []*BlindAck {
+	if x != nil {
+		return x.BlindAcks
+	}
+	return nil
+}
+
+func (x *Batch) GetTracks() []*TrackItem {
+	if x != nil {
+		return x.Tracks
+	}
+	return nil
+}
+
+// BlindReport is one blind report (cluster.BlindItem's of one stream and
+// sequence number): a node's spend admitted within its slack for
+// identities it keeps no entry of. An owner charges a report whose seq is
+// above the highest it charged for (sender, stream), and acknowledges
+// every report, so a report sent again is charged once.
+type BlindReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        uint64                 `protobuf:"varint,1,opt,name=stream,proto3" json:"stream,omitempty"` // the sending coordinator's stream (not 0)
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`       // >= 1, increasing per stream and owner
+	Items         []*BlindEntry          `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlindReport) Reset() {
+	*x = BlindReport{}
+	mi := &file_peer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlindReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlindReport) ProtoMessage() {}
+
+func (x *BlindReport) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlindReport.ProtoReflect.Descriptor instead.
+func (*BlindReport) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BlindReport) GetStream() uint64 {
+	if x != nil {
+		return x.Stream
+	}
+	return 0
+}
+
+func (x *BlindReport) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *BlindReport) GetItems() []*BlindEntry {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// BlindEntry is cost tokens (>= 0) of identity under rule.
+type BlindEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
+	Cost          int64                  `protobuf:"varint,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlindEntry) Reset() {
+	*x = BlindEntry{}
+	mi := &file_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlindEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlindEntry) ProtoMessage() {}
+
+func (x *BlindEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlindEntry.ProtoReflect.Descriptor instead.
+func (*BlindEntry) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BlindEntry) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *BlindEntry) GetIdentity() []byte {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *BlindEntry) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+// BlindAck acknowledges the blind report (stream, seq).
+type BlindAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        uint64                 `protobuf:"varint,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlindAck) Reset() {
+	*x = BlindAck{}
+	mi := &file_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlindAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlindAck) ProtoMessage() {}
+
+func (x *BlindAck) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlindAck.ProtoReflect.Descriptor instead.
+func (*BlindAck) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BlindAck) GetStream() uint64 {
+	if x != nil {
+		return x.Stream
+	}
+	return 0
+}
+
+func (x *BlindAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// TrackItem tells a node to keep an entry of identity under rule: its
+// owner's bucket is no longer far from its limit (or the owner keeps one).
+// debt is the owner's TAT minus its now in ns, as in AckItem.
+type TrackItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
+	Debt          int64                  `protobuf:"zigzag64,3,opt,name=debt,proto3" json:"debt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrackItem) Reset() {
+	*x = TrackItem{}
+	mi := &file_peer_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrackItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrackItem) ProtoMessage() {}
+
+func (x *TrackItem) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrackItem.ProtoReflect.Descriptor instead.
+func (*TrackItem) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TrackItem) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *TrackItem) GetIdentity() []byte {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *TrackItem) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
 // SyncItem reports a node's cumulative spend (total >= 0) on an identity
 // under a rule, for one generation of the node's entry.
 type SyncItem struct {
@@ -383,7 +654,7 @@ type SyncItem struct {
 
 func (x *SyncItem) Reset() {
 	*x = SyncItem{}
-	mi := &file_peer_proto_msgTypes[3]
+	mi := &file_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +666,7 @@ func (x *SyncItem) String() string {
 func (*SyncItem) ProtoMessage() {}
 
 func (x *SyncItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[3]
+	mi := &file_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +679,7 @@ func (x *SyncItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncItem.ProtoReflect.Descriptor instead.
 func (*SyncItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{3}
+	return file_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SyncItem) GetRule() string {
@@ -490,7 +761,7 @@ type AckItem struct {
 
 func (x *AckItem) Reset() {
 	*x = AckItem{}
-	mi := &file_peer_proto_msgTypes[4]
+	mi := &file_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +773,7 @@ func (x *AckItem) String() string {
 func (*AckItem) ProtoMessage() {}
 
 func (x *AckItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[4]
+	mi := &file_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +786,7 @@ func (x *AckItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckItem.ProtoReflect.Descriptor instead.
 func (*AckItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{4}
+	return file_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AckItem) GetRule() string {
@@ -590,7 +861,7 @@ type DecideItem struct {
 
 func (x *DecideItem) Reset() {
 	*x = DecideItem{}
-	mi := &file_peer_proto_msgTypes[5]
+	mi := &file_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +873,7 @@ func (x *DecideItem) String() string {
 func (*DecideItem) ProtoMessage() {}
 
 func (x *DecideItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[5]
+	mi := &file_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +886,7 @@ func (x *DecideItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideItem.ProtoReflect.Descriptor instead.
 func (*DecideItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{5}
+	return file_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DecideItem) GetTicket() uint64 {
@@ -673,7 +944,7 @@ type ResultItem struct {
 
 func (x *ResultItem) Reset() {
 	*x = ResultItem{}
-	mi := &file_peer_proto_msgTypes[6]
+	mi := &file_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +956,7 @@ func (x *ResultItem) String() string {
 func (*ResultItem) ProtoMessage() {}
 
 func (x *ResultItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[6]
+	mi := &file_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +969,7 @@ func (x *ResultItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultItem.ProtoReflect.Descriptor instead.
 func (*ResultItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{6}
+	return file_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResultItem) GetTicket() uint64 {
@@ -785,7 +1056,7 @@ type HandoffItem struct {
 
 func (x *HandoffItem) Reset() {
 	*x = HandoffItem{}
-	mi := &file_peer_proto_msgTypes[7]
+	mi := &file_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +1068,7 @@ func (x *HandoffItem) String() string {
 func (*HandoffItem) ProtoMessage() {}
 
 func (x *HandoffItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[7]
+	mi := &file_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +1081,7 @@ func (x *HandoffItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffItem.ProtoReflect.Descriptor instead.
 func (*HandoffItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{7}
+	return file_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HandoffItem) GetRule() string {
@@ -925,7 +1196,7 @@ type SlotItem struct {
 
 func (x *SlotItem) Reset() {
 	*x = SlotItem{}
-	mi := &file_peer_proto_msgTypes[8]
+	mi := &file_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1208,7 @@ func (x *SlotItem) String() string {
 func (*SlotItem) ProtoMessage() {}
 
 func (x *SlotItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[8]
+	mi := &file_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1221,7 @@ func (x *SlotItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotItem.ProtoReflect.Descriptor instead.
 func (*SlotItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{8}
+	return file_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SlotItem) GetHolder() string {
@@ -1007,7 +1278,7 @@ const file_peer_proto_rawDesc = "" +
 	"\vunconfirmed\x18\v \x01(\x03R\vunconfirmed\x12\x1a\n" +
 	"\binterval\x18\f \x01(\x03R\binterval\x12\x1c\n" +
 	"\talgorithm\x18\r \x01(\tR\talgorithm\x12\x14\n" +
-	"\x05count\x18\x0e \x01(\x03R\x05count\"\xca\x02\n" +
+	"\x05count\x18\x0e \x01(\x03R\x05count\"\xe5\x03\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12,\n" +
@@ -1017,7 +1288,28 @@ const file_peer_proto_rawDesc = "" +
 	"\aresults\x18\x06 \x03(\v2\x18.weir.peer.v1.ResultItemR\aresults\x125\n" +
 	"\bhandoffs\x18\a \x03(\v2\x19.weir.peer.v1.HandoffItemR\bhandoffs\x12\x1f\n" +
 	"\vhanded_over\x18\b \x01(\x06R\n" +
-	"handedOver\"\xd6\x01\n" +
+	"handedOver\x121\n" +
+	"\x06blinds\x18\t \x03(\v2\x19.weir.peer.v1.BlindReportR\x06blinds\x125\n" +
+	"\n" +
+	"blind_acks\x18\n" +
+	" \x03(\v2\x16.weir.peer.v1.BlindAckR\tblindAcks\x12/\n" +
+	"\x06tracks\x18\v \x03(\v2\x17.weir.peer.v1.TrackItemR\x06tracks\"g\n" +
+	"\vBlindReport\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\x04R\x06stream\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12.\n" +
+	"\x05items\x18\x03 \x03(\v2\x18.weir.peer.v1.BlindEntryR\x05items\"P\n" +
+	"\n" +
+	"BlindEntry\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
+	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
+	"\x04cost\x18\x03 \x01(\x03R\x04cost\"4\n" +
+	"\bBlindAck\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\x04R\x06stream\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"O\n" +
+	"\tTrackItem\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
+	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
+	"\x04debt\x18\x03 \x01(\x12R\x04debt\"\xd6\x01\n" +
 	"\bSyncItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
@@ -1095,36 +1387,44 @@ func file_peer_proto_rawDescGZIP() []byte {
 	return file_peer_proto_rawDescData
 }
 
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_peer_proto_goTypes = []any{
 	(*InspectRequest)(nil), // 0: weir.peer.v1.InspectRequest
 	(*InspectReply)(nil),   // 1: weir.peer.v1.InspectReply
 	(*Batch)(nil),          // 2: weir.peer.v1.Batch
-	(*SyncItem)(nil),       // 3: weir.peer.v1.SyncItem
-	(*AckItem)(nil),        // 4: weir.peer.v1.AckItem
-	(*DecideItem)(nil),     // 5: weir.peer.v1.DecideItem
-	(*ResultItem)(nil),     // 6: weir.peer.v1.ResultItem
-	(*HandoffItem)(nil),    // 7: weir.peer.v1.HandoffItem
-	(*SlotItem)(nil),       // 8: weir.peer.v1.SlotItem
+	(*BlindReport)(nil),    // 3: weir.peer.v1.BlindReport
+	(*BlindEntry)(nil),     // 4: weir.peer.v1.BlindEntry
+	(*BlindAck)(nil),       // 5: weir.peer.v1.BlindAck
+	(*TrackItem)(nil),      // 6: weir.peer.v1.TrackItem
+	(*SyncItem)(nil),       // 7: weir.peer.v1.SyncItem
+	(*AckItem)(nil),        // 8: weir.peer.v1.AckItem
+	(*DecideItem)(nil),     // 9: weir.peer.v1.DecideItem
+	(*ResultItem)(nil),     // 10: weir.peer.v1.ResultItem
+	(*HandoffItem)(nil),    // 11: weir.peer.v1.HandoffItem
+	(*SlotItem)(nil),       // 12: weir.peer.v1.SlotItem
 }
 var file_peer_proto_depIdxs = []int32{
-	3, // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
-	5, // 1: weir.peer.v1.Batch.decides:type_name -> weir.peer.v1.DecideItem
-	4, // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
-	6, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
-	7, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
-	8, // 5: weir.peer.v1.HandoffItem.slots:type_name -> weir.peer.v1.SlotItem
-	2, // 6: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
-	2, // 7: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
-	0, // 8: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
-	2, // 9: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
-	2, // 10: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
-	1, // 11: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
-	9, // [9:12] is the sub-list for method output_type
-	6, // [6:9] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	7,  // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
+	9,  // 1: weir.peer.v1.Batch.decides:type_name -> weir.peer.v1.DecideItem
+	8,  // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
+	10, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
+	11, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
+	3,  // 5: weir.peer.v1.Batch.blinds:type_name -> weir.peer.v1.BlindReport
+	5,  // 6: weir.peer.v1.Batch.blind_acks:type_name -> weir.peer.v1.BlindAck
+	6,  // 7: weir.peer.v1.Batch.tracks:type_name -> weir.peer.v1.TrackItem
+	4,  // 8: weir.peer.v1.BlindReport.items:type_name -> weir.peer.v1.BlindEntry
+	12, // 9: weir.peer.v1.HandoffItem.slots:type_name -> weir.peer.v1.SlotItem
+	2,  // 10: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
+	2,  // 11: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
+	0,  // 12: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
+	2,  // 13: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
+	2,  // 14: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
+	1,  // 15: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1138,7 +1438,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,7 +42,10 @@ type Node struct {
 	now    func() int64
 	shards []shard
 	shift  uint // ticket = the shard's ticket << shift | the shard's index
-	ring   atomic.Pointer[cluster.Ring]
+	// streamBase is shard 0's blind-report stream; shard i's is
+	// streamBase + i (CoordinatorConfig.Stream).
+	streamBase uint64
+	ring       atomic.Pointer[cluster.Ring]
 	// mu serialises the flushes, ring changes and breaker changes, which
 	// span the shards. It may be held while taking shard locks, never
 	// taken while one is held.
@@ -198,8 +201,18 @@ func New(cfg Config) (*Node, error) {
 		flushC: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
+	// Each shard's blind reports are a stream of their own, new with each
+	// run: the streams of a run are a range that starts at a hash of its
+	// Incarnation, so that two runs' ranges meet with a chance of about
+	// Shards in 2⁶³ however close their incarnations are.
+	s.streamBase = cfg.Coordinator.Stream
+	if s.streamBase == 0 {
+		s.streamBase = bucket.Splitmix64(cfg.Coordinator.Incarnation)>>1 + 1
+	}
 	for i := range s.shards {
-		s.shards[i].coord = cluster.NewCoordinator(cfg.Coordinator)
+		cc := cfg.Coordinator
+		cc.Stream = s.streamBase + uint64(i)
+		s.shards[i].coord = cluster.NewCoordinator(cc)
 		s.shards[i].rej = &rejCache{}
 		s.shards[i].waits = map[uint64]chan cluster.Outcome{}
 	}

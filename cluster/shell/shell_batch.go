@@ -59,6 +59,9 @@ func reserve(m, n *cluster.Message, k int) {
 	m.Acks = grown(m.Acks, k*len(n.Acks))
 	m.Results = grown(m.Results, k*len(n.Results))
 	m.Handoffs = grown(m.Handoffs, k*len(n.Handoffs))
+	m.Blinds = grown(m.Blinds, k*len(n.Blinds))
+	m.BlindAcks = grown(m.BlindAcks, k*len(n.BlindAcks))
+	m.Tracks = grown(m.Tracks, k*len(n.Tracks))
 }
 
 // grown returns s with room for n items in all: a new array when s is
@@ -114,11 +117,14 @@ func (p *msgPool) put(m *cluster.Message) {
 		return
 	}
 	e := cluster.Message{
-		Syncs:    reusable(m.Syncs),
-		Decides:  reusable(m.Decides),
-		Acks:     reusable(m.Acks),
-		Results:  reusable(m.Results),
-		Handoffs: reusable(m.Handoffs),
+		Syncs:     reusable(m.Syncs),
+		Decides:   reusable(m.Decides),
+		Acks:      reusable(m.Acks),
+		Results:   reusable(m.Results),
+		Handoffs:  reusable(m.Handoffs),
+		Blinds:    reusable(m.Blinds),
+		BlindAcks: reusable(m.BlindAcks),
+		Tracks:    reusable(m.Tracks),
 	}
 	*m = cluster.Message{}
 	p.mu.Lock()
@@ -130,7 +136,8 @@ func (p *msgPool) put(m *cluster.Message) {
 
 // capacity returns the items m's arrays have room for.
 func capacity(m *cluster.Message) int {
-	return cap(m.Syncs) + cap(m.Decides) + cap(m.Acks) + cap(m.Results) + cap(m.Handoffs)
+	return cap(m.Syncs) + cap(m.Decides) + cap(m.Acks) + cap(m.Results) + cap(m.Handoffs) + cap(m.Blinds) +
+		cap(m.BlindAcks) + cap(m.Tracks)
 }
 
 // reusable returns s emptied, its items cleared, or nil when its array is
@@ -171,8 +178,14 @@ func (s *Node) take(i int, out *outboxes, left int) {
 
 // split cuts a batch from a peer into one part per shard: every item goes
 // to the shard of its identity, every result to the shard its ticket names
-// (with the shard's own ticket back), and a handed-over marker to every
-// shard. It returns nil when m is for one shard only (s.shift is 0).
+// (with the shard's own ticket back), every blind acknowledgement to the
+// shard whose stream it names (none when it names no shard of this run),
+// and a handed-over marker to every shard. It returns nil when m is for
+// one shard only (s.shift is 0). A blind report's items go to their
+// identities' shards: each charges its part of the report, once per
+// sequence number, and acknowledges it, and every part is stepped before
+// the reply leaves, so an acknowledgement always follows the charge of the
+// whole report.
 func (s *Node) split(m *cluster.Message) []cluster.Message {
 	if s.shift == 0 {
 		return nil
@@ -184,9 +197,16 @@ func (s *Node) split(m *cluster.Message) []cluster.Message {
 	// Each kind's items are counted per shard first, then copied into one
 	// array cut into the shards' parts: no part grows by appending.
 	var sc splitScratch
-	sc.init(len(s.shards), max(len(m.Handoffs), len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results)))
+	sc.init(len(s.shards), max(len(m.Handoffs), len(m.Syncs), len(m.Decides), len(m.Acks), len(m.Results),
+		len(m.Blinds), len(m.BlindAcks), len(m.Tracks)))
 	splitItems(&sc, m.Handoffs, func(h *cluster.HandoffItem) int { return s.shardOf(h.Identity) },
 		func(i int) *[]cluster.HandoffItem { return &parts[i].Handoffs })
+	splitItems(&sc, m.Blinds, func(b *cluster.BlindItem) int { return s.shardOf(b.Identity) },
+		func(i int) *[]cluster.BlindItem { return &parts[i].Blinds })
+	splitItems(&sc, m.Tracks, func(t *cluster.TrackItem) int { return s.shardOf(t.Identity) },
+		func(i int) *[]cluster.TrackItem { return &parts[i].Tracks })
+	splitItems(&sc, s.ownAcks(m.BlindAcks), func(a *cluster.BlindAck) int { return int(a.Stream - s.streamBase) },
+		func(i int) *[]cluster.BlindAck { return &parts[i].BlindAcks })
 	splitItems(&sc, m.Syncs, func(it *cluster.SyncItem) int { return s.shardOf(it.Identity) },
 		func(i int) *[]cluster.SyncItem { return &parts[i].Syncs })
 	splitItems(&sc, m.Decides, func(d *cluster.DecideItem) int { return s.shardOf(d.Identity) },
@@ -319,6 +339,21 @@ func (s *Node) oneShard(m *cluster.Message) (int, bool) {
 			return 0, false
 		}
 	}
+	for _, b := range m.Blinds {
+		if !same(s.shardOf(b.Identity)) {
+			return 0, false
+		}
+	}
+	for _, t := range m.Tracks {
+		if !same(s.shardOf(t.Identity)) {
+			return 0, false
+		}
+	}
+	for _, a := range m.BlindAcks {
+		if !s.ownStream(a.Stream) || !same(int(a.Stream-s.streamBase)) {
+			return 0, false // another run's acknowledgement: split drops it
+		}
+	}
 	mask := uint64(len(s.shards) - 1)
 	for _, r := range m.Results {
 		if !same(int(r.Ticket & mask)) {
@@ -326,6 +361,29 @@ func (s *Node) oneShard(m *cluster.Message) (int, bool) {
 		}
 	}
 	return max(i, 0), true
+}
+
+// ownStream reports whether stream is the blind-report stream of one of
+// this run's shards (shard i's is streamBase + i).
+func (s *Node) ownStream(stream uint64) bool {
+	return stream-s.streamBase < uint64(len(s.shards))
+}
+
+// ownAcks returns the blind acknowledgements of acks that name a stream
+// of this run (acks itself when all do).
+func (s *Node) ownAcks(acks []cluster.BlindAck) []cluster.BlindAck {
+	for k := range acks {
+		if !s.ownStream(acks[k].Stream) {
+			own := slices.Clone(acks[:k])
+			for _, a := range acks[k+1:] {
+				if s.ownStream(a.Stream) {
+					own = append(own, a)
+				}
+			}
+			return own
+		}
+	}
+	return acks
 }
 
 // cloneMessage returns a copy of m in new arrays, each of its length.
@@ -346,6 +404,15 @@ func cloneMessage(m *cluster.Message) cluster.Message {
 	if len(m.Handoffs) > 0 {
 		c.Handoffs = slices.Clone(m.Handoffs)
 	}
+	if len(m.Blinds) > 0 {
+		c.Blinds = slices.Clone(m.Blinds)
+	}
+	if len(m.BlindAcks) > 0 {
+		c.BlindAcks = slices.Clone(m.BlindAcks)
+	}
+	if len(m.Tracks) > 0 {
+		c.Tracks = slices.Clone(m.Tracks)
+	}
 	return c
 }
 
@@ -360,15 +427,43 @@ func eachPart(m *cluster.Message, n int, f func(part *cluster.Message) bool) {
 	}
 	p := parts{f: f, cur: cluster.Message{Epoch: m.Epoch}, room: n, n: n, ok: true}
 	addParts(&p, m.Handoffs, func(m *cluster.Message) *[]cluster.HandoffItem { return &m.Handoffs })
+	addReports(&p, m.Blinds)
 	addParts(&p, m.Syncs, func(m *cluster.Message) *[]cluster.SyncItem { return &m.Syncs })
 	addParts(&p, m.Decides, func(m *cluster.Message) *[]cluster.DecideItem { return &m.Decides })
 	addParts(&p, m.Acks, func(m *cluster.Message) *[]cluster.AckItem { return &m.Acks })
+	addParts(&p, m.BlindAcks, func(m *cluster.Message) *[]cluster.BlindAck { return &m.BlindAcks })
+	addParts(&p, m.Tracks, func(m *cluster.Message) *[]cluster.TrackItem { return &m.Tracks })
 	addParts(&p, m.Results, func(m *cluster.Message) *[]cluster.ResultItem { return &m.Results })
 	if p.ok {
 		// The last part (never empty: m has more than n items) carries
 		// the handed-over marker, which follows every handoff.
 		p.cur.HandedOver = m.HandedOver
 		f(&p.cur)
+	}
+}
+
+// addReports adds blind items to the parts, a report whole: one that does
+// not fit in the room left starts the next part, and one longer than a
+// part is a part of its own (as Message.Split cuts them).
+func addReports(p *parts, blinds []cluster.BlindItem) {
+	for p.ok && len(blinds) > 0 {
+		// The reports that fit in the room left, or the first one
+		// whole in a part of its own.
+		t := 0
+		for t < len(blinds) {
+			k := cluster.BlindReportLen(blinds[t:])
+			if t+k > p.room && (t > 0 || p.room < p.n) {
+				break
+			}
+			t += k
+		}
+		if t == 0 {
+			p.ok = p.f(&p.cur)
+			p.cur, p.room = cluster.Message{Epoch: p.cur.Epoch}, p.n
+			continue
+		}
+		p.cur.Blinds, blinds = blinds[:t:t], blinds[t:]
+		p.room = max(p.room-t, 0)
 	}
 }
 

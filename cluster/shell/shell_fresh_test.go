@@ -20,29 +20,14 @@ import (
 // marker and epoch included), and a part that fails stops the rest.
 func TestEachPartMatchesSplit(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		m := cluster.Message{Epoch: 7, HandedOver: rapid.Uint64Range(0, 2).Draw(t, "marker")}
-		for i := range rapid.IntRange(0, 20).Draw(t, "handoffs") {
-			m.Handoffs = append(m.Handoffs, cluster.HandoffItem{Identity: fmt.Sprint("h", i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "syncs") {
-			m.Syncs = append(m.Syncs, cluster.SyncItem{Identity: fmt.Sprint("s", i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "decides") {
-			m.Decides = append(m.Decides, cluster.DecideItem{Ticket: uint64(i + 1)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "acks") {
-			m.Acks = append(m.Acks, cluster.AckItem{Identity: fmt.Sprint("a", i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "results") {
-			m.Results = append(m.Results, cluster.ResultItem{Ticket: uint64(i + 1)})
-		}
+		m := randomMessage(t)
 		n := rapid.IntRange(1, 30).Draw(t, "n")
 		want := m.Split(n)
 		stop := rapid.IntRange(0, len(want)).Draw(t, "stop") // the part that fails (len: none)
 		var got []cluster.Message
 		eachPart(&m, n, func(p *cluster.Message) bool {
 			got = append(got, cloneMessage(p))
-			if p.Items() > 0 && (cap(p.Syncs) > len(p.Syncs) || cap(p.Acks) > len(p.Acks)) && p != &m {
+			if p.Items() > 0 && (cap(p.Syncs) > len(p.Syncs) || cap(p.Acks) > len(p.Acks) || cap(p.Blinds) > len(p.Blinds)) && p != &m {
 				t.Fatalf("part %d leaves room to append into the message's items", len(got)-1)
 			}
 			return len(got)-1 != stop
@@ -73,11 +58,24 @@ func freshRule() quota.Rule {
 // small batch so that what queues for a busy peer goes through its Backlog
 // and leaves in several parts, decide thousands of identities once each
 // (never the same twice, as the saturation bench draws them); every
-// owner's bucket ends charged exactly once, whichever node decided, and
-// nothing is degraded.
+// identity ends charged exactly once on its owner, whichever node decided,
+// and nothing is degraded. Tracked, each non-owner's admission is a sync
+// charged to an owner bucket; blind (the default of a shared rule), it is
+// an item of a blind report, split over the owner's shards and charged to
+// their sketches, and no node keeps an entry or a bucket.
 func TestShellFreshIdentitiesAllCharged(t *testing.T) {
+	for _, tracked := range []bool{true, false} {
+		t.Run(map[bool]string{true: "tracked", false: "blind"}[tracked], func(t *testing.T) {
+			testFreshIdentities(t, tracked)
+		})
+	}
+}
+
+func testFreshIdentities(t *testing.T, tracked bool) {
 	rule := freshRule()
-	nodes := startGRPCClusterWith(t, 3, func(c *Config) { c.MaxBatch = 64 }, rule)
+	params := ruleParams(t, []quota.Rule{rule})
+	params[0].TrackAll = tracked
+	nodes := startGRPCClusterParams(t, 3, func(c *Config) { c.MaxBatch = 64; c.Shards = 4 }, params)
 	const callers, each = 6, 500
 	var wg sync.WaitGroup
 	for c := range callers {
@@ -111,9 +109,16 @@ func TestShellFreshIdentitiesAllCharged(t *testing.T) {
 		t.Fatalf("no node owns %q", id)
 		return nil
 	}
+	// Tracked, the owner's bucket holds the identity's one token; blind,
+	// its sketch's estimate does, or a little more where the identity's
+	// cells are shared with others (an estimate never falls below the
+	// identity's own bucket).
 	charged := func(id string) bool {
 		st, err := owner(id).Inspect("fresh", id)
-		return err == nil && st.Held && st.Remaining == rule.Burst-1 && st.Debt == 0
+		if tracked {
+			return err == nil && st.Held && st.Remaining == rule.Burst-1 && st.Debt == 0
+		}
+		return err == nil && st.Held && st.Remaining <= rule.Burst-1 && st.Remaining >= rule.Burst-4 && st.Debt == 0
 	}
 	for c := range callers {
 		for i := range each {
@@ -121,19 +126,41 @@ func TestShellFreshIdentitiesAllCharged(t *testing.T) {
 			waitFor(t, func() bool { return charged(id) })
 		}
 	}
-	var reports uint64
-	for _, tn := range nodes {
-		st, _, failed := tn.shell.Stats()
-		if st.Degraded != 0 || failed != 0 {
-			t.Errorf("%s: %d degraded decisions, %d failed exchanges in a run with no fault", tn.name, st.Degraded, failed)
+	const n = callers * each
+	sum := func() (st cluster.Stats) {
+		for _, tn := range nodes {
+			s, _, failed := tn.shell.Stats()
+			if s.Degraded != 0 || failed != 0 {
+				t.Errorf("%s: %d degraded decisions, %d failed exchanges in a run with no fault", tn.name, s.Degraded, failed)
+			}
+			st.Add(&s)
 		}
-		reports += st.ReportsCharged
+		return st
 	}
-	// Each identity decided on a node that does not own it is reported
-	// and charged once (about two in three); none twice.
-	if n := uint64(callers * each); reports > n || reports < n/3 {
-		t.Errorf("%d reports charged for %d identities", reports, n)
+	if tracked {
+		// Each identity decided on a node that does not own it is
+		// reported and charged once (about two in three); none twice.
+		if reports := sum().ReportsCharged; reports > n || reports < n/3 {
+			t.Errorf("%d reports charged for %d identities", reports, n)
+		}
+		return
 	}
+	// Blind: every admission is charged once, by its owner's sketch
+	// (reported by another node, or the owner's own), when every report
+	// is acknowledged; a report sent again is not charged again.
+	waitFor(t, func() bool { st := sum(); return st.BlindCharged+st.BlindOwn >= n })
+	time.Sleep(50 * time.Millisecond) // past a resend of a report whose acknowledgement was late
+	for _, tn := range nodes {
+		tn.shell.Flush()
+	}
+	st := sum()
+	if st.BlindCharged+st.BlindOwn != n || st.BlindAdmits != st.BlindCharged {
+		t.Errorf("%d blind admissions elsewhere charged %d times, %d on the owner, for %d identities", st.BlindAdmits, st.BlindCharged, st.BlindOwn, n)
+	}
+	if st.Entries != 0 || st.Owned != 0 || st.ReportsCharged != 0 {
+		t.Errorf("%d entries, %d owner buckets and %d syncs charged for identities far from their limit, want none", st.Entries, st.Owned, st.ReportsCharged)
+	}
+	t.Logf("%d identities: %d blind reports carried %d admissions; %d decided by their owner", n, st.BlindReports, st.BlindAdmits, st.BlindOwn)
 }
 
 // BenchmarkShellFreshIdentities: three nodes on loopback gRPC decide

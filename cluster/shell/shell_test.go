@@ -33,6 +33,12 @@ func startGRPCCluster(t *testing.T, n int, rules ...quota.Rule) []*testNode {
 // Config.
 func startGRPCClusterWith(t *testing.T, n int, tweak func(*Config), rules ...quota.Rule) []*testNode {
 	t.Helper()
+	return startGRPCClusterParams(t, n, tweak, ruleParams(t, rules))
+}
+
+// startGRPCClusterParams is startGRPCClusterWith for rules made already.
+func startGRPCClusterParams(t *testing.T, n int, tweak func(*Config), params []cluster.RuleParams) []*testNode {
+	t.Helper()
 	var nodes []*testNode
 	var members []cluster.Member
 	for i := range n {
@@ -68,7 +74,6 @@ func startGRPCClusterWith(t *testing.T, n int, tweak func(*Config), rules ...quo
 	if err != nil {
 		t.Fatal(err)
 	}
-	params := ruleParams(t, rules)
 	for _, tn := range nodes {
 		tn.shell.SetRules(params)
 		tn.shell.SetRing(ring)
@@ -252,33 +257,55 @@ func TestShellBatchSize(t *testing.T) {
 	}
 }
 
+// randomMessage draws a message of every kind of item; its blind reports
+// are of 1 to 12 items each.
+func randomMessage(t *rapid.T) cluster.Message {
+	m := cluster.Message{Epoch: 7, HandedOver: rapid.Uint64Range(0, 2).Draw(t, "marker")}
+	for i := range rapid.IntRange(0, 20).Draw(t, "handoffs") {
+		m.Handoffs = append(m.Handoffs, cluster.HandoffItem{Identity: fmt.Sprint("h", i)})
+	}
+	for seq := range uint64(rapid.IntRange(0, 5).Draw(t, "reports")) {
+		for i := range rapid.IntRange(1, 12).Draw(t, "report items") {
+			m.Blinds = append(m.Blinds, cluster.BlindItem{Stream: 3, Seq: seq + 1, Identity: fmt.Sprint("b", i)})
+		}
+	}
+	for i := range rapid.IntRange(0, 20).Draw(t, "syncs") {
+		m.Syncs = append(m.Syncs, cluster.SyncItem{Identity: fmt.Sprint("s", i)})
+	}
+	for i := range rapid.IntRange(0, 20).Draw(t, "decides") {
+		m.Decides = append(m.Decides, cluster.DecideItem{Ticket: uint64(i + 1)})
+	}
+	for i := range rapid.IntRange(0, 20).Draw(t, "acks") {
+		m.Acks = append(m.Acks, cluster.AckItem{Identity: fmt.Sprint("a", i)})
+	}
+	for i := range rapid.IntRange(0, 5).Draw(t, "blind acks") {
+		m.BlindAcks = append(m.BlindAcks, cluster.BlindAck{Stream: 3, Seq: uint64(i + 1)})
+	}
+	for i := range rapid.IntRange(0, 10).Draw(t, "tracks") {
+		m.Tracks = append(m.Tracks, cluster.TrackItem{Identity: fmt.Sprint("t", i)})
+	}
+	for i := range rapid.IntRange(0, 20).Draw(t, "results") {
+		m.Results = append(m.Results, cluster.ResultItem{Ticket: uint64(i + 1)})
+	}
+	return m
+}
+
 // TestMessageSplit: Split keeps every item, in order, handoffs first, in
-// parts of at most n items.
+// parts of at most n items, and never cuts a blind report: a part longer
+// than n is one report alone.
 func TestMessageSplit(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		m := cluster.Message{Epoch: 7}
-		for i := range rapid.IntRange(0, 20).Draw(t, "handoffs") {
-			m.Handoffs = append(m.Handoffs, cluster.HandoffItem{Identity: fmt.Sprint("h", i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "syncs") {
-			m.Syncs = append(m.Syncs, cluster.SyncItem{Identity: fmt.Sprint("s", i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "decides") {
-			m.Decides = append(m.Decides, cluster.DecideItem{Ticket: uint64(i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "acks") {
-			m.Acks = append(m.Acks, cluster.AckItem{Identity: fmt.Sprint("a", i)})
-		}
-		for i := range rapid.IntRange(0, 20).Draw(t, "results") {
-			m.Results = append(m.Results, cluster.ResultItem{Ticket: uint64(i)})
-		}
+		m := randomMessage(t)
 		n := rapid.IntRange(1, 30).Draw(t, "n")
 		parts := m.Split(n)
 		var joined cluster.Message
 		joined.Epoch = 7
 		for i, p := range parts {
-			if p.Items() > n || (p.Items() == 0 && m.Items() > 0) {
-				t.Fatalf("part %d has %d items (n = %d)", i, p.Items(), n)
+			if p.Items() == 0 && m.Items() > 0 {
+				t.Fatalf("part %d is empty", i)
+			}
+			if p.Items() > n && (p.Items() != len(p.Blinds) || cluster.BlindReportLen(p.Blinds) != len(p.Blinds)) {
+				t.Fatalf("part %d has %d items (n = %d), not one blind report alone", i, p.Items(), n)
 			}
 			if p.Epoch != 7 {
 				t.Fatalf("part %d lost the epoch", i)
@@ -286,11 +313,21 @@ func TestMessageSplit(t *testing.T) {
 			if i > 0 && len(p.Handoffs) > 0 && parts[i-1].Items() != n {
 				t.Fatalf("part %d: handoffs after a part that was not full", i)
 			}
+			if k := len(joined.Blinds); k > 0 && len(p.Blinds) > 0 && joined.Blinds[k-1].Seq == p.Blinds[0].Seq {
+				t.Fatalf("part %d: blind report %d cut between parts", i, p.Blinds[0].Seq)
+			}
+			if p.HandedOver != 0 && i != len(parts)-1 {
+				t.Fatalf("part %d of %d carries the handed-over marker", i, len(parts))
+			}
 			joined.Handoffs = append(joined.Handoffs, p.Handoffs...)
+			joined.Blinds = append(joined.Blinds, p.Blinds...)
 			joined.Syncs = append(joined.Syncs, p.Syncs...)
 			joined.Decides = append(joined.Decides, p.Decides...)
 			joined.Acks = append(joined.Acks, p.Acks...)
+			joined.BlindAcks = append(joined.BlindAcks, p.BlindAcks...)
+			joined.Tracks = append(joined.Tracks, p.Tracks...)
 			joined.Results = append(joined.Results, p.Results...)
+			joined.HandedOver |= p.HandedOver
 		}
 		if !reflect.DeepEqual(normal(joined), normal(m)) {
 			t.Fatalf("joined parts differ from the message")
@@ -298,7 +335,6 @@ func TestMessageSplit(t *testing.T) {
 	})
 }
 
-// normal turns empty slices into nil for comparison.
 func normal(m cluster.Message) cluster.Message {
 	if len(m.Handoffs) == 0 {
 		m.Handoffs = nil
@@ -314,6 +350,15 @@ func normal(m cluster.Message) cluster.Message {
 	}
 	if len(m.Results) == 0 {
 		m.Results = nil
+	}
+	if len(m.Blinds) == 0 {
+		m.Blinds = nil
+	}
+	if len(m.BlindAcks) == 0 {
+		m.BlindAcks = nil
+	}
+	if len(m.Tracks) == 0 {
+		m.Tracks = nil
 	}
 	return m
 }

@@ -86,7 +86,50 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 			b.Handoffs[i] = it
 		}
 	}
+	if len(m.Blinds) > 0 {
+		b.Blinds = encodeBlinds(m.Blinds)
+	}
+	if len(m.BlindAcks) > 0 {
+		b.BlindAcks = make([]*peerpb.BlindAck, len(m.BlindAcks))
+		items := make([]peerpb.BlindAck, len(m.BlindAcks))
+		for i, a := range m.BlindAcks {
+			it := &items[i]
+			it.Stream, it.Seq = a.Stream, a.Seq
+			b.BlindAcks[i] = it
+		}
+	}
+	if len(m.Tracks) > 0 {
+		b.Tracks = make([]*peerpb.TrackItem, len(m.Tracks))
+		items := make([]peerpb.TrackItem, len(m.Tracks))
+		for i, t := range m.Tracks {
+			it := &items[i]
+			it.Rule, it.Identity, it.Debt = t.Rule, []byte(t.Identity), t.Debt
+			b.Tracks[i] = it
+		}
+	}
 	return b
+}
+
+// encodeBlinds groups blind items into their reports: the items of one
+// report (one stream and sequence number) sit next to each other.
+func encodeBlinds(blinds []cluster.BlindItem) []*peerpb.BlindReport {
+	var reports []*peerpb.BlindReport
+	entries := make([]peerpb.BlindEntry, len(blinds))
+	ptrs := make([]*peerpb.BlindEntry, len(blinds))
+	for i := 0; i < len(blinds); {
+		j := i + 1
+		for j < len(blinds) && blinds[j].Stream == blinds[i].Stream && blinds[j].Seq == blinds[i].Seq {
+			j++
+		}
+		for k := i; k < j; k++ {
+			e := &entries[k]
+			e.Rule, e.Identity, e.Cost = blinds[k].Rule, []byte(blinds[k].Identity), blinds[k].Cost
+			ptrs[k] = e
+		}
+		reports = append(reports, &peerpb.BlindReport{Stream: blinds[i].Stream, Seq: blinds[i].Seq, Items: ptrs[i:j:j]})
+		i = j
+	}
+	return reports
 }
 
 // decodeBatch converts and validates a batch from the network. It rejects,
@@ -100,7 +143,9 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 //   - a negative Total, Cost, Remaining, Reset, RetryAfter, Delay, Grant,
 //     Refunded, Count, or handoff Limit, Window, Burst or MaxDelay;
 //   - a sync's RefundBase negative or above its Refunded;
-//   - a zero Ticket (tickets start at 1).
+//   - a zero Ticket (tickets start at 1);
+//   - a blind report or acknowledgement whose stream or sequence number
+//     is 0, or a blind report of no items.
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
 // decoded message never aliases b.
@@ -111,8 +156,14 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 	if p := checkName("from", b.From, cluster.MaxNodeNameBytes); p != "" {
 		return "", nil, fmt.Errorf("%w: %s", ErrMalformed, p)
 	}
-	n := len(b.Syncs) + len(b.Decides) + len(b.Acks) + len(b.Results) + len(b.Handoffs)
-	if n > cluster.MaxBatchItems {
+	n := len(b.Syncs) + len(b.Decides) + len(b.Acks) + len(b.Results) + len(b.Handoffs) + len(b.BlindAcks) + len(b.Tracks)
+	blinds := 0
+	for _, r := range b.Blinds {
+		if r != nil {
+			blinds += len(r.Items)
+		}
+	}
+	if n += blinds; n > cluster.MaxBatchItems {
 		return "", nil, fmt.Errorf("%w: %d items, more than %d", ErrMalformed, n, cluster.MaxBatchItems)
 	}
 	m = &cluster.Message{Epoch: b.Epoch, HandedOver: b.HandedOver}
@@ -216,7 +267,67 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 				Algorithm: quota.Algorithm(h.Algorithm), Limit: h.Limit, Window: h.Window, Burst: h.Burst, MaxDelay: h.MaxDelay}
 		}
 	}
+	if len(b.Blinds) > 0 {
+		if m.Blinds, err = decodeBlinds(b.Blinds, blinds); err != nil {
+			return "", nil, err
+		}
+	}
+	if len(b.BlindAcks) > 0 {
+		m.BlindAcks = make([]cluster.BlindAck, len(b.BlindAcks))
+		for i, a := range b.BlindAcks {
+			switch {
+			case a == nil:
+				return "", nil, itemErr("blind_acks", i, "nil item")
+			case a.Stream == 0 || a.Seq == 0:
+				return "", nil, itemErr("blind_acks", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", a.Stream, a.Seq))
+			}
+			m.BlindAcks[i] = cluster.BlindAck{Stream: a.Stream, Seq: a.Seq}
+		}
+	}
+	if len(b.Tracks) > 0 {
+		m.Tracks = make([]cluster.TrackItem, len(b.Tracks))
+		for i, t := range b.Tracks {
+			if t == nil {
+				return "", nil, itemErr("tracks", i, "nil item")
+			}
+			if err := checkKey("tracks", i, t.Rule, string(t.Identity)); err != nil {
+				return "", nil, err
+			}
+			m.Tracks[i] = cluster.TrackItem{Rule: t.Rule, Identity: string(t.Identity), Debt: t.Debt}
+		}
+	}
 	return b.From, m, nil
+}
+
+// decodeBlinds converts and validates a batch's blind reports, of n items
+// in all, into blind items: each report has a stream and a sequence
+// number of at least 1 and at least one item, each item a valid rule, an
+// identity and a cost >= 0.
+func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) {
+	out := make([]cluster.BlindItem, 0, n)
+	for i, r := range in {
+		switch {
+		case r == nil:
+			return nil, itemErr("blinds", i, "nil report")
+		case r.Stream == 0 || r.Seq == 0:
+			return nil, itemErr("blinds", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", r.Stream, r.Seq))
+		case len(r.Items) == 0:
+			return nil, itemErr("blinds", i, "a report of no items")
+		}
+		for j, e := range r.Items {
+			if e == nil {
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: nil", j))
+			}
+			if err := checkKey("blinds", i, e.Rule, string(e.Identity)); err != nil {
+				return nil, fmt.Errorf("%w (item %d)", err, j)
+			}
+			if e.Cost < 0 {
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, e.Cost))
+			}
+			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: e.Rule, Identity: string(e.Identity), Cost: e.Cost})
+		}
+	}
+	return out, nil
 }
 
 // decodeSlots checks and converts handoff i's concurrency slots: at most

@@ -51,6 +51,13 @@ func fullMessage() *cluster.Message {
 				{Holder: "node-b", Ticket: 12, Cost: 2, Left: 59_000_000_000}, {Holder: "", Ticket: 0, Cost: 1, Left: 1}},
 				Algorithm: quota.AlgorithmConcurrency, Limit: 5, Window: 60_000_000_000, Burst: 5},
 		},
+		Blinds: []cluster.BlindItem{
+			{Stream: 1, Seq: 1, Rule: "api", Identity: "user:8", Cost: 1},
+			{Stream: 1, Seq: 1, Rule: "api", Identity: "", Cost: 0},
+			{Stream: math.MaxUint64, Seq: math.MaxUint64, Rule: "login", Identity: "\xff", Cost: math.MaxInt64},
+		},
+		BlindAcks:  []cluster.BlindAck{{Stream: 1, Seq: 1}, {Stream: math.MaxUint64, Seq: 7}},
+		Tracks:     []cluster.TrackItem{{Rule: "api", Identity: "user:8", Debt: -3}, {Rule: "api", Identity: "user:9", Debt: math.MaxInt64}},
 		HandedOver: math.MaxUint64,
 	}
 }
@@ -123,6 +130,18 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"handoff slot bad holder", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: []*peerpb.SlotItem{{Holder: "a\xff", Cost: 1, Left: 1}}}}}, "slot 0: holder is not valid UTF-8"},
 		{"handoff too many slots", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: make([]*peerpb.SlotItem, bucket.MaxSlidingLogLimit+1)}}}, "10001 slots"},
 		{"negative handoff prev", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Prev: -1}}}, "handoffs[0]: negative prev -1"},
+		{"blind report nil", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{nil}}, "blinds[0]: nil report"},
+		{"blind report zero seq", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Items: []*peerpb.BlindEntry{{Rule: "r", Identity: []byte("i")}}}}}, "blinds[0]: stream 1, seq 0"},
+		{"blind report zero stream", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Seq: 1, Items: []*peerpb.BlindEntry{{Rule: "r", Identity: []byte("i")}}}}}, "blinds[0]: stream 0, seq 1"},
+		{"blind report empty", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1}}}, "blinds[0]: a report of no items"},
+		{"blind item nil", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{nil}}}}, "blinds[0]: item 0: nil"},
+		{"blind item negative cost", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{{Rule: "r", Identity: []byte("i")}, {Rule: "r", Identity: []byte("i"), Cost: -2}}}}}, "blinds[0]: item 1: negative cost -2"},
+		{"blind item empty rule", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{{Identity: []byte("i")}}}}}, "blinds[0]: empty rule (item 0)"},
+		{"blind ack zero seq", &peerpb.Batch{From: "n", BlindAcks: []*peerpb.BlindAck{{Stream: 4}}}, "blind_acks[0]: stream 4, seq 0"},
+		{"blind ack nil", &peerpb.Batch{From: "n", BlindAcks: []*peerpb.BlindAck{nil}}, "blind_acks[0]: nil item"},
+		{"track long identity", &peerpb.Batch{From: "n", Tracks: []*peerpb.TrackItem{{Rule: "r", Identity: []byte(long(cluster.MaxIdentityBytes + 1))}}}, "tracks[0]: identity of 1025 bytes"},
+		{"track nil", &peerpb.Batch{From: "n", Tracks: []*peerpb.TrackItem{nil}}, "tracks[0]: nil item"},
+		{"too many blind items", &peerpb.Batch{From: "n", Handoffs: tooMany[:cluster.MaxBatchItems], Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{{Rule: "r"}}}}}, "65537 items"},
 		{"negative handoff count", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Count: -2}}}, "handoffs[0]: negative count -2"},
 	}
 	for _, c := range cases {
@@ -165,6 +184,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	seed("n", &cluster.Message{Handoffs: []cluster.HandoffItem{{Rule: "fw", Identity: "i", Debt: 30_000_000_000, Count: 7}}})
 	seed("n", &cluster.Message{Handoffs: []cluster.HandoffItem{{Rule: "fw", Identity: "i", Count: -1}}})
 	seed("n", &cluster.Message{Results: []cluster.ResultItem{{Ticket: 3, Allowed: true, Remaining: 2, Reset: 40_000_000, Delay: 20_000_000}}})
+	seed("n", &cluster.Message{Blinds: []cluster.BlindItem{{Stream: 9, Seq: 2, Rule: "r", Identity: "i", Cost: 1}, {Stream: 9, Seq: 3, Rule: "r", Identity: "j", Cost: 2}},
+		BlindAcks: []cluster.BlindAck{{Stream: 5, Seq: 1}}, Tracks: []cluster.TrackItem{{Rule: "r", Identity: "i", Debt: 500}}})
+	seed("n", &cluster.Message{Blinds: []cluster.BlindItem{{Stream: 0, Seq: 1, Rule: "r", Identity: "i", Cost: 1}}})
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})             // from: invalid UTF-8
 	f.Add([]byte{0x1a, 0x80, 0x80, 0x80, 0x80, 0x01}) // a huge length prefix

@@ -255,6 +255,16 @@ func (n *node) addPast() {
 	p.SketchAdmits += s.SketchAdmits
 	p.SketchPromotions += s.SketchPromotions
 	addEvictions(p, s)
+	addBlind(p, s)
+}
+
+// addBlind adds s's blind spend counters to p.
+func addBlind(p *cluster.Stats, s cluster.Stats) {
+	p.BlindAdmits += s.BlindAdmits
+	p.BlindOwn += s.BlindOwn
+	p.BlindCharged += s.BlindCharged
+	p.BlindTracks += s.BlindTracks
+	p.BlindReports += s.BlindReports
 }
 
 // addEvictions adds s's key cap counters to p.

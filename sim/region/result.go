@@ -193,6 +193,7 @@ func (rg *Region) result() *Result {
 		p.SketchAdmits += s.SketchAdmits
 		p.SketchPromotions += s.SketchPromotions
 		addEvictions(p, s)
+		addBlind(p, s)
 	}
 	if c.KeyCap > 0 {
 		st := &res.Coord
@@ -395,6 +396,10 @@ func (r *Result) Summary(w io.Writer) {
 	fmt.Fprintln(w)
 	if r.SketchN > 0 {
 		fmt.Fprintf(w, "sketch: %d admissions through the sketch, %d promotions\n", r.Coord.SketchAdmits, r.Coord.SketchPromotions)
+	}
+	if st := &r.Coord; st.BlindAdmits+st.BlindOwn > 0 {
+		fmt.Fprintf(w, "blind spend: %d admissions without an entry in %d reports (%d charged to the owners' sketches, %d tracked after), %d decided on the owner's sketch\n",
+			st.BlindAdmits, st.BlindReports, st.BlindCharged, st.BlindTracks, st.BlindOwn)
 	}
 	if c.KeyCap > 0 {
 		r.summarizeKeyCap(w)
