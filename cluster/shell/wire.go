@@ -213,25 +213,8 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 		}
 	}
 	if len(b.Results) > 0 {
-		m.Results = make([]cluster.ResultItem, len(b.Results))
-		for i, r := range b.Results {
-			if r == nil {
-				return "", nil, itemErr("results", i, "nil item")
-			}
-			switch {
-			case r.Ticket == 0:
-				return "", nil, itemErr("results", i, "zero ticket")
-			case r.Remaining < 0:
-				return "", nil, itemErr("results", i, fmt.Sprintf("negative remaining %d", r.Remaining))
-			case r.ResetAfter < 0:
-				return "", nil, itemErr("results", i, fmt.Sprintf("negative reset_after %d", r.ResetAfter))
-			case r.RetryAfter < 0:
-				return "", nil, itemErr("results", i, fmt.Sprintf("negative retry_after %d", r.RetryAfter))
-			case r.Delay < 0:
-				return "", nil, itemErr("results", i, fmt.Sprintf("negative delay %d", r.Delay))
-			}
-			m.Results[i] = cluster.ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
-				Reset: r.ResetAfter, RetryAfter: r.RetryAfter, Debt: r.Debt, Delay: r.Delay}
+		if m.Results, err = decodeResults(b.Results); err != nil {
+			return "", nil, err
 		}
 	}
 	if len(b.Handoffs) > 0 {
@@ -272,14 +255,24 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 			return "", nil, err
 		}
 	}
+	if err := decodeBlindReplies(b, m); err != nil {
+		return "", nil, err
+	}
+	return b.From, m, nil
+}
+
+// decodeBlindReplies converts and validates a batch's blind
+// acknowledgements (a stream and a sequence number of at least 1 each)
+// and tracks (a valid rule and identity) into m.
+func decodeBlindReplies(b *peerpb.Batch, m *cluster.Message) error {
 	if len(b.BlindAcks) > 0 {
 		m.BlindAcks = make([]cluster.BlindAck, len(b.BlindAcks))
 		for i, a := range b.BlindAcks {
 			switch {
 			case a == nil:
-				return "", nil, itemErr("blind_acks", i, "nil item")
+				return itemErr("blind_acks", i, "nil item")
 			case a.Stream == 0 || a.Seq == 0:
-				return "", nil, itemErr("blind_acks", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", a.Stream, a.Seq))
+				return itemErr("blind_acks", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", a.Stream, a.Seq))
 			}
 			m.BlindAcks[i] = cluster.BlindAck{Stream: a.Stream, Seq: a.Seq}
 		}
@@ -288,15 +281,15 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 		m.Tracks = make([]cluster.TrackItem, len(b.Tracks))
 		for i, t := range b.Tracks {
 			if t == nil {
-				return "", nil, itemErr("tracks", i, "nil item")
+				return itemErr("tracks", i, "nil item")
 			}
 			if err := checkKey("tracks", i, t.Rule, string(t.Identity)); err != nil {
-				return "", nil, err
+				return err
 			}
 			m.Tracks[i] = cluster.TrackItem{Rule: t.Rule, Identity: string(t.Identity), Debt: t.Debt}
 		}
 	}
-	return b.From, m, nil
+	return nil
 }
 
 // decodeBlinds converts and validates a batch's blind reports, of n items
@@ -326,6 +319,32 @@ func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) 
 			}
 			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: e.Rule, Identity: string(e.Identity), Cost: e.Cost})
 		}
+	}
+	return out, nil
+}
+
+// decodeResults converts and validates a batch's results (decodeBatch's
+// rules).
+func decodeResults(in []*peerpb.ResultItem) ([]cluster.ResultItem, error) {
+	out := make([]cluster.ResultItem, len(in))
+	for i, r := range in {
+		if r == nil {
+			return nil, itemErr("results", i, "nil item")
+		}
+		switch {
+		case r.Ticket == 0:
+			return nil, itemErr("results", i, "zero ticket")
+		case r.Remaining < 0:
+			return nil, itemErr("results", i, fmt.Sprintf("negative remaining %d", r.Remaining))
+		case r.ResetAfter < 0:
+			return nil, itemErr("results", i, fmt.Sprintf("negative reset_after %d", r.ResetAfter))
+		case r.RetryAfter < 0:
+			return nil, itemErr("results", i, fmt.Sprintf("negative retry_after %d", r.RetryAfter))
+		case r.Delay < 0:
+			return nil, itemErr("results", i, fmt.Sprintf("negative delay %d", r.Delay))
+		}
+		out[i] = cluster.ResultItem{Ticket: r.Ticket, Allowed: r.Allowed, Remaining: r.Remaining,
+			Reset: r.ResetAfter, RetryAfter: r.RetryAfter, Debt: r.Debt, Delay: r.Delay}
 	}
 	return out, nil
 }
