@@ -235,7 +235,7 @@ type blindSender struct {
 // that is not leased or gated, with its sketch carried over from the rule
 // it replaces, o (nil for none), converted when its parameters changed.
 func (c *Coordinator) setBlind(o, r *RuleParams, now int64) {
-	r.blind = r.plain && r.Mode == quota.ModeShared && r.sk == nil && !r.TrackAll
+	r.blind = !r.leased && r.SpendsBlind()
 	r.salt = xxhash.Sum64String(r.ID) | 1
 	r.trackAt = r.gcra.Interval().Nanoseconds() * r.Burst / 2
 	r.blindMax = r.Burst - r.Burst/2
@@ -251,6 +251,14 @@ func (c *Coordinator) setBlind(o, r *RuleParams, now int64) {
 		return
 	}
 	r.bs = newTATSketch(maxBlindWidth(c.cfg.MaxKeys))
+}
+
+// SpendsBlind reports whether the rule's identities far from their limit
+// are spent blind (docs/overshoot.md, "Blind spend") where it is not
+// leased to a region (scope: global): a shared gcra rule with no sketch
+// gating and TrackAll unset.
+func (p *RuleParams) SpendsBlind() bool {
+	return p.Algorithm == quota.AlgorithmGCRA && p.Mode == quota.ModeShared && p.Sketch.Threshold == 0 && !p.TrackAll
 }
 
 // blindSpend returns the blind spend of the identity whose hashID is h

@@ -636,6 +636,16 @@ func (rg *Region) faultTerms(nMax int) {
 		}
 	}
 	ceil := math.Ceil
+	// A ring change moves identities between live owners: a blind
+	// identity's state on its previous owner (the sketch's estimate, at
+	// most half the bucket) is not handed over, nor what that owner
+	// charged from blind reports in flight to it (at most S).
+	blindTerm := func(f Fault) {
+		if rg.params.SpendsBlind() {
+			addTerm(Term{f.Text + " (blind)", ceil(B/2) + S,
+				"⌈B/2⌉ + S: a blind identity's sketch state is not handed over, nor the reports in flight to its previous owner"})
+		}
+	}
 	for _, f := range sortFaults(c.Faults) {
 		switch f.Kind {
 		case FaultCrash:
@@ -645,10 +655,12 @@ func (rg *Region) faultTerms(nMax int) {
 			win(f.At, f.At)
 			addTerm(Term{f.Text, 2*B + S + 2*ceil(r*G),
 				"2B + S + 2⌈r·G⌉: alone it owns every identity with fresh buckets until gossip reaches it (B + r·G); then two owners while views converge (B + r·G), a lost handoff (S)"})
+			blindTerm(f)
 		case FaultLeave:
 			win(f.At, f.At+c.Gossip+c.CallTimeout)
 			addTerm(Term{f.Text, B + S + ceil(r*(G+c.CallTimeout.Seconds())),
 				"B + S + ⌈r·(G + call timeout)⌉: the leaver still decides for nodes whose view has not changed"})
+			blindTerm(f)
 		case FaultPartition:
 			k := float64(len(f.Groups))
 			if len(rg.groupsOfN(f, nMax)) > len(f.Groups) {
