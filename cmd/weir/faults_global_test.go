@@ -301,4 +301,27 @@ func (h *harness) checkGlobalLeases(paused *fproc) {
 	if len(h.violations) > 0 {
 		t.Errorf("%d violations", len(h.violations))
 	}
+	h.keepLogs()
+}
+
+// keepLogs writes every process's log to the directory WEIR_FAULTS_LOGS
+// names, when it is set, one file per process (the test's start time and
+// the process's name), to study a run.
+func (h *harness) keepLogs() {
+	dir := os.Getenv("WEIR_FAULTS_LOGS")
+	if dir == "" {
+		return
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		h.t.Logf("WEIR_FAULTS_LOGS: %v", err)
+		return
+	}
+	for _, p := range h.all() {
+		path := filepath.Join(dir, fmt.Sprintf("%d-%s.log", h.start.UnixNano(), p.name))
+		if err := os.WriteFile(path, []byte(p.current().log.String()), 0o644); err != nil {
+			h.t.Logf("WEIR_FAULTS_LOGS: %v", err)
+			return
+		}
+	}
+	h.t.Logf("logs kept in %s", dir)
 }
