@@ -39,10 +39,11 @@ type leaseEvent struct {
 	Identity string `json:"identity"`
 	Epoch    uint64 `json:"epoch"`
 	Share    int64  `json:"share"`
-	At       int64  `json:"at"`     // granted: the machine's time when it applied the report; accepted: when the region took it
-	Expiry   int64  `json:"expiry"` // granted: the leader's expiry (at + lifetime)
-	Sent     int64  `json:"sent"`   // accepted: when the region sent its report
-	Until    int64  `json:"until"`  // accepted: when the region stops using it
+	At       int64  `json:"at"`       // granted: the machine's time when it applied the report; accepted: when the region took it
+	Proposed int64  `json:"proposed"` // granted: the entry's time, the leader's clock when it proposed the report
+	Expiry   int64  `json:"expiry"`   // granted: the leader's expiry (at + lifetime)
+	Sent     int64  `json:"sent"`     // accepted: when the region sent its report
+	Until    int64  `json:"until"`    // accepted: when the region stops using it
 	node     string
 }
 
@@ -301,7 +302,23 @@ func (h *harness) checkGlobalLeases(paused *fproc) {
 			h.violation("at %s's lease (epoch %d, taken %d): Σ shares the regions hold %d > L = %d", a.node, a.Epoch, a.At, sum, globalLimit)
 		}
 	}
-	t.Logf("voters: %d grant lines logged (each voter logs the grants it applies), largest Σ unexpired shares %d of L = %d", len(granted), worstLeader, globalLimit)
+	type grantID struct {
+		reporter, rule, identity string
+		seq, epoch               uint64
+		at                       int64
+	}
+	grants := map[grantID]bool{}
+	for _, g := range granted {
+		grants[grantID{g.Reporter, g.Rule, g.Identity, g.Seq, g.Epoch, g.At}] = g.At > g.Proposed
+	}
+	var stampedBefore int
+	for _, later := range grants {
+		if later {
+			stampedBefore++
+		}
+	}
+	t.Logf("voters: %d grants (%d lines: each voter logs the grants it applies), %d applied after an entry stamped later; largest Σ unexpired shares %d of L = %d",
+		len(grants), len(granted), stampedBefore, worstLeader, globalLimit)
 	t.Logf("regions: %d leases taken, each ending at least %v before the leader's expiry; %d late; largest Σ shares held %d of %d; each report applied at least %v after its send",
 		len(accepted), time.Duration(margin).Round(time.Millisecond), late, worstRegions, globalLimit, time.Duration(sendToApply).Round(10*time.Microsecond))
 	t.Logf("%s: %d leases taken after the resume from reports sent before the stop, %d of them already ended when taken; us's share while it was stopped: up to %d",
