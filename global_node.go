@@ -345,16 +345,18 @@ func (n *Node) reportOnce(offCycle bool) bool {
 	gp.mu.Lock()
 	gp.reg.Accept(rep.Seq, sentAt, res)
 	gp.mu.Unlock()
-	gp.logGrants(rep.Region, sentAt, res)
+	gp.logGrants(rep, sentAt, res)
 	return true
 }
 
 // logGrants writes, at debug level, each lease of res as this region holds
-// it: sent is when its report left, at when the region took the lease, and
-// until when it stops using it (send time + lifetime − skew); unix ns. The leader logs the same grant with its own expiry ("lease
-// granted", raftgroup); the process fault harness checks the one against
-// the other.
-func (gp *globalPart) logGrants(region string, sentAt int64, res lease.Result) {
+// it: the reporter (this node) and sequence number of the report rep it
+// answers, sent when the report left, at when the region took the lease,
+// and until when it stops using it (send time + lifetime − skew); unix ns.
+// The voters log the same grant, under the same reporter and sequence
+// number, with the leader's expiry ("lease granted", raftgroup); the
+// process fault harness checks the one against the other.
+func (gp *globalPart) logGrants(rep lease.Report, sentAt int64, res lease.Result) {
 	if !gp.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
@@ -363,8 +365,9 @@ func (gp *globalPart) logGrants(region string, sentAt int64, res lease.Result) {
 		if g.Epoch == 0 {
 			continue
 		}
-		gp.log.Debug("lease accepted", "region", region, "rule", g.Rule, "identity", g.Identity, "epoch", g.Epoch,
-			"share", g.Share, "sent", sentAt, "at", at, "until", sentAt+g.Lifetime-gp.skew)
+		gp.log.Debug("lease accepted", "region", rep.Region, "reporter", rep.Reporter, "seq", rep.Seq,
+			"rule", g.Rule, "identity", g.Identity, "epoch", g.Epoch, "share", g.Share,
+			"sent", sentAt, "at", at, "until", sentAt+g.Lifetime-gp.skew)
 	}
 }
 

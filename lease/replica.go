@@ -87,6 +87,12 @@ func (r *Replica) State() []byte { return marshalFullState(r.m, r.rules, r.durab
 // unchanged.
 func (r *Replica) Restore(b []byte) error { return restoreState(r.m, r.rules, r.durable, b) }
 
+// Now is the machine's time (unix ns): the latest time of the commands it
+// applied. A command stamped earlier than that (proposals that reached the
+// log in another order than their leader's clock read them) is applied at
+// this time, and the leases it grants are counted from it.
+func (r *Replica) Now() int64 { return r.m.Now() }
+
 // DurableTAT reads a durable bucket: its TAT (unix ns on the leaders'
 // clocks), ok false for a full bucket.
 func (r *Replica) DurableTAT(rule, identity string) (tat int64, ok bool) {

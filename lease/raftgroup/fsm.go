@@ -20,9 +20,10 @@ type FSM struct {
 	mu       sync.Mutex
 	r        *lease.Replica
 	restores int // how many snapshots Restore installed
-	// applied, when set, sees every entry applied and its response, under
-	// mu (the group logs the grants of reports with it).
-	applied func(e lease.Entry, resp lease.ApplyResponse)
+	// applied, when set, sees every entry applied, its response and the
+	// machine's time after it (lease.Replica.Now), under mu (the group
+	// logs the grants of reports with it).
+	applied func(e lease.Entry, resp lease.ApplyResponse, now int64)
 }
 
 var (
@@ -47,7 +48,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	defer f.mu.Unlock()
 	resp := f.r.ApplyEntry(e)
 	if f.applied != nil {
-		f.applied(e, resp)
+		f.applied(e, resp, f.r.Now())
 	}
 	return resp
 }

@@ -653,22 +653,27 @@ func (g *Group) apply(ctx context.Context, e lease.Entry) (lease.ApplyResponse, 
 }
 
 // logGrants writes, at debug level, each lease a report got as the group
-// counts it: granted at its entry's time now (the leader's clock when it
-// proposed it), expiring at now + lifetime (unix ns; capacity is handed on
-// only after that plus the skew). Every voter logs the reports it applies,
-// from its FSM, so that a grant committed after its proposer gave up on it
-// (a timeout, a lost leadership) is logged too.
-func (g *Group) logGrants(e lease.Entry, resp lease.ApplyResponse) {
+// counts it: the report's reporter and sequence number, granted at now (the
+// machine's time when it applied the report, from which the lifetime is
+// counted: the entry's time, the leader's clock when it proposed it, unless
+// an entry stamped later was applied first), expiring at now + lifetime
+// (unix ns; capacity is handed on only after that plus the skew). Every
+// voter logs the reports it applies, from its FSM, so that a grant
+// committed after its proposer gave up on it (a timeout, a lost
+// leadership) is logged too, and a report applied again (a retry whose
+// first attempt was committed) is logged with the leases it got back.
+func (g *Group) logGrants(e lease.Entry, resp lease.ApplyResponse, now int64) {
 	if resp.Err != nil || e.Command == nil || e.Command.Report == nil || !g.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	region, now := e.Command.Report.Region, e.Command.Now
+	rep := e.Command.Report
 	for _, gr := range resp.Result.Grants {
 		if gr.Epoch == 0 {
 			continue
 		}
-		g.log.Debug("lease granted", "region", region, "rule", gr.Rule, "identity", gr.Identity, "epoch", gr.Epoch,
-			"share", gr.Share, "at", now, "expiry", now+gr.Lifetime)
+		g.log.Debug("lease granted", "region", rep.Region, "reporter", rep.Reporter, "seq", rep.Seq,
+			"rule", gr.Rule, "identity", gr.Identity, "epoch", gr.Epoch, "share", gr.Share,
+			"at", now, "proposed", e.Command.Now, "expiry", now+gr.Lifetime)
 	}
 }
 
