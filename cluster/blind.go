@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"math"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -24,7 +25,8 @@ import (
 //     keeps one, else to a TAT sketch (tatSketch): a count-min of TATs
 //     whose estimate never falls below the identity's own bucket charged
 //     with every report. When the charge leaves the bucket more than half
-//     spent (TAT − now > B·T/2), the owner makes it a bucket of its own
+//     spent (TAT − now > B·T/2), or more than blindHorizon from full, the
+//     owner makes it a bucket of its own
 //     (at the estimate) and answers Track: the node then keeps an entry,
 //     with a view, syncs and the owner's decisions, as for every identity
 //     before blind spend existed.
@@ -40,15 +42,25 @@ import (
 // blindDepth is the rows of an owner's TAT sketch.
 const blindDepth = 4
 
-// Widths of an owner's TAT sketch per row: it starts narrow, doubles while
-// a sample of its cells finds more than a quarter of them live (a TAT
-// after now) and halves while it finds fewer than a sixteenth, within
-// [blindMinWidth, maxBlindWidth(MaxKeys)].
+// Widths of an owner's TAT sketch per row: it starts narrow, grows
+// (grownWidth) while a sample of its cells finds more than a quarter of
+// them live (a TAT after now) and halves while it finds fewer than a
+// sixteenth, within [blindMinWidth, maxBlindWidth(MaxKeys)].
 const (
 	blindMinWidth = 256
 	blindMaxWidth = 1 << 20
 	blindSample   = 256
 )
+
+// blindHorizon bounds how far ahead of now a TAT sketch holds a TAT: an
+// identity whose bucket would be more than half spent, or more than this
+// far from full, gets a bucket of its own. So a sketch's cells are all
+// past within a horizon of being last raised, and a sketch that changes
+// width keeps its old cells no longer than that: it follows a stream that
+// grows within seconds, whatever the rule's window. (A rule whose token
+// takes longer than the horizon to come back, a daily quota say, spends
+// blind only an identity's first admission on each node.)
+const blindHorizon = time.Second
 
 // maxBlindWidth is the widest sketch of a coordinator that keeps at most
 // maxKeys entries per rule: two cells per row for each identity it could
@@ -173,10 +185,26 @@ func (s *tatSketch) check(now int64) {
 	switch {
 	case s.old.cells != nil:
 	case live*4 > blindSample && w < s.maxWidth:
-		s.resize(2 * w)
+		s.resize(min(grownWidth(w, live), s.maxWidth))
 	case live*16 < blindSample && w > blindMinWidth:
 		s.resize(w / 2)
 	}
+}
+
+// grownWidth is the width a sketch of width w grows to when live of
+// blindSample cells are live: about four cells per row for each identity
+// the row holds, at least twice w. A row with a fraction ρ of its cells
+// live holds about −w·ln(1 − ρ) identities (linear counting), so a sketch
+// far too narrow grows to its width at once, not by doubling once per
+// lifetime of its old cells.
+func grownWidth(w, live int) int {
+	rho := float64(min(live, blindSample-1)) / blindSample
+	n := -float64(w) * math.Log1p(-rho)
+	g := 2 * w
+	for float64(g) < 4*n {
+		g *= 2
+	}
+	return g
 }
 
 // resize starts cells of width w, keeping the current ones as old.
@@ -237,7 +265,7 @@ type blindSender struct {
 func (c *Coordinator) setBlind(o, r *RuleParams, now int64) {
 	r.blind = !r.leased && r.SpendsBlind()
 	r.salt = xxhash.Sum64String(r.ID) | 1
-	r.trackAt = r.gcra.Interval().Nanoseconds() * r.Burst / 2
+	r.trackAt = min(r.gcra.Interval().Nanoseconds()*r.Burst/2, int64(blindHorizon))
 	r.blindMax = r.Burst - r.Burst/2
 	r.bs = nil // a RuleParams from another coordinator carries its sketch
 	if !r.blind {

@@ -209,29 +209,34 @@ func TestBlindRefund(t *testing.T) {
 	}
 }
 
-// TestTATSketchGrows: a sketch whose cells are mostly live doubles its
-// width, starting its cells anew while the old ones last, so that no
-// identity's estimate falls and the new cells count only what is charged
-// after; once the old cells are past they are forgotten, and a sketch
-// mostly idle halves its width again.
+// TestTATSketchGrows: a sketch whose cells are mostly live grows, to
+// about four cells per live identity when it is far too narrow, starting
+// its cells anew while the old ones last, so that no identity's estimate
+// falls and the new cells count only what is charged after; once the old
+// cells are past they are forgotten, and a sketch mostly idle halves its
+// width again.
 func TestTATSketchGrows(t *testing.T) {
 	s := newTATSketch(maxBlindWidth(DefaultMaxKeys))
 	now := int64(1_000_000)
 	var idx tatSlots
-	est := map[uint64]int64{}
-	for i := range uint64(4 * blindMinWidth) {
-		h := i * 0x9e3779b97f4a7c15
-		s.slots(h, &idx)
-		s.raise(&idx, now+int64(i)+1)
+	raise := func(n int, tat func(i int) int64) {
+		for i := range n {
+			s.slots(uint64(i)*0x9e3779b97f4a7c15, &idx)
+			s.raise(&idx, tat(i))
+		}
 	}
+	raise(4*blindMinWidth, func(i int) int64 { return now + int64(i) + 1 })
+	est := map[uint64]int64{}
 	for i := range uint64(4 * blindMinWidth) {
 		h := i * 0x9e3779b97f4a7c15
 		s.slots(h, &idx)
 		est[h] = s.estimate(&idx)
 	}
 	s.check(now)
-	if s.cur.width != 2*blindMinWidth || s.old.width != blindMinWidth {
-		t.Fatalf("width %d (old %d) after a sample of live cells, want %d (old %d)", s.cur.width, s.old.width, 2*blindMinWidth, blindMinWidth)
+	w1 := s.cur.width
+	if w1 < 8*blindMinWidth || w1 > 32*blindMinWidth || s.old.width != blindMinWidth {
+		t.Fatalf("width %d (old %d) after a sample of cells nearly all live with 4 identities per cell, want 8 to 32 times %d (old %d)",
+			w1, s.old.width, blindMinWidth, blindMinWidth)
 	}
 	for h, e := range est {
 		s.slots(h, &idx)
@@ -240,28 +245,30 @@ func TestTATSketchGrows(t *testing.T) {
 		}
 	}
 	// While the old cells last the width stays, however live the new ones.
-	for i := range uint64(4 * blindMinWidth) {
-		h := i * 0x9e3779b97f4a7c15
-		s.slots(h, &idx)
-		s.raise(&idx, now+int64(1<<40))
-	}
+	raise(4*w1, func(int) int64 { return now + 1<<40 })
 	s.check(now + 1)
-	if s.cur.width != 2*blindMinWidth {
-		t.Fatalf("width %d while the old cells last, want %d", s.cur.width, 2*blindMinWidth)
+	if s.cur.width != w1 {
+		t.Fatalf("width %d while the old cells last, want %d", s.cur.width, w1)
 	}
 	// Past the old cells' latest TAT: they are gone, and a live sketch
 	// grows again, the cells of the last width old now.
 	s.check(now + 4*blindMinWidth + 1)
-	if s.old.width != 2*blindMinWidth || s.cur.width != 4*blindMinWidth {
-		t.Fatalf("old width %d, width %d, want %d and %d", s.old.width, s.cur.width, 2*blindMinWidth, 4*blindMinWidth)
+	w2 := s.cur.width
+	if s.old.width != w1 || w2 < 2*w1 {
+		t.Fatalf("old width %d, width %d, want %d and at least %d", s.old.width, w2, w1, 2*w1)
 	}
 	// Every TAT past: the sketch halves once its old cells are gone.
-	idle := now + int64(1<<41)
+	idle := now + 1<<41
 	for range 3 {
 		s.check(idle)
 	}
-	if s.cur.width != blindMinWidth && s.cur.width != 2*blindMinWidth {
-		t.Fatalf("width %d after idle checks, want it halving", s.cur.width)
+	if s.cur.width >= w2 {
+		t.Fatalf("width %d after idle checks, want it below %d", s.cur.width, w2)
+	}
+	for live := range blindSample {
+		if g := grownWidth(1024, live); g < 2048 || g&(g-1) != 0 || (live > 0 && g < grownWidth(1024, live-1)) {
+			t.Fatalf("grownWidth(1024, %d) = %d: want a power of two, at least 2048, not below the last", live, g)
+		}
 	}
 	if maxBlindWidth(100) != blindMinWidth || maxBlindWidth(1000) != 2048 || maxBlindWidth(1<<30) != blindMaxWidth {
 		t.Fatalf("maxBlindWidth: %d %d %d", maxBlindWidth(100), maxBlindWidth(1000), maxBlindWidth(1<<30))
