@@ -166,15 +166,25 @@ func testFreshIdentities(t *testing.T, tracked bool) {
 // BenchmarkShellFreshIdentities: three nodes on loopback gRPC decide
 // identities never seen before, from 64 callers, until every report has
 // reached its owner: the whole cost of a fresh identity in shared mode
-// (the local decision, the sync item's making, queueing, encoding,
-// transport, decoding, charging, and the acknowledgement's way back).
+// (the local decision, the report item's making, queueing, encoding,
+// transport, decoding, charging, and the acknowledgement's way back),
+// blind (the default) and tracked (an entry and a sync per identity).
 // cpu-ns/op is the process's CPU time (user and system) per identity.
 func BenchmarkShellFreshIdentities(b *testing.B) {
+	for _, tracked := range []bool{false, true} {
+		b.Run(map[bool]string{false: "blind", true: "tracked"}[tracked], func(b *testing.B) {
+			benchFreshIdentities(b, tracked)
+		})
+	}
+}
+
+func benchFreshIdentities(b *testing.B, tracked bool) {
 	rule := freshRule()
 	p, err := cluster.NewRuleParams(&rule, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
+	p.TrackAll = tracked
 	var shells []*Node
 	var members []cluster.Member
 	for i := range 3 {
@@ -210,11 +220,13 @@ func BenchmarkShellFreshIdentities(b *testing.B) {
 			remote++
 		}
 	}
+	// A report is a sync charged (an identity tracked) or a blind item
+	// charged (the default for identities far from their limit).
 	charged := func() uint64 {
 		var n uint64
 		for _, sh := range shells {
 			st, _, _ := sh.Stats()
-			n += st.ReportsCharged
+			n += st.ReportsCharged + st.BlindCharged
 		}
 		return n
 	}
