@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/cluster"
@@ -110,23 +111,34 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 	return b
 }
 
-// encodeBlinds groups blind items into their reports: the items of one
-// report (one stream and sequence number) sit next to each other.
+// encodeBlinds groups blind items into their reports (the items of one
+// report, one stream and sequence number, sit next to each other), each
+// in columns: its rule ids once, and per item an index into them, the
+// identity and the cost. The columns of every report are windows on one
+// array per column, and an identity's bytes are its string's (the batch
+// is only marshaled, never written to).
 func encodeBlinds(blinds []cluster.BlindItem) []*peerpb.BlindReport {
 	var reports []*peerpb.BlindReport
-	entries := make([]peerpb.BlindEntry, len(blinds))
-	ptrs := make([]*peerpb.BlindEntry, len(blinds))
+	index := make([]uint32, len(blinds))
+	ids := make([][]byte, len(blinds))
+	costs := make([]int64, len(blinds))
 	for i := 0; i < len(blinds); {
-		j := i + 1
-		for j < len(blinds) && blinds[j].Stream == blinds[i].Stream && blinds[j].Seq == blinds[i].Seq {
-			j++
+		r := &peerpb.BlindReport{Stream: blinds[i].Stream, Seq: blinds[i].Seq}
+		j := i
+		for ; j < len(blinds) && blinds[j].Stream == r.Stream && blinds[j].Seq == r.Seq; j++ {
+			e := &blinds[j]
+			k := len(r.Rules) - 1 // a report's items are mostly of one rule: the latest first
+			for k >= 0 && r.Rules[k] != e.Rule {
+				k--
+			}
+			if k < 0 {
+				k = len(r.Rules)
+				r.Rules = append(r.Rules, e.Rule)
+			}
+			index[j], ids[j], costs[j] = uint32(k), unsafe.Slice(unsafe.StringData(e.Identity), len(e.Identity)), e.Cost
 		}
-		for k := i; k < j; k++ {
-			e := &entries[k]
-			e.Rule, e.Identity, e.Cost = blinds[k].Rule, []byte(blinds[k].Identity), blinds[k].Cost
-			ptrs[k] = e
-		}
-		reports = append(reports, &peerpb.BlindReport{Stream: blinds[i].Stream, Seq: blinds[i].Seq, Items: ptrs[i:j:j]})
+		r.RuleIndex, r.Identities, r.Costs = index[i:j:j], ids[i:j:j], costs[i:j:j]
+		reports = append(reports, r)
 		i = j
 	}
 	return reports
@@ -145,7 +157,9 @@ func encodeBlinds(blinds []cluster.BlindItem) []*peerpb.BlindReport {
 //   - a sync's RefundBase negative or above its Refunded;
 //   - a zero Ticket (tickets start at 1);
 //   - a blind report or acknowledgement whose stream or sequence number
-//     is 0, or a blind report of no items.
+//     is 0, or a blind report of no items, whose columns (rule indexes,
+//     identities, costs) differ in length, with more rule ids than items,
+//     or an item whose rule index is not one of its report's rule ids.
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
 // decoded message never aliases b.
@@ -160,7 +174,7 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 	blinds := 0
 	for _, r := range b.Blinds {
 		if r != nil {
-			blinds += len(r.Items)
+			blinds += len(r.Identities)
 		}
 	}
 	if n += blinds; n > cluster.MaxBatchItems {
@@ -294,8 +308,9 @@ func decodeBlindReplies(b *peerpb.Batch, m *cluster.Message) error {
 
 // decodeBlinds converts and validates a batch's blind reports, of n items
 // in all, into blind items: each report has a stream and a sequence
-// number of at least 1 and at least one item, each item a valid rule, an
-// identity and a cost >= 0.
+// number of at least 1, at least one item, columns of one length, valid
+// rule ids, at most one per item, and each item a rule index within them,
+// an identity and a cost >= 0. The items of a rule share its id's string.
 func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) {
 	out := make([]cluster.BlindItem, 0, n)
 	for i, r := range in {
@@ -304,20 +319,28 @@ func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) 
 			return nil, itemErr("blinds", i, "nil report")
 		case r.Stream == 0 || r.Seq == 0:
 			return nil, itemErr("blinds", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", r.Stream, r.Seq))
-		case len(r.Items) == 0:
+		case len(r.Identities) == 0:
 			return nil, itemErr("blinds", i, "a report of no items")
+		case len(r.RuleIndex) != len(r.Identities) || len(r.Costs) != len(r.Identities):
+			return nil, itemErr("blinds", i, fmt.Sprintf("%d rule indexes, %d identities and %d costs (want one length)", len(r.RuleIndex), len(r.Identities), len(r.Costs)))
+		case len(r.Rules) > len(r.Identities):
+			return nil, itemErr("blinds", i, fmt.Sprintf("%d rules for %d items", len(r.Rules), len(r.Identities)))
 		}
-		for j, e := range r.Items {
-			if e == nil {
-				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: nil", j))
+		for k, rule := range r.Rules {
+			if p := checkName("rule", rule, cluster.MaxRuleIDBytes); p != "" {
+				return nil, itemErr("blinds", i, fmt.Sprintf("rule %d: %s", k, p))
 			}
-			if err := checkKey("blinds", i, e.Rule, string(e.Identity)); err != nil {
-				return nil, fmt.Errorf("%w (item %d)", err, j)
+		}
+		for j, id := range r.Identities {
+			switch x, c := r.RuleIndex[j], r.Costs[j]; {
+			case int64(x) >= int64(len(r.Rules)):
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: rule index %d of %d rules", j, x, len(r.Rules)))
+			case len(id) > cluster.MaxIdentityBytes:
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: identity of %d bytes, more than %d", j, len(id), cluster.MaxIdentityBytes))
+			case c < 0:
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, c))
 			}
-			if e.Cost < 0 {
-				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, e.Cost))
-			}
-			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: e.Rule, Identity: string(e.Identity), Cost: e.Cost})
+			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: r.Rules[r.RuleIndex[j]], Identity: string(id), Cost: r.Costs[j]})
 		}
 	}
 	return out, nil
