@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/prefetch"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -118,6 +120,20 @@ func (rs *tatRows) slots(h uint64, idx *[blindDepth]int) {
 	mask := uint64(rs.width - 1)
 	for r := range blindDepth {
 		idx[r] = r*rs.width + int(bucket.Splitmix64(h+uint64(r+1)*0x9e3779b97f4a7c15)&mask)
+	}
+}
+
+// prefetch starts loading the cells of the identity whose hashID is h.
+func (s *tatSketch) prefetch(h uint64) {
+	var idx tatSlots
+	s.slots(h, &idx)
+	for _, i := range idx.cur {
+		prefetch.Line(uintptr(unsafe.Pointer(&s.cur.cells[i])))
+	}
+	if idx.hasOld {
+		for _, i := range idx.old {
+			prefetch.Line(uintptr(unsafe.Pointer(&s.old.cells[i])))
+		}
 	}
 }
 
@@ -470,6 +486,9 @@ func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
 			c.blindHigh[key] = items[i].Seq
 		}
 		for k := i; k < j; k++ {
+			if fresh && k+blindAhead < j {
+				c.prefetchBlind(&items[k+blindAhead])
+			}
 			it := &items[k]
 			r, ok := c.rule(it.Rule)
 			switch {
@@ -486,6 +505,19 @@ func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
 		m := c.outbox(from)
 		m.BlindAcks = appendItem(m.BlindAcks, &c.pools.backs, BlindAck{Stream: items[i].Stream, Seq: items[i].Seq})
 		i = j
+	}
+}
+
+// blindAhead is how many items ahead of the one it charges takeBlinds
+// starts loading an item's sketch cells: a report's identities are
+// scattered over a sketch larger than the caches, and the loads of a few
+// items overlap the charging of the ones before.
+const blindAhead = 8
+
+// prefetchBlind starts loading the sketch cells of the blind item it.
+func (c *Coordinator) prefetchBlind(it *BlindItem) {
+	if r, ok := c.rule(it.Rule); ok && r.bs != nil {
+		r.bs.prefetch(hashID(it.Identity))
 	}
 }
 
