@@ -392,19 +392,22 @@ func (x *Batch) GetTracks() []*TrackItem {
 // every report, so a report sent again is charged once.
 //
 // Its items are columns, with no message per item: item i is costs[i]
-// tokens (>= 0) of identities[i] under rules[rule_index[i]]. The three
-// columns have one length (>= 1); rules is a dictionary of the report's
-// rule ids, at most one per item.
+// tokens (>= 0) under rules[rule_index[i]] of identity i, the next
+// identity_lengths[i] bytes of identities (any bytes, possibly none). The
+// three columns rule_index, identity_lengths and costs have one length
+// (>= 1), the identities' lengths add up to the bytes of identities, and
+// rules is a dictionary of the report's rule ids, at most one per item.
 type BlindReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        uint64                 `protobuf:"varint,1,opt,name=stream,proto3" json:"stream,omitempty"` // the sending coordinator's stream (not 0)
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`       // >= 1, increasing per stream and owner
-	Rules         []string               `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
-	RuleIndex     []uint32               `protobuf:"varint,5,rep,packed,name=rule_index,json=ruleIndex,proto3" json:"rule_index,omitempty"`
-	Identities    [][]byte               `protobuf:"bytes,6,rep,name=identities,proto3" json:"identities,omitempty"` // any bytes, possibly empty
-	Costs         []int64                `protobuf:"varint,7,rep,packed,name=costs,proto3" json:"costs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Stream          uint64                 `protobuf:"varint,1,opt,name=stream,proto3" json:"stream,omitempty"` // the sending coordinator's stream (not 0)
+	Seq             uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`       // >= 1, increasing per stream and owner
+	Rules           []string               `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	RuleIndex       []uint32               `protobuf:"varint,5,rep,packed,name=rule_index,json=ruleIndex,proto3" json:"rule_index,omitempty"`
+	Identities      []byte                 `protobuf:"bytes,6,opt,name=identities,proto3" json:"identities,omitempty"` // the items' identities, one after the other
+	IdentityLengths []uint32               `protobuf:"varint,8,rep,packed,name=identity_lengths,json=identityLengths,proto3" json:"identity_lengths,omitempty"`
+	Costs           []int64                `protobuf:"varint,7,rep,packed,name=costs,proto3" json:"costs,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BlindReport) Reset() {
@@ -465,9 +468,16 @@ func (x *BlindReport) GetRuleIndex() []uint32 {
 	return nil
 }
 
-func (x *BlindReport) GetIdentities() [][]byte {
+func (x *BlindReport) GetIdentities() []byte {
 	if x != nil {
 		return x.Identities
+	}
+	return nil
+}
+
+func (x *BlindReport) GetIdentityLengths() []uint32 {
+	if x != nil {
+		return x.IdentityLengths
 	}
 	return nil
 }
@@ -1261,7 +1271,7 @@ const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"blind_acks\x18\n" +
 	" \x03(\v2\x16.weir.peer.v1.BlindAckR\tblindAcks\x12/\n" +
-	"\x06tracks\x18\v \x03(\v2\x17.weir.peer.v1.TrackItemR\x06tracks\"\xa8\x01\n" +
+	"\x06tracks\x18\v \x03(\v2\x17.weir.peer.v1.TrackItemR\x06tracks\"\xd3\x01\n" +
 	"\vBlindReport\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\x04R\x06stream\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
@@ -1269,8 +1279,9 @@ const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"rule_index\x18\x05 \x03(\rR\truleIndex\x12\x1e\n" +
 	"\n" +
-	"identities\x18\x06 \x03(\fR\n" +
-	"identities\x12\x14\n" +
+	"identities\x18\x06 \x01(\fR\n" +
+	"identities\x12)\n" +
+	"\x10identity_lengths\x18\b \x03(\rR\x0fidentityLengths\x12\x14\n" +
 	"\x05costs\x18\a \x03(\x03R\x05costsJ\x04\b\x03\x10\x04\"4\n" +
 	"\bBlindAck\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\x04R\x06stream\x12\x10\n" +

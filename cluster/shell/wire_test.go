@@ -136,16 +136,19 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"blind report zero seq", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 0, "r", "i")}}, "blinds[0]: stream 1, seq 0"},
 		{"blind report zero stream", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(0, 1, "r", "i")}}, "blinds[0]: stream 0, seq 1"},
 		{"blind report empty", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1}}}, "blinds[0]: a report of no items"},
-		{"blind report rules only", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0}, Costs: []int64{1}}}}, "blinds[0]: a report of no items"},
-		{"blind report short costs", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: [][]byte{[]byte("i"), []byte("j")}, Costs: []int64{1}}}}, "blinds[0]: 2 rule indexes, 2 identities and 1 costs"},
-		{"blind report short index", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, Identities: [][]byte{[]byte("i")}, Costs: []int64{1}}}}, "blinds[0]: 0 rule indexes, 1 identities and 1 costs"},
-		{"blind report more rules than items", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r", "s"}, RuleIndex: []uint32{1}, Identities: [][]byte{[]byte("i")}, Costs: []int64{1}}}}, "blinds[0]: 2 rules for 1 items"},
-		{"blind report no rules", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, RuleIndex: []uint32{0}, Identities: [][]byte{[]byte("i")}, Costs: []int64{1}}}}, "blinds[0]: item 0: rule index 0 of 0 rules"},
-		{"blind item rule index out of range", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, math.MaxUint32}, Identities: [][]byte{[]byte("i"), []byte("j")}, Costs: []int64{1, 1}}}}, "blinds[0]: item 1: rule index 4294967295 of 1 rules"},
-		{"blind item negative cost", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: [][]byte{[]byte("i"), []byte("i")}, Costs: []int64{0, -2}}}}, "blinds[0]: item 1: negative cost -2"},
+		{"blind report no lengths", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0}, Identities: []byte("i"), Costs: []int64{1}}}}, "blinds[0]: a report of no items"},
+		{"blind report short costs", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 1}, Costs: []int64{1}}}}, "blinds[0]: 2 rule indexes, 2 identity lengths and 1 costs"},
+		{"blind report short index", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, Identities: []byte("i"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: 0 rule indexes, 1 identity lengths and 1 costs"},
+		{"blind report identities short", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 2}, Costs: []int64{1, 1}}}}, "blinds[0]: identity lengths add up to 3 bytes, identities are 2"},
+		{"blind report identities long", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0}, Identities: []byte("ij"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: identity lengths add up to 1 bytes, identities are 2"},
+		{"blind report lengths overflow", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("i"), IdentityLengths: []uint32{math.MaxUint32, 2}, Costs: []int64{1, 1}}}}, "blinds[0]: identity lengths add up to 4294967297 bytes, identities are 1"},
+		{"blind report more rules than items", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r", "s"}, RuleIndex: []uint32{1}, Identities: []byte("i"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: 2 rules for 1 items"},
+		{"blind report no rules", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, RuleIndex: []uint32{0}, Identities: []byte("i"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: item 0: rule index 0 of 0 rules"},
+		{"blind item rule index out of range", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, math.MaxUint32}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 1}, Costs: []int64{1, 1}}}}, "blinds[0]: item 1: rule index 4294967295 of 1 rules"},
+		{"blind item negative cost", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("ii"), IdentityLengths: []uint32{1, 1}, Costs: []int64{0, -2}}}}, "blinds[0]: item 1: negative cost -2"},
 		{"blind item long identity", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 1, "r", strings.Repeat("i", cluster.MaxIdentityBytes+1))}}, "blinds[0]: item 0: identity of"},
 		{"blind rule empty", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 1, "", "i")}}, "blinds[0]: rule 0: empty rule"},
-		{"blind rule not UTF-8", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r", "\xff"}, RuleIndex: []uint32{0, 1}, Identities: [][]byte{[]byte("i"), []byte("j")}, Costs: []int64{1, 1}}}}, "blinds[0]: rule 1: rule is not valid UTF-8"},
+		{"blind rule not UTF-8", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r", "\xff"}, RuleIndex: []uint32{0, 1}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 1}, Costs: []int64{1, 1}}}}, "blinds[0]: rule 1: rule is not valid UTF-8"},
 		{"blind rule too long", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 1, strings.Repeat("r", cluster.MaxRuleIDBytes+1), "i")}}, "blinds[0]: rule 0: rule of"},
 		{"blind ack zero seq", &peerpb.Batch{From: "n", BlindAcks: []*peerpb.BlindAck{{Stream: 4}}}, "blind_acks[0]: stream 4, seq 0"},
 		{"blind ack nil", &peerpb.Batch{From: "n", BlindAcks: []*peerpb.BlindAck{nil}}, "blind_acks[0]: nil item"},
@@ -175,7 +178,8 @@ func TestDecodeBatchRejects(t *testing.T) {
 
 // blindReport is a blind report of one item: cost 1 of identity under rule.
 func blindReport(stream, seq uint64, rule, identity string) *peerpb.BlindReport {
-	return &peerpb.BlindReport{Stream: stream, Seq: seq, Rules: []string{rule}, RuleIndex: []uint32{0}, Identities: [][]byte{[]byte(identity)}, Costs: []int64{1}}
+	return &peerpb.BlindReport{Stream: stream, Seq: seq, Rules: []string{rule}, RuleIndex: []uint32{0}, Identities: []byte(identity),
+		IdentityLengths: []uint32{uint32(len(identity))}, Costs: []int64{1}}
 }
 
 // FuzzDecodeBatch feeds arbitrary bytes through proto.Unmarshal and
