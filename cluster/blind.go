@@ -472,6 +472,9 @@ func (c *Coordinator) readdressBlinds(now int64, t OwnerTable) {
 // sequence number is new for its sender's stream is charged, item by
 // item, and every report is acknowledged.
 func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
+	for k := range min(blindAhead, len(items)) {
+		c.prefetchBlind(&items[k])
+	}
 	for i := 0; i < len(items); {
 		j := i + 1
 		for j < len(items) && items[j].Stream == items[i].Stream && items[j].Seq == items[i].Seq {
@@ -486,7 +489,7 @@ func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
 			c.blindHigh[key] = items[i].Seq
 		}
 		for k := i; k < j; k++ {
-			if fresh && k+blindAhead < j {
+			if k+blindAhead < len(items) {
 				c.prefetchBlind(&items[k+blindAhead])
 			}
 			it := &items[k]
@@ -509,9 +512,11 @@ func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
 }
 
 // blindAhead is how many items ahead of the one it charges takeBlinds
-// starts loading an item's sketch cells: a report's identities are
-// scattered over a sketch larger than the caches, and the loads of a few
-// items overlap the charging of the ones before.
+// starts loading an item's sketch cells (the first blindAhead at once,
+// across reports: a shard's part of a message is often a few items): a
+// report's identities are scattered over sketches larger than the caches,
+// and the loads of a few items overlap each other and the charging of the
+// ones before.
 const blindAhead = 8
 
 // prefetchBlind starts loading the sketch cells of the blind item it.
