@@ -57,6 +57,7 @@ func main() {
 	only := flag.String("only", "", "distributed and user sections: measure only the systems whose name contains this (several: comma-separated; the user section keeps its reference)")
 	phases := flag.String("phases", "lat,sat,hot,pair", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity), pair (weir exact and Redis at the fixed load at once, calls alternated)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	satprofile := flag.String("satprofile", "", "user's way: write a CPU profile of each saturation window and its drain to PREFIX-system-identities.pprof (not with -cpuprofile)")
 	tracefile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace)")
 	flag.Parse()
 
@@ -67,6 +68,7 @@ func main() {
 	cfg.sections = *sections
 	cfg.only = *only
 	cfg.dist.phases = *phases
+	cfg.user.satProfile = *satprofile
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

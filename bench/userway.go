@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -171,6 +172,9 @@ type userConfig struct {
 	Quiet      time.Duration `json:"quiet_ns"`
 	QuietCores float64       `json:"quiet_cores"`
 	DrainMax   time.Duration `json:"drain_max_ns"`
+	// satProfile, when set, is the prefix of a CPU profile of each
+	// saturation window and its drain (prefix-system-identities.pprof).
+	satProfile string
 }
 
 // userSat is one saturation window's outcome.
@@ -414,9 +418,14 @@ func measureUser(s userSystem, cfg userConfig, round int, logf func(string, ...a
 		if _, ok := quiet(); !ok {
 			logf("  warm-up at %d identities not drained within %v", n, cfg.DrainMax)
 		}
+		stopProfile, err := startSatProfile(cfg.satProfile, s.name, n)
+		if err != nil {
+			return rd, nil, err
+		}
 		c0 := in.cpuTime()
 		w := walk(in.sys, cfg.Workers, cfg.Window, draw)
 		drain, ok := quiet()
+		stopProfile()
 		sat := userSat{Identities: n, Decisions: w.calls, Admitted: w.admitted, Errors: w.errors,
 			Window: w.elapsed, Drain: drain.Seconds(), Drained: ok, CPU: (in.cpuTime() - c0).Seconds(), Baseline: base}
 		rd.Sat = append(rd.Sat, sat)
@@ -441,6 +450,25 @@ func measureUser(s userSystem, cfg userConfig, round int, logf func(string, ...a
 	}
 	d := in.degraded()
 	return rd, &d, nil
+}
+
+// startSatProfile starts a CPU profile of one saturation window of system
+// name at n identities, written to prefix-name-n.pprof (no profile when
+// prefix is empty); the function it returns stops it.
+func startSatProfile(prefix, name string, n int) (func(), error) {
+	if prefix == "" {
+		return func() {}, nil
+	}
+	slug := strings.NewReplacer(" ", "-", ",", "", "/", "-").Replace(name)
+	f, err := os.Create(fmt.Sprintf("%s-%s-%d.pprof", prefix, slug, n))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("saturation profile (not with -cpuprofile): %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // walkResult is a closed-loop run's outcome.

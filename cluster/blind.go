@@ -3,10 +3,12 @@ package cluster
 import (
 	"math"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/internal/prefetch"
 	"github.com/weir-dev/weir/quota"
 )
 
@@ -130,6 +132,20 @@ func (rs *tatRows) slots(h uint64, idx *[blindDepth]int) {
 	mask := uint64(rs.width - 1)
 	for r := range blindDepth {
 		idx[r] = r*rs.width + int(bucket.Splitmix64(h+uint64(r+1)*0x9e3779b97f4a7c15)&mask)
+	}
+}
+
+// prefetch starts loading the cells of the identity whose hashID is h.
+func (s *tatSketch) prefetch(h uint64) {
+	var idx tatSlots
+	s.slots(h, &idx)
+	for _, i := range idx.cur {
+		prefetch.Line(uintptr(unsafe.Pointer(&s.cur.cells[i])))
+	}
+	if idx.hasOld {
+		for _, i := range idx.old {
+			prefetch.Line(uintptr(unsafe.Pointer(&s.old.cells[i])))
+		}
 	}
 }
 
@@ -484,6 +500,9 @@ func (c *Coordinator) readdressBlinds(now int64, t OwnerTable) {
 // sequence number is new for its sender's stream is charged, item by
 // item, and every report is acknowledged.
 func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
+	for k := range min(blindAhead, len(items)) {
+		c.prefetchBlind(&items[k])
+	}
 	for i := 0; i < len(items); {
 		j := i + 1
 		for j < len(items) && items[j].Stream == items[i].Stream && items[j].Seq == items[i].Seq {
@@ -498,6 +517,9 @@ func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
 			c.blindHigh[key] = items[i].Seq
 		}
 		for k := i; k < j; k++ {
+			if k+blindAhead < len(items) {
+				c.prefetchBlind(&items[k+blindAhead])
+			}
 			it := &items[k]
 			r, ok := c.rule(it.Rule)
 			switch {
@@ -514,6 +536,21 @@ func (c *Coordinator) takeBlinds(now int64, from string, items []BlindItem) {
 		m := c.outbox(from)
 		m.BlindAcks = appendItem(m.BlindAcks, &c.pools.backs, BlindAck{Stream: items[i].Stream, Seq: items[i].Seq})
 		i = j
+	}
+}
+
+// blindAhead is how many items ahead of the one it charges takeBlinds
+// starts loading an item's sketch cells (the first blindAhead at once,
+// across reports: a shard's part of a message is often a few items): a
+// report's identities are scattered over sketches larger than the caches,
+// and the loads of a few items overlap each other and the charging of the
+// ones before.
+const blindAhead = 8
+
+// prefetchBlind starts loading the sketch cells of the blind item it.
+func (c *Coordinator) prefetchBlind(it *BlindItem) {
+	if r, ok := c.rule(it.Rule); ok && r.bs != nil {
+		r.bs.prefetch(hashID(it.Identity))
 	}
 }
 

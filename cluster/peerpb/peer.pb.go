@@ -390,13 +390,24 @@ func (x *Batch) GetTracks() []*TrackItem {
 // identities it keeps no entry of. An owner charges a report whose seq is
 // above the highest it charged for (sender, stream), and acknowledges
 // every report, so a report sent again is charged once.
+//
+// Its items are columns, with no message per item: item i is costs[i]
+// tokens (>= 0) under rules[rule_index[i]] of identity i, the next
+// identity_lengths[i] bytes of identities (any bytes, possibly none). The
+// three columns rule_index, identity_lengths and costs have one length
+// (>= 1), the identities' lengths add up to the bytes of identities, and
+// rules is a dictionary of the report's rule ids, at most one per item.
 type BlindReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        uint64                 `protobuf:"varint,1,opt,name=stream,proto3" json:"stream,omitempty"` // the sending coordinator's stream (not 0)
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`       // >= 1, increasing per stream and owner
-	Items         []*BlindEntry          `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Stream          uint64                 `protobuf:"varint,1,opt,name=stream,proto3" json:"stream,omitempty"` // the sending coordinator's stream (not 0)
+	Seq             uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`       // >= 1, increasing per stream and owner
+	Rules           []string               `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	RuleIndex       []uint32               `protobuf:"varint,5,rep,packed,name=rule_index,json=ruleIndex,proto3" json:"rule_index,omitempty"`
+	Identities      []byte                 `protobuf:"bytes,6,opt,name=identities,proto3" json:"identities,omitempty"` // the items' identities, one after the other
+	IdentityLengths []uint32               `protobuf:"varint,8,rep,packed,name=identity_lengths,json=identityLengths,proto3" json:"identity_lengths,omitempty"`
+	Costs           []int64                `protobuf:"varint,7,rep,packed,name=costs,proto3" json:"costs,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BlindReport) Reset() {
@@ -443,72 +454,39 @@ func (x *BlindReport) GetSeq() uint64 {
 	return 0
 }
 
-func (x *BlindReport) GetItems() []*BlindEntry {
+func (x *BlindReport) GetRules() []string {
 	if x != nil {
-		return x.Items
+		return x.Rules
 	}
 	return nil
 }
 
-// BlindEntry is cost tokens (>= 0) of identity under rule.
-type BlindEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Identity      []byte                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"` // any bytes, possibly empty
-	Cost          int64                  `protobuf:"varint,3,opt,name=cost,proto3" json:"cost,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *BlindEntry) Reset() {
-	*x = BlindEntry{}
-	mi := &file_peer_proto_msgTypes[4]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *BlindEntry) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*BlindEntry) ProtoMessage() {}
-
-func (x *BlindEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[4]
+func (x *BlindReport) GetRuleIndex() []uint32 {
 	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use BlindEntry.ProtoReflect.Descriptor instead.
-func (*BlindEntry) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *BlindEntry) GetRule() string {
-	if x != nil {
-		return x.Rule
-	}
-	return ""
-}
-
-func (x *BlindEntry) GetIdentity() []byte {
-	if x != nil {
-		return x.Identity
+		return x.RuleIndex
 	}
 	return nil
 }
 
-func (x *BlindEntry) GetCost() int64 {
+func (x *BlindReport) GetIdentities() []byte {
 	if x != nil {
-		return x.Cost
+		return x.Identities
 	}
-	return 0
+	return nil
+}
+
+func (x *BlindReport) GetIdentityLengths() []uint32 {
+	if x != nil {
+		return x.IdentityLengths
+	}
+	return nil
+}
+
+func (x *BlindReport) GetCosts() []int64 {
+	if x != nil {
+		return x.Costs
+	}
+	return nil
 }
 
 // BlindAck acknowledges the blind report (stream, seq).
@@ -522,7 +500,7 @@ type BlindAck struct {
 
 func (x *BlindAck) Reset() {
 	*x = BlindAck{}
-	mi := &file_peer_proto_msgTypes[5]
+	mi := &file_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +512,7 @@ func (x *BlindAck) String() string {
 func (*BlindAck) ProtoMessage() {}
 
 func (x *BlindAck) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[5]
+	mi := &file_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +525,7 @@ func (x *BlindAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlindAck.ProtoReflect.Descriptor instead.
 func (*BlindAck) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{5}
+	return file_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BlindAck) GetStream() uint64 {
@@ -578,7 +556,7 @@ type TrackItem struct {
 
 func (x *TrackItem) Reset() {
 	*x = TrackItem{}
-	mi := &file_peer_proto_msgTypes[6]
+	mi := &file_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +568,7 @@ func (x *TrackItem) String() string {
 func (*TrackItem) ProtoMessage() {}
 
 func (x *TrackItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[6]
+	mi := &file_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +581,7 @@ func (x *TrackItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrackItem.ProtoReflect.Descriptor instead.
 func (*TrackItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{6}
+	return file_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TrackItem) GetRule() string {
@@ -654,7 +632,7 @@ type SyncItem struct {
 
 func (x *SyncItem) Reset() {
 	*x = SyncItem{}
-	mi := &file_peer_proto_msgTypes[7]
+	mi := &file_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +644,7 @@ func (x *SyncItem) String() string {
 func (*SyncItem) ProtoMessage() {}
 
 func (x *SyncItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[7]
+	mi := &file_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +657,7 @@ func (x *SyncItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncItem.ProtoReflect.Descriptor instead.
 func (*SyncItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{7}
+	return file_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SyncItem) GetRule() string {
@@ -761,7 +739,7 @@ type AckItem struct {
 
 func (x *AckItem) Reset() {
 	*x = AckItem{}
-	mi := &file_peer_proto_msgTypes[8]
+	mi := &file_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +751,7 @@ func (x *AckItem) String() string {
 func (*AckItem) ProtoMessage() {}
 
 func (x *AckItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[8]
+	mi := &file_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +764,7 @@ func (x *AckItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckItem.ProtoReflect.Descriptor instead.
 func (*AckItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{8}
+	return file_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AckItem) GetRule() string {
@@ -861,7 +839,7 @@ type DecideItem struct {
 
 func (x *DecideItem) Reset() {
 	*x = DecideItem{}
-	mi := &file_peer_proto_msgTypes[9]
+	mi := &file_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +851,7 @@ func (x *DecideItem) String() string {
 func (*DecideItem) ProtoMessage() {}
 
 func (x *DecideItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[9]
+	mi := &file_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +864,7 @@ func (x *DecideItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideItem.ProtoReflect.Descriptor instead.
 func (*DecideItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{9}
+	return file_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DecideItem) GetTicket() uint64 {
@@ -944,7 +922,7 @@ type ResultItem struct {
 
 func (x *ResultItem) Reset() {
 	*x = ResultItem{}
-	mi := &file_peer_proto_msgTypes[10]
+	mi := &file_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +934,7 @@ func (x *ResultItem) String() string {
 func (*ResultItem) ProtoMessage() {}
 
 func (x *ResultItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[10]
+	mi := &file_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +947,7 @@ func (x *ResultItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultItem.ProtoReflect.Descriptor instead.
 func (*ResultItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{10}
+	return file_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResultItem) GetTicket() uint64 {
@@ -1056,7 +1034,7 @@ type HandoffItem struct {
 
 func (x *HandoffItem) Reset() {
 	*x = HandoffItem{}
-	mi := &file_peer_proto_msgTypes[11]
+	mi := &file_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1046,7 @@ func (x *HandoffItem) String() string {
 func (*HandoffItem) ProtoMessage() {}
 
 func (x *HandoffItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[11]
+	mi := &file_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1059,7 @@ func (x *HandoffItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffItem.ProtoReflect.Descriptor instead.
 func (*HandoffItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{11}
+	return file_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HandoffItem) GetRule() string {
@@ -1196,7 +1174,7 @@ type SlotItem struct {
 
 func (x *SlotItem) Reset() {
 	*x = SlotItem{}
-	mi := &file_peer_proto_msgTypes[12]
+	mi := &file_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1186,7 @@ func (x *SlotItem) String() string {
 func (*SlotItem) ProtoMessage() {}
 
 func (x *SlotItem) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[12]
+	mi := &file_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1199,7 @@ func (x *SlotItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotItem.ProtoReflect.Descriptor instead.
 func (*SlotItem) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{12}
+	return file_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SlotItem) GetHolder() string {
@@ -1293,16 +1271,18 @@ const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"blind_acks\x18\n" +
 	" \x03(\v2\x16.weir.peer.v1.BlindAckR\tblindAcks\x12/\n" +
-	"\x06tracks\x18\v \x03(\v2\x17.weir.peer.v1.TrackItemR\x06tracks\"g\n" +
+	"\x06tracks\x18\v \x03(\v2\x17.weir.peer.v1.TrackItemR\x06tracks\"\xd3\x01\n" +
 	"\vBlindReport\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\x04R\x06stream\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12.\n" +
-	"\x05items\x18\x03 \x03(\v2\x18.weir.peer.v1.BlindEntryR\x05items\"P\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05rules\x18\x04 \x03(\tR\x05rules\x12\x1d\n" +
 	"\n" +
-	"BlindEntry\x12\x12\n" +
-	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
-	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x03R\x04cost\"4\n" +
+	"rule_index\x18\x05 \x03(\rR\truleIndex\x12\x1e\n" +
+	"\n" +
+	"identities\x18\x06 \x01(\fR\n" +
+	"identities\x12)\n" +
+	"\x10identity_lengths\x18\b \x03(\rR\x0fidentityLengths\x12\x14\n" +
+	"\x05costs\x18\a \x03(\x03R\x05costsJ\x04\b\x03\x10\x04\"4\n" +
 	"\bBlindAck\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\x04R\x06stream\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"O\n" +
@@ -1387,44 +1367,42 @@ func file_peer_proto_rawDescGZIP() []byte {
 	return file_peer_proto_rawDescData
 }
 
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_peer_proto_goTypes = []any{
 	(*InspectRequest)(nil), // 0: weir.peer.v1.InspectRequest
 	(*InspectReply)(nil),   // 1: weir.peer.v1.InspectReply
 	(*Batch)(nil),          // 2: weir.peer.v1.Batch
 	(*BlindReport)(nil),    // 3: weir.peer.v1.BlindReport
-	(*BlindEntry)(nil),     // 4: weir.peer.v1.BlindEntry
-	(*BlindAck)(nil),       // 5: weir.peer.v1.BlindAck
-	(*TrackItem)(nil),      // 6: weir.peer.v1.TrackItem
-	(*SyncItem)(nil),       // 7: weir.peer.v1.SyncItem
-	(*AckItem)(nil),        // 8: weir.peer.v1.AckItem
-	(*DecideItem)(nil),     // 9: weir.peer.v1.DecideItem
-	(*ResultItem)(nil),     // 10: weir.peer.v1.ResultItem
-	(*HandoffItem)(nil),    // 11: weir.peer.v1.HandoffItem
-	(*SlotItem)(nil),       // 12: weir.peer.v1.SlotItem
+	(*BlindAck)(nil),       // 4: weir.peer.v1.BlindAck
+	(*TrackItem)(nil),      // 5: weir.peer.v1.TrackItem
+	(*SyncItem)(nil),       // 6: weir.peer.v1.SyncItem
+	(*AckItem)(nil),        // 7: weir.peer.v1.AckItem
+	(*DecideItem)(nil),     // 8: weir.peer.v1.DecideItem
+	(*ResultItem)(nil),     // 9: weir.peer.v1.ResultItem
+	(*HandoffItem)(nil),    // 10: weir.peer.v1.HandoffItem
+	(*SlotItem)(nil),       // 11: weir.peer.v1.SlotItem
 }
 var file_peer_proto_depIdxs = []int32{
-	7,  // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
-	9,  // 1: weir.peer.v1.Batch.decides:type_name -> weir.peer.v1.DecideItem
-	8,  // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
-	10, // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
-	11, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
+	6,  // 0: weir.peer.v1.Batch.syncs:type_name -> weir.peer.v1.SyncItem
+	8,  // 1: weir.peer.v1.Batch.decides:type_name -> weir.peer.v1.DecideItem
+	7,  // 2: weir.peer.v1.Batch.acks:type_name -> weir.peer.v1.AckItem
+	9,  // 3: weir.peer.v1.Batch.results:type_name -> weir.peer.v1.ResultItem
+	10, // 4: weir.peer.v1.Batch.handoffs:type_name -> weir.peer.v1.HandoffItem
 	3,  // 5: weir.peer.v1.Batch.blinds:type_name -> weir.peer.v1.BlindReport
-	5,  // 6: weir.peer.v1.Batch.blind_acks:type_name -> weir.peer.v1.BlindAck
-	6,  // 7: weir.peer.v1.Batch.tracks:type_name -> weir.peer.v1.TrackItem
-	4,  // 8: weir.peer.v1.BlindReport.items:type_name -> weir.peer.v1.BlindEntry
-	12, // 9: weir.peer.v1.HandoffItem.slots:type_name -> weir.peer.v1.SlotItem
-	2,  // 10: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
-	2,  // 11: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
-	0,  // 12: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
-	2,  // 13: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
-	2,  // 14: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
-	1,  // 15: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	4,  // 6: weir.peer.v1.Batch.blind_acks:type_name -> weir.peer.v1.BlindAck
+	5,  // 7: weir.peer.v1.Batch.tracks:type_name -> weir.peer.v1.TrackItem
+	11, // 8: weir.peer.v1.HandoffItem.slots:type_name -> weir.peer.v1.SlotItem
+	2,  // 9: weir.peer.v1.Peer.Exchange:input_type -> weir.peer.v1.Batch
+	2,  // 10: weir.peer.v1.Peer.Stream:input_type -> weir.peer.v1.Batch
+	0,  // 11: weir.peer.v1.Peer.Inspect:input_type -> weir.peer.v1.InspectRequest
+	2,  // 12: weir.peer.v1.Peer.Exchange:output_type -> weir.peer.v1.Batch
+	2,  // 13: weir.peer.v1.Peer.Stream:output_type -> weir.peer.v1.Batch
+	1,  // 14: weir.peer.v1.Peer.Inspect:output_type -> weir.peer.v1.InspectReply
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1438,7 +1416,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

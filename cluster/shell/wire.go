@@ -110,23 +110,42 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 	return b
 }
 
-// encodeBlinds groups blind items into their reports: the items of one
-// report (one stream and sequence number) sit next to each other.
+// encodeBlinds groups blind items into their reports (the items of one
+// report, one stream and sequence number, sit next to each other), each
+// in columns: its rule ids once, and per item an index into them, the
+// identity's length (its bytes appended to the report's identities) and
+// the cost. The columns of every report are windows on one array per
+// column.
 func encodeBlinds(blinds []cluster.BlindItem) []*peerpb.BlindReport {
 	var reports []*peerpb.BlindReport
-	entries := make([]peerpb.BlindEntry, len(blinds))
-	ptrs := make([]*peerpb.BlindEntry, len(blinds))
+	index := make([]uint32, len(blinds))
+	lengths := make([]uint32, len(blinds))
+	costs := make([]int64, len(blinds))
+	size := 0
+	for i := range blinds {
+		size += len(blinds[i].Identity)
+	}
+	ids := make([]byte, 0, size)
 	for i := 0; i < len(blinds); {
-		j := i + 1
-		for j < len(blinds) && blinds[j].Stream == blinds[i].Stream && blinds[j].Seq == blinds[i].Seq {
-			j++
+		r := &peerpb.BlindReport{Stream: blinds[i].Stream, Seq: blinds[i].Seq}
+		start := len(ids)
+		j := i
+		for ; j < len(blinds) && blinds[j].Stream == r.Stream && blinds[j].Seq == r.Seq; j++ {
+			e := &blinds[j]
+			k := len(r.Rules) - 1 // a report's items are mostly of one rule: the latest first
+			for k >= 0 && r.Rules[k] != e.Rule {
+				k--
+			}
+			if k < 0 {
+				k = len(r.Rules)
+				r.Rules = append(r.Rules, e.Rule)
+			}
+			index[j], lengths[j], costs[j] = uint32(k), uint32(len(e.Identity)), e.Cost
+			ids = append(ids, e.Identity...)
 		}
-		for k := i; k < j; k++ {
-			e := &entries[k]
-			e.Rule, e.Identity, e.Cost = blinds[k].Rule, []byte(blinds[k].Identity), blinds[k].Cost
-			ptrs[k] = e
-		}
-		reports = append(reports, &peerpb.BlindReport{Stream: blinds[i].Stream, Seq: blinds[i].Seq, Items: ptrs[i:j:j]})
+		r.RuleIndex, r.IdentityLengths, r.Costs = index[i:j:j], lengths[i:j:j], costs[i:j:j]
+		r.Identities = ids[start:len(ids):len(ids)]
+		reports = append(reports, r)
 		i = j
 	}
 	return reports
@@ -145,7 +164,10 @@ func encodeBlinds(blinds []cluster.BlindItem) []*peerpb.BlindReport {
 //   - a sync's RefundBase negative or above its Refunded;
 //   - a zero Ticket (tickets start at 1);
 //   - a blind report or acknowledgement whose stream or sequence number
-//     is 0, or a blind report of no items.
+//     is 0, or a blind report of no items, whose columns (rule indexes,
+//     identity lengths, costs) differ in length, whose identities' lengths
+//     do not add up to its identities' bytes, with more rule ids than
+//     items, or an item whose rule index is not one of its rule ids.
 //
 // Debt may be any value: it is ≤ 0 when the owner's bucket is full. A
 // decoded message never aliases b.
@@ -160,7 +182,7 @@ func decodeBatch(b *peerpb.Batch) (from string, m *cluster.Message, err error) {
 	blinds := 0
 	for _, r := range b.Blinds {
 		if r != nil {
-			blinds += len(r.Items)
+			blinds += len(r.IdentityLengths)
 		}
 	}
 	if n += blinds; n > cluster.MaxBatchItems {
@@ -293,34 +315,61 @@ func decodeBlindReplies(b *peerpb.Batch, m *cluster.Message) error {
 }
 
 // decodeBlinds converts and validates a batch's blind reports, of n items
-// in all, into blind items: each report has a stream and a sequence
-// number of at least 1 and at least one item, each item a valid rule, an
-// identity and a cost >= 0.
+// in all, into blind items (blindColumns says what a report must be). The
+// items of a rule share its id's string.
 func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) {
 	out := make([]cluster.BlindItem, 0, n)
 	for i, r := range in {
-		switch {
-		case r == nil:
-			return nil, itemErr("blinds", i, "nil report")
-		case r.Stream == 0 || r.Seq == 0:
-			return nil, itemErr("blinds", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", r.Stream, r.Seq))
-		case len(r.Items) == 0:
-			return nil, itemErr("blinds", i, "a report of no items")
+		if err := blindColumns(i, r); err != nil {
+			return nil, err
 		}
-		for j, e := range r.Items {
-			if e == nil {
-				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: nil", j))
+		ids := r.Identities
+		for j, l := range r.IdentityLengths {
+			switch x, c := r.RuleIndex[j], r.Costs[j]; {
+			case int64(x) >= int64(len(r.Rules)):
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: rule index %d of %d rules", j, x, len(r.Rules)))
+			case l > cluster.MaxIdentityBytes:
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: identity of %d bytes, more than %d", j, l, cluster.MaxIdentityBytes))
+			case c < 0:
+				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, c))
 			}
-			if err := checkKey("blinds", i, e.Rule, string(e.Identity)); err != nil {
-				return nil, fmt.Errorf("%w (item %d)", err, j)
-			}
-			if e.Cost < 0 {
-				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, e.Cost))
-			}
-			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: e.Rule, Identity: string(e.Identity), Cost: e.Cost})
+			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: r.Rules[r.RuleIndex[j]], Identity: string(ids[:l]), Cost: r.Costs[j]})
+			ids = ids[l:]
 		}
 	}
 	return out, nil
+}
+
+// blindColumns checks blind report i apart from its items' values: a
+// stream and a sequence number of at least 1, at least one item, columns
+// of one length, identities' lengths that add up to its identities'
+// bytes, and valid rule ids, at most one per item.
+func blindColumns(i int, r *peerpb.BlindReport) error {
+	switch {
+	case r == nil:
+		return itemErr("blinds", i, "nil report")
+	case r.Stream == 0 || r.Seq == 0:
+		return itemErr("blinds", i, fmt.Sprintf("stream %d, seq %d (want both >= 1)", r.Stream, r.Seq))
+	case len(r.IdentityLengths) == 0:
+		return itemErr("blinds", i, "a report of no items")
+	case len(r.RuleIndex) != len(r.IdentityLengths) || len(r.Costs) != len(r.IdentityLengths):
+		return itemErr("blinds", i, fmt.Sprintf("%d rule indexes, %d identity lengths and %d costs (want one length)", len(r.RuleIndex), len(r.IdentityLengths), len(r.Costs)))
+	case len(r.Rules) > len(r.IdentityLengths):
+		return itemErr("blinds", i, fmt.Sprintf("%d rules for %d items", len(r.Rules), len(r.IdentityLengths)))
+	}
+	var size int64
+	for _, l := range r.IdentityLengths {
+		size += int64(l)
+	}
+	if size != int64(len(r.Identities)) {
+		return itemErr("blinds", i, fmt.Sprintf("identity lengths add up to %d bytes, identities are %d", size, len(r.Identities)))
+	}
+	for k, rule := range r.Rules {
+		if p := checkName("rule", rule, cluster.MaxRuleIDBytes); p != "" {
+			return itemErr("blinds", i, fmt.Sprintf("rule %d: %s", k, p))
+		}
+	}
+	return nil
 }
 
 // decodeResults converts and validates a batch's results (decodeBatch's

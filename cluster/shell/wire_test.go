@@ -54,6 +54,8 @@ func fullMessage() *cluster.Message {
 		Blinds: []cluster.BlindItem{
 			{Stream: 1, Seq: 1, Rule: "api", Identity: "user:8", Cost: 1},
 			{Stream: 1, Seq: 1, Rule: "api", Identity: "", Cost: 0},
+			{Stream: 1, Seq: 1, Rule: "login", Identity: "user:8", Cost: 2},
+			{Stream: 1, Seq: 1, Rule: "api", Identity: "user:9", Cost: 3},
 			{Stream: math.MaxUint64, Seq: math.MaxUint64, Rule: "login", Identity: "\xff", Cost: math.MaxInt64},
 		},
 		BlindAcks:  []cluster.BlindAck{{Stream: 1, Seq: 1}, {Stream: math.MaxUint64, Seq: 7}},
@@ -131,17 +133,28 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"handoff too many slots", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Slots: make([]*peerpb.SlotItem, bucket.MaxSlidingLogLimit+1)}}}, "10001 slots"},
 		{"negative handoff prev", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Prev: -1}}}, "handoffs[0]: negative prev -1"},
 		{"blind report nil", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{nil}}, "blinds[0]: nil report"},
-		{"blind report zero seq", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Items: []*peerpb.BlindEntry{{Rule: "r", Identity: []byte("i")}}}}}, "blinds[0]: stream 1, seq 0"},
-		{"blind report zero stream", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Seq: 1, Items: []*peerpb.BlindEntry{{Rule: "r", Identity: []byte("i")}}}}}, "blinds[0]: stream 0, seq 1"},
+		{"blind report zero seq", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 0, "r", "i")}}, "blinds[0]: stream 1, seq 0"},
+		{"blind report zero stream", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(0, 1, "r", "i")}}, "blinds[0]: stream 0, seq 1"},
 		{"blind report empty", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1}}}, "blinds[0]: a report of no items"},
-		{"blind item nil", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{nil}}}}, "blinds[0]: item 0: nil"},
-		{"blind item negative cost", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{{Rule: "r", Identity: []byte("i")}, {Rule: "r", Identity: []byte("i"), Cost: -2}}}}}, "blinds[0]: item 1: negative cost -2"},
-		{"blind item empty rule", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{{Identity: []byte("i")}}}}}, "blinds[0]: empty rule (item 0)"},
+		{"blind report no lengths", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0}, Identities: []byte("i"), Costs: []int64{1}}}}, "blinds[0]: a report of no items"},
+		{"blind report short costs", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 1}, Costs: []int64{1}}}}, "blinds[0]: 2 rule indexes, 2 identity lengths and 1 costs"},
+		{"blind report short index", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, Identities: []byte("i"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: 0 rule indexes, 1 identity lengths and 1 costs"},
+		{"blind report identities short", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 2}, Costs: []int64{1, 1}}}}, "blinds[0]: identity lengths add up to 3 bytes, identities are 2"},
+		{"blind report identities long", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0}, Identities: []byte("ij"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: identity lengths add up to 1 bytes, identities are 2"},
+		{"blind report lengths overflow", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("i"), IdentityLengths: []uint32{math.MaxUint32, 2}, Costs: []int64{1, 1}}}}, "blinds[0]: identity lengths add up to 4294967297 bytes, identities are 1"},
+		{"blind report more rules than items", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r", "s"}, RuleIndex: []uint32{1}, Identities: []byte("i"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: 2 rules for 1 items"},
+		{"blind report no rules", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, RuleIndex: []uint32{0}, Identities: []byte("i"), IdentityLengths: []uint32{1}, Costs: []int64{1}}}}, "blinds[0]: item 0: rule index 0 of 0 rules"},
+		{"blind item rule index out of range", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, math.MaxUint32}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 1}, Costs: []int64{1, 1}}}}, "blinds[0]: item 1: rule index 4294967295 of 1 rules"},
+		{"blind item negative cost", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r"}, RuleIndex: []uint32{0, 0}, Identities: []byte("ii"), IdentityLengths: []uint32{1, 1}, Costs: []int64{0, -2}}}}, "blinds[0]: item 1: negative cost -2"},
+		{"blind item long identity", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 1, "r", strings.Repeat("i", cluster.MaxIdentityBytes+1))}}, "blinds[0]: item 0: identity of"},
+		{"blind rule empty", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 1, "", "i")}}, "blinds[0]: rule 0: empty rule"},
+		{"blind rule not UTF-8", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Rules: []string{"r", "\xff"}, RuleIndex: []uint32{0, 1}, Identities: []byte("ij"), IdentityLengths: []uint32{1, 1}, Costs: []int64{1, 1}}}}, "blinds[0]: rule 1: rule is not valid UTF-8"},
+		{"blind rule too long", &peerpb.Batch{From: "n", Blinds: []*peerpb.BlindReport{blindReport(1, 1, strings.Repeat("r", cluster.MaxRuleIDBytes+1), "i")}}, "blinds[0]: rule 0: rule of"},
 		{"blind ack zero seq", &peerpb.Batch{From: "n", BlindAcks: []*peerpb.BlindAck{{Stream: 4}}}, "blind_acks[0]: stream 4, seq 0"},
 		{"blind ack nil", &peerpb.Batch{From: "n", BlindAcks: []*peerpb.BlindAck{nil}}, "blind_acks[0]: nil item"},
 		{"track long identity", &peerpb.Batch{From: "n", Tracks: []*peerpb.TrackItem{{Rule: "r", Identity: []byte(long(cluster.MaxIdentityBytes + 1))}}}, "tracks[0]: identity of 1025 bytes"},
 		{"track nil", &peerpb.Batch{From: "n", Tracks: []*peerpb.TrackItem{nil}}, "tracks[0]: nil item"},
-		{"too many blind items", &peerpb.Batch{From: "n", Handoffs: tooMany[:cluster.MaxBatchItems], Blinds: []*peerpb.BlindReport{{Stream: 1, Seq: 1, Items: []*peerpb.BlindEntry{{Rule: "r"}}}}}, "65537 items"},
+		{"too many blind items", &peerpb.Batch{From: "n", Handoffs: tooMany[:cluster.MaxBatchItems], Blinds: []*peerpb.BlindReport{blindReport(1, 1, "r", "")}}, "65537 items"},
 		{"negative handoff count", &peerpb.Batch{From: "n", Handoffs: []*peerpb.HandoffItem{{Rule: "r", Identity: []byte("i"), Count: -2}}}, "handoffs[0]: negative count -2"},
 	}
 	for _, c := range cases {
@@ -161,6 +174,12 @@ func TestDecodeBatchRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// blindReport is a blind report of one item: cost 1 of identity under rule.
+func blindReport(stream, seq uint64, rule, identity string) *peerpb.BlindReport {
+	return &peerpb.BlindReport{Stream: stream, Seq: seq, Rules: []string{rule}, RuleIndex: []uint32{0}, Identities: []byte(identity),
+		IdentityLengths: []uint32{uint32(len(identity))}, Costs: []int64{1}}
 }
 
 // FuzzDecodeBatch feeds arbitrary bytes through proto.Unmarshal and
@@ -187,6 +206,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	seed("n", &cluster.Message{Blinds: []cluster.BlindItem{{Stream: 9, Seq: 2, Rule: "r", Identity: "i", Cost: 1}, {Stream: 9, Seq: 3, Rule: "r", Identity: "j", Cost: 2}},
 		BlindAcks: []cluster.BlindAck{{Stream: 5, Seq: 1}}, Tracks: []cluster.TrackItem{{Rule: "r", Identity: "i", Debt: 500}}})
 	seed("n", &cluster.Message{Blinds: []cluster.BlindItem{{Stream: 0, Seq: 1, Rule: "r", Identity: "i", Cost: 1}}})
+	seed("n", &cluster.Message{Blinds: []cluster.BlindItem{{Stream: 3, Seq: 1, Rule: "r", Identity: "i", Cost: 1}, {Stream: 3, Seq: 1, Rule: "s", Identity: "", Cost: 0},
+		{Stream: 3, Seq: 1, Rule: "r", Identity: "k", Cost: 4}, {Stream: 4, Seq: 1, Rule: "s", Identity: "i", Cost: 2}}})
+	seed("n", &cluster.Message{Blinds: []cluster.BlindItem{{Stream: 3, Seq: 1, Rule: "r", Identity: "i", Cost: -1}}})
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})             // from: invalid UTF-8
 	f.Add([]byte{0x1a, 0x80, 0x80, 0x80, 0x80, 0x01}) // a huge length prefix
