@@ -13,7 +13,7 @@ import (
 )
 
 // TestNodeCloseWaits checks that Node.Close returns only when everything the
-// node started has stopped (DESIGN.md, "Real parts, real tests"): three real
+// node started has stopped (docs/design.md, "Real parts, real tests"): three real
 // nodes decide shared and exact requests for each other, so that peer
 // exchanges, memberlist probes, push/pulls and stream handlers are in flight;
 // then one crashes and the others close, and right after the last Close one
