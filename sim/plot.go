@@ -73,14 +73,42 @@ func rateChart(r *region.Result) *chart {
 		ch.lines = append(ch.lines, chartLine{name: "of which on_failure admitted (owner unreachable)", class: "fallback",
 			color: colFallback, width: 1.5, rank: 3, pts: steps(at(r.Fallback))})
 	}
-	for _, l := range ch.lines {
-		for _, p := range l.pts {
-			ch.yMax = max(ch.yMax, p[1])
-		}
-	}
-	ch.yMax = max(ch.yMax*1.08, 1)
+	ch.scale()
 	ch.addFaults(r)
 	return ch
+}
+
+// scale sets the y axis to the highest value drawn; when the bound (loose
+// in a fault's stretch) rises far above the rest, the axis ends well above
+// the rest instead, so that admitted and reference stay readable, and a
+// note at the first stretch the bound leaves the scale gives its peak.
+func (ch *chart) scale() {
+	rest, bound := 0.0, 0.0
+	var boundLine *chartLine
+	for i, l := range ch.lines {
+		for _, p := range l.pts {
+			if l.class == "bound" {
+				bound = max(bound, p[1])
+			} else {
+				rest = max(rest, p[1])
+			}
+		}
+		if l.class == "bound" {
+			boundLine = &ch.lines[i]
+		}
+	}
+	ch.yMax = max(rest, bound) * 1.08
+	if boundLine != nil && bound > 2.5*rest && rest > 0 {
+		ch.yMax = 1.6 * rest
+		for _, p := range boundLine.pts {
+			if p[1] > ch.yMax {
+				ch.notes = append(ch.notes, chartNote{x: p[0], y: ch.yMax,
+					text: fmt.Sprintf("bound above the scale here, up to %.0f per second", bound)})
+				break
+			}
+		}
+	}
+	ch.yMax = max(ch.yMax, 1)
 }
 
 func refName(c region.Config) string {
@@ -201,7 +229,7 @@ func partitionText(f region.Fault) string {
 // fault-free intervals against its S, with the bound y = S.
 func sweepChart(rs []*region.Result) *chart {
 	ch := &chart{
-		title:  []string{"Worst excess over B + r·Δ in fault-free intervals, against the slack S = Σ sᵢ, one point per run"},
+		title:  []string{"Worst excess over B + r·Δ in fault-free intervals, against the slack S = Σ sᵢ"},
 		xLabel: "S = Σ sᵢ: the region's slack (tokens)", yLabel: "worst excess in fault-free intervals (tokens)"}
 	var in, over [][2]float64
 	maxS, lo, hi := 1.0, 0.0, 1.0
@@ -217,7 +245,11 @@ func sweepChart(rs []*region.Result) *chart {
 		}
 		maxS, lo, hi = max(maxS, p[0]), min(lo, p[1]), max(hi, p[1])
 	}
-	ch.subtitle = []string{fmt.Sprintf("%d runs with a fault-free stretch, of %d. The envelope holds while a point is on or under the line.", len(in)+len(over), len(rs))}
+	runs := fmt.Sprintf("One point per run, %d runs.", len(rs))
+	if k := len(in) + len(over); k < len(rs) {
+		runs = fmt.Sprintf("One point per run with a fault-free stretch, %d of %d runs.", k, len(rs))
+	}
+	ch.subtitle = []string{runs + " The envelope holds while a point is on or under the line."}
 	ch.xMax = maxS * 1.05
 	ch.yMin, ch.yMax = lo-0.05*(max(hi, maxS)-lo), max(hi, maxS)*1.08
 	ch.lines = []chartLine{{name: "bound: excess = S", class: "bound", color: colBound, dash: "7 4", width: 1.8,

@@ -114,6 +114,9 @@ func checkInside(t *testing.T, w, h float64, elems []svgElem) {
 // its font size; a text rotated by -90° about its anchor runs upwards.
 func checkText(e svgElem, x, y, size float64, in func(svgElem, float64, float64)) {
 	wd := estWidth(e.text, size)
+	if e.attrs["font-weight"] == "bold" {
+		wd *= boldWider
+	}
 	x0 := x
 	switch e.attrs["text-anchor"] {
 	case "middle":

@@ -26,6 +26,14 @@ type chart struct {
 	tickName               string    // the ticks' legend entry
 	lines                  []chartLine
 	dots                   []chartDots
+	notes                  []chartNote
+}
+
+// chartNote is a text inside the plot area, starting at data (x, y) and
+// moved left as far as it must be to end inside the plot.
+type chartNote struct {
+	x, y float64
+	text string
 }
 
 // chartLine is a series drawn as a polyline; lines are drawn in order,
@@ -70,6 +78,7 @@ const (
 	laneH       = 16.0 // one row of mark labels above the plot
 	legendRowH  = 20.0
 	swatchW     = 26.0
+	boldWider   = 1.1
 	fontFamilys = "DejaVu Sans, Verdana, Arial, Helvetica, sans-serif"
 )
 
@@ -163,7 +172,8 @@ func (c *chart) layout() layout {
 	var l layout
 	textW := chartW - 2*pad
 	for _, p := range c.title {
-		l.title = append(l.title, wrap(p, titleSize, textW)...)
+		// Bold: a tenth wider than estWidth's regular face.
+		l.title = append(l.title, wrap(p, titleSize*boldWider, textW)...)
 	}
 	for _, p := range c.subtitle {
 		l.subtitle = append(l.subtitle, wrap(p, textSize, textW)...)
@@ -322,6 +332,12 @@ func (c *chart) svg() []byte {
 	c.writeAxes(&b, l)
 	c.writeMarks(&b, l)
 	c.writeSeries(&b, l)
+	for _, n := range c.notes {
+		w := estWidth(n.text, smallSize)
+		x := max(min(c.xPix(n.x, l.left, l.right)+4, l.right-4-w), l.left+4)
+		fmt.Fprintf(&b, `<text class="note" x="%.1f" y="%.1f" font-size="%.0f" fill="%s">%s</text>`+"\n",
+			x, max(c.yPix(n.y, l.top, l.bottom), l.top+smallSize+12), smallSize, colBound, esc(n.text))
+	}
 	c.writeLegend(&b, l)
 	b.WriteString("</svg>\n")
 	return b.Bytes()
