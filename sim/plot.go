@@ -156,11 +156,15 @@ func rateTitle(r *region.Result) ([]string, []string) {
 	if !r.OK() {
 		verdict = "A bound was broken: see the run's output."
 	}
-	found := fmt.Sprintf("Worst excess over B + r·Δ: %.2f of %.2f tokens over the run, %.2f of S = %d in fault-free stretches. %s",
-		r.ExcessAccounted, r.BoundAccounted, r.ExcessClean, r.S, verdict)
+	what := "Worst excess over B + r·Δ"
+	if r.Bound == nil {
+		what = fmt.Sprintf("Admitted that one %s fed them refuses", c.Algorithm)
+	}
+	found := fmt.Sprintf("%s: %.2f of %.2f tokens over the run, %.2f of S = %d in fault-free stretches. %s",
+		what, r.ExcessAccounted, r.BoundAccounted, r.ExcessClean, r.S, verdict)
 	if math.IsInf(r.ExcessClean, 0) {
-		found = fmt.Sprintf("Worst excess over B + r·Δ: %.2f of %.2f tokens over the run (no fault-free stretch). %s",
-			r.ExcessAccounted, r.BoundAccounted, verdict)
+		found = fmt.Sprintf("%s: %.2f of %.2f tokens over the run (no fault-free stretch). %s",
+			what, r.ExcessAccounted, r.BoundAccounted, verdict)
 	}
 	return []string{title}, []string{rule, found}
 }
@@ -173,17 +177,20 @@ func rateTitle(r *region.Result) ([]string, []string) {
 func (ch *chart) addFaults(r *region.Result) {
 	c := r.Config
 	end := c.Duration
+	tail := "a fault and its tail: the bound adds the fault terms"
+	if r.Bound == nil {
+		tail = "a fault and its tail"
+	}
 	at := time.Duration(0)
 	for _, s := range r.FaultFree {
 		if s.From > at {
 			ch.spans = append(ch.spans, chartSpan{from: at.Seconds(), to: min(s.From, end).Seconds(), fill: fillTail,
-				class: "tail", name: "a fault and its tail: the bound adds the fault terms"})
+				class: "tail", name: tail})
 		}
 		at = max(at, s.To)
 	}
 	if at < end {
-		ch.spans = append(ch.spans, chartSpan{from: at.Seconds(), to: end.Seconds(), fill: fillTail,
-			class: "tail", name: "a fault and its tail: the bound adds the fault terms"})
+		ch.spans = append(ch.spans, chartSpan{from: at.Seconds(), to: end.Seconds(), fill: fillTail, class: "tail", name: tail})
 	}
 	for _, f := range c.Faults {
 		x := f.At.Seconds()

@@ -216,3 +216,23 @@ func TestChartLongText(t *testing.T) {
 		t.Errorf("the long title took %d lines, want it wrapped", titles)
 	}
 }
+
+// TestRatePlotOtherAlgorithm: a rule held to its reference instead of the
+// envelope has no bound line, and its reference is named.
+func TestRatePlotOtherAlgorithm(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fw.svg")
+	var out, errs bytes.Buffer
+	if code := run([]string{"-quiet", "-nodes", "3", "-algorithm", "fixed_window", "-duration", "3s", "-faults", "crash:n1@1s", "-plot", path}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d:\n%s%s", code, out.String(), errs.String())
+	}
+	w, h, elems := readSVG(t, path)
+	checkInside(t, w, h, elems)
+	if hasElem(elems, "polyline", "bound", "") {
+		t.Error("a fixed_window run's plot has a bound line")
+	}
+	for _, wt := range [][3]string{{"text", "legend", "reference: one exact fixed_window"}, {"text", "subtitle", "one fixed_window fed them refuses"}, {"text", "mark-label", "crash n1"}} {
+		if !hasElem(elems, wt[0], wt[1], wt[2]) {
+			t.Errorf("no <%s class=%q> with text %q", wt[0], wt[1], wt[2])
+		}
+	}
+}

@@ -310,6 +310,10 @@ func (c *chart) legendItems() []legendItem {
 
 const tickColor = "#4a6fa5"
 
+// halo draws a white outline under a text's fill, so that a label stays
+// readable where a mark's line or a span crosses it.
+const halo = `stroke="#ffffff" stroke-width="3" stroke-linejoin="round" paint-order="stroke"`
+
 // svg writes the chart.
 func (c *chart) svg() []byte {
 	l := c.layout()
@@ -335,7 +339,7 @@ func (c *chart) svg() []byte {
 	for _, n := range c.notes {
 		w := estWidth(n.text, smallSize)
 		x := max(min(c.xPix(n.x, l.left, l.right)+4, l.right-4-w), l.left+4)
-		fmt.Fprintf(&b, `<text class="note" x="%.1f" y="%.1f" font-size="%.0f" fill="%s">%s</text>`+"\n",
+		fmt.Fprintf(&b, `<text class="note" `+halo+` x="%.1f" y="%.1f" font-size="%.0f" fill="%s">%s</text>`+"\n",
 			x, max(c.yPix(n.y, l.top, l.bottom), l.top+smallSize+12), smallSize, colBound, esc(n.text))
 	}
 	c.writeLegend(&b, l)
@@ -378,26 +382,35 @@ func (c *chart) writeAxes(b *bytes.Buffer, l layout) {
 func (c *chart) writeMarks(b *bytes.Buffer, l layout) {
 	lbs := c.labels()
 	laneY := func(lane int) float64 { return l.top - 8 - float64(l.nLanes-1-lane)*laneH }
+	// The lines first, each from its label down, then the labels over
+	// them (a label may sit above another mark's line).
 	k := 0
 	for _, m := range c.marks {
-		x := c.xPix(m.x, l.left, l.right)
 		y0 := l.top
 		if m.label != "" {
 			y0 = laneY(l.lanes[k]) + 3
-			x0, _ := labelExtent(lbs[k], x)
-			fmt.Fprintf(b, `<text class="mark-label" x="%.1f" y="%.1f" font-size="%.0f" fill="%s">%s</text>`+"\n",
-				x0, laneY(l.lanes[k]), smallSize, m.color, esc(m.label))
 			k++
 		}
+		x := c.xPix(m.x, l.left, l.right)
 		fmt.Fprintf(b, `<line class="mark" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="1.5" stroke-dasharray="5 3"/>`+"\n",
 			x, y0, x, l.bottom, m.color)
+	}
+	k = 0
+	for _, m := range c.marks {
+		if m.label == "" {
+			continue
+		}
+		x0, _ := labelExtent(lbs[k], c.xPix(m.x, l.left, l.right))
+		fmt.Fprintf(b, `<text class="mark-label" `+halo+` x="%.1f" y="%.1f" font-size="%.0f" fill="%s">%s</text>`+"\n",
+			x0, laneY(l.lanes[k]), smallSize, m.color, esc(m.label))
+		k++
 	}
 	for _, s := range c.spans {
 		if s.label == "" {
 			continue
 		}
 		x0, _ := labelExtent(lbs[k], c.xPix((s.from+s.to)/2, l.left, l.right))
-		fmt.Fprintf(b, `<text class="span-label" x="%.1f" y="%.1f" font-size="%.0f" fill="#333333">%s</text>`+"\n",
+		fmt.Fprintf(b, `<text class="span-label" `+halo+` x="%.1f" y="%.1f" font-size="%.0f" fill="#333333">%s</text>`+"\n",
 			x0, laneY(l.lanes[k]), smallSize, esc(s.label))
 		k++
 	}
