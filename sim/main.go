@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -110,11 +111,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "sim: %v\n", err)
 			return 2
 		}
-		if opts.out != "" {
-			if err := plotSweep(opts.out, results); err != nil {
-				fmt.Fprintf(stderr, "sim: plots: %v\n", err)
-				return 2
-			}
+		if err := savePlot(opts, "excess.svg", sweepChart(results)); err != nil {
+			fmt.Fprintf(stderr, "sim: plots: %v\n", err)
+			return 2
 		}
 		for _, r := range results {
 			if !r.OK() {
@@ -129,11 +128,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	res.Summary(stdout)
-	if opts.out != "" {
-		if err := plotRun(opts.out, res); err != nil {
-			fmt.Fprintf(stderr, "sim: plots: %v\n", err)
-			return 2
-		}
+	if err := savePlot(opts, "rate.svg", rateChart(res)); err != nil {
+		fmt.Fprintf(stderr, "sim: plots: %v\n", err)
+		return 2
 	}
 	if !res.OK() {
 		fmt.Fprintf(stdout, "reproduce: go run ./sim %s\n", res.Config.Flags())
@@ -143,8 +140,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 type options struct {
-	sweep, out, cpuprofile string
-	quiet, log             bool
+	sweep, out, plot, cpuprofile string
+	quiet, log                   bool
+}
+
+// savePlot writes the run's or the sweep's plot as name into -out and to
+// -plot, where given.
+func savePlot(o options, name string, ch *chart) error {
+	if o.out == "" && o.plot == "" {
+		return nil
+	}
+	svg := ch.svg()
+	if o.out != "" {
+		if err := writePlot(filepath.Join(o.out, name), svg); err != nil {
+			return err
+		}
+	}
+	if o.plot != "" {
+		return writePlot(o.plot, svg)
+	}
+	return nil
 }
 
 func parseFlags(args []string, stderr io.Writer) (region.Config, options, error) {
@@ -195,7 +210,8 @@ func parseFlags(args []string, stderr io.Writer) (region.Config, options, error)
 	fs.StringVar(&faults, "faults", "none", "faults to inject (see below)")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "simulated time of traffic")
 	fs.Uint64Var(&seed, "seed", 1, "the run's random seed")
-	fs.StringVar(&o.out, "out", "", "directory for SVG plots (none if empty)")
+	fs.StringVar(&o.out, "out", "", "directory for SVG plots: rate.svg of a run, excess.svg of a sweep (none if empty)")
+	fs.StringVar(&o.plot, "plot", "", "file to write the run's (or the sweep's) SVG plot to (none if empty)")
 	fs.StringVar(&o.sweep, "sweep", "", `run a grid instead of one run ("default" or a spec, see below)`)
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -50,7 +51,9 @@ func TestFlagErrors(t *testing.T) {
 	}
 }
 
-// TestSweepCommand: a small sweep passes and writes its plot.
+// TestSweepCommand: a small sweep passes and writes its plot: well-formed,
+// titled, with the runs and the bound y = S, labelled axes, and nothing
+// outside the view box.
 func TestSweepCommand(t *testing.T) {
 	dir := t.TempDir()
 	var out, errs bytes.Buffer
@@ -60,6 +63,14 @@ func TestSweepCommand(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "8 runs, 0 violations") {
 		t.Fatalf("sweep output:\n%s", out.String())
+	}
+	w, h, elems := readSVG(t, filepath.Join(dir, "excess.svg"))
+	checkInside(t, w, h, elems)
+	for _, wt := range [][3]string{{"text", "title", "Worst excess over B + r·Δ"}, {"g", "runs", ""}, {"polyline", "bound", ""},
+		{"text", "xlabel", "S = Σ sᵢ"}, {"text", "ylabel", "worst excess"}, {"text", "legend", "bound: excess = S"}} {
+		if !hasElem(elems, wt[0], wt[1], wt[2]) {
+			t.Errorf("excess.svg: no <%s class=%q> with text %q", wt[0], wt[1], wt[2])
+		}
 	}
 }
 

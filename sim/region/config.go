@@ -137,8 +137,9 @@ type Config struct {
 	Duration time.Duration
 	// Seed seeds the run's only random source.
 	Seed uint64
-	// Bin is the width of the time bins of the rate series (0: 100ms, or
-	// Duration ÷ 2000 if that is larger).
+	// Bin is the width of the time bins of the rate series (0: one
+	// second, or a round step coarser or finer by the run's duration and
+	// the rule's rate: see plotBin).
 	Bin time.Duration
 	// Progress, when set, is called about every tenth of the run with the
 	// simulated time done and the total.
@@ -240,7 +241,7 @@ func (c Config) withDefaults() Config {
 		c.SketchPeriod = c.Window
 	}
 	if c.Bin == 0 {
-		c.Bin = max(100*time.Millisecond, c.Duration/2000)
+		c.Bin = plotBin(c.Duration, c.rate())
 	}
 	return c
 }

@@ -94,6 +94,7 @@ func (v *viewCheck) Fire(s *engine.Sim) {
 	ring := rg.tableOf(n, n.epoch)
 	n.coord.SetTable(n.now(), ring)
 	rg.ringChanges++
+	rg.series.rings = append(rg.series.rings, RingChange{At: rg.elapsed(), Node: n.name, Epoch: n.epoch, Members: ring.Len()})
 	if rg.cfg.Log != nil {
 		fmt.Fprintf(rg.cfg.Log, "%v %s: ring epoch %d, %d members\n", rg.elapsed(), n.name, n.epoch, ring.Len())
 	}

@@ -97,10 +97,27 @@ type Result struct {
 	Coord cluster.Stats
 	// CleanTime is the simulated time outside fault windows.
 	CleanTime time.Duration
-	// Bin is the width of the rate series; Cluster and Reference are the
-	// tokens admitted per bin.
-	Bin                time.Duration
-	Cluster, Reference []int64
+	// Bin is the width of the rate series (Config.Bin); Cluster and
+	// Reference are the tokens admitted per bin, Fallback the part of
+	// Cluster that on_failure admitted (outside the owners' accounting).
+	// Bound is, per bin, the most the envelope lets the owners admit in
+	// it: over the identities that offered requests in the bin or up to
+	// BoundLag before it (a decision is recorded at the time its owner
+	// made it, at most BoundLag after the request arrived), the sum of the
+	// least of what each offered then and B + r·Δ + S (Δ the bin's width),
+	// with BoundAccounted in place of S in a bin that is not inside a
+	// fault-free stretch, plus the sketch term of a gated rule and an
+	// identity's key cap term; nil when the run's algorithm is held to
+	// its reference instead (neither gcra nor token_bucket).
+	Bin                          time.Duration
+	Cluster, Reference, Fallback []int64
+	Bound                        []float64
+	BoundLag                     time.Duration
+	// FaultFree are the fault-free stretches of the run, in time order.
+	FaultFree []Span
+	// Rings lists each ring a node installed after the start, in time
+	// order (one per node per view change).
+	Rings []RingChange
 	// Events is the number of simulator events fired.
 	Events uint64
 	// Rules are the per-rule figures of a multi-rule run (Config.Rules),
@@ -128,7 +145,8 @@ func (rg *Region) result() *Result {
 		ExcessClean: ch.worstClean - float64(c.Burst), Shortfall: math.NaN(),
 		Exchanges: rg.exchanges, Replies: rg.replies, FailedExchanges: rg.failedExchanges,
 		Lost: rg.net.Lost, Cut: rg.net.Cut, BreakerOpens: rg.breakerOpens, RingChanges: rg.ringChanges,
-		Bin: c.Bin, Cluster: rg.binsCluster, Reference: rg.binsRef, Events: rg.sim.Fired(),
+		Bin: c.Bin, Cluster: rg.series.cluster, Reference: rg.series.ref, Fallback: rg.series.fallback,
+		Bound: rg.series.bound, BoundLag: time.Duration(rg.series.lag), FaultFree: rg.series.faultFree, Rings: rg.series.rings, Events: rg.sim.Fired(),
 	}
 	if ch.worstAccID >= 0 && ch.worstAccID < len(rg.ids.names) {
 		res.WorstID = rg.ids.names[ch.worstAccID]

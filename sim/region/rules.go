@@ -546,7 +546,7 @@ func (n *node) endRules(slot int32, allowed bool) {
 	}
 	if allowed && last >= 0 {
 		rg.admitted += r.cost
-		rg.binsCluster[(last-rg.t0)/int64(rg.cfg.Bin)] += r.cost
+		rg.series.cluster[(last-rg.t0)/rg.series.bin] += r.cost
 	}
 	r.live = false
 	n.freeReqs = append(n.freeReqs, slot)

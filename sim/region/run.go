@@ -61,7 +61,7 @@ type Region struct {
 	exchanges, replies, failedExchanges       uint64
 	breakerOpens, ringChanges                 uint64
 	maxLate                                   int64 // the longest ready-to-reply time (Result.Ell)
-	binsCluster, binsRef                      []int64
+	series                                    rateSeries
 	windows                                   []segment
 	terms                                     []Term
 	sClean, sFault, slack                     int64
@@ -183,8 +183,6 @@ func newRegion(c Config) *Region {
 		ms = append(ms, cluster.Member{Name: rg.names[i], Addr: rg.names[i]})
 	}
 	rg.initialRing, _ = cluster.NewRing(1, ms)
-	rg.binsCluster = make([]int64, int((rg.end-T0)/int64(c.Bin))+1)
-	rg.binsRef = make([]int64, len(rg.binsCluster))
 	rg.deriveTerms()
 	rg.chk = newChecker(c.IDs, c.rate()/1e9, cleanSegments(rg.windows, rg.end-T0), int64(c.Duration), c.checksLower())
 	if c.Sketch > 0 {
@@ -197,6 +195,7 @@ func newRegion(c Config) *Region {
 	if len(c.Rules) > 0 {
 		rg.setupRules()
 	}
+	rg.newSeries(int((rg.end-T0)/int64(c.Bin)) + 1)
 	return rg
 }
 
@@ -266,6 +265,7 @@ func (rg *Region) run() {
 		}
 	}
 	rg.chk.finish()
+	rg.series.finish()
 }
 
 // tickPhase spreads the nodes' ticks over one tick interval, so that they
@@ -441,8 +441,9 @@ func (rg *Region) arrive(ident, k int) {
 	}
 	if refOK {
 		rg.refAdmitted += cost
-		rg.binsRef[(vnow-rg.t0)/int64(rg.cfg.Bin)] += cost
+		rg.series.ref[(vnow-rg.t0)/rg.series.bin] += cost
 	}
+	rg.series.offered(ident, vnow-rg.t0, cost)
 	n := len(rg.nodes)
 	for range n {
 		if nd := rg.nodes[k]; nd.up && nd.serving {
@@ -482,10 +483,12 @@ func (rg *Region) outcome(ident int, at int64, o *cluster.Outcome, cost int64) {
 	}
 	rg.admitted += cost
 	rg.bySource[o.Source] += cost
+	b := (at - rg.t0) / rg.series.bin
 	if o.Degraded {
 		rg.degradedAdmitted += cost
+		rg.series.fallback[b] += cost
 	}
-	rg.binsCluster[(at-rg.t0)/int64(rg.cfg.Bin)] += cost
+	rg.series.cluster[b] += cost
 	rg.chk.record(at-rg.t0, ident, cost, o.Degraded, o.Source == cluster.SourceSketch)
 	if rg.rep != nil {
 		rg.rep.record(at-rg.t0, ident, cost, o.Degraded)
