@@ -64,9 +64,17 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 		return 1
 	}
 
-	var upstreamCalls atomic.Int64
-	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		upstreamCalls.Add(1)
+	// The toy upstream counts the calls of the demo's own requests apart
+	// from the others' (someone trying a gateway it printed): only the
+	// former must match what its clients were admitted.
+	tag := randomHex()
+	var upstream upstreamCalls
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(demoHeader) == tag {
+			upstream.ours.Add(1)
+		} else {
+			upstream.outside.Add(1)
+		}
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, "ok\n")
 	})
@@ -75,11 +83,12 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	if tty {
 		logs = out // above the live table, which a stray line would break
 	}
-	f, err := newFleet(o.host, o.regions, o.nodes, rules, upstream, logs)
+	f, err := newFleet(o.host, o.regions, o.nodes, rules, handler, logs)
 	if err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
 		return 1
 	}
+	f.tag = tag
 	defer f.stopAll()
 	t0 := time.Now()
 	version, err := bringUp(f)
@@ -98,7 +107,13 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	interrupted, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 	sched, ld := runWorkload(interrupted, hc, f, out, clients, mon, rules, o.duration)
-	return summarize(stdout, f, clients, rules, sched, mon, upstreamCalls.Load(), ld, o.nodes)
+	return summarize(stdout, f, clients, rules, sched, mon, &upstream, ld, o.nodes, o.verbose)
+}
+
+// upstreamCalls counts the toy upstream's calls: ours carry the demo's
+// tag, the others came from outside the demo.
+type upstreamCalls struct {
+	ours, outside atomic.Int64
 }
 
 // options are the demo's command-line flags, checked.
@@ -107,6 +122,9 @@ type options struct {
 	regions, nodes int
 	// host is the loopback IP every listener binds.
 	host string
+	// verbose prints the detailed tables after the summary: the bounds
+	// each client was checked against, the nodes' counters per rule.
+	verbose bool
 }
 
 // parseFlags parses and checks the command line; on a problem it says what
@@ -119,6 +137,8 @@ func parseFlags(args []string, stderr io.Writer) (options, bool) {
 		"so gossip and Raft are never starved (the summary prints the measured CPU use and load average)")
 	regions := fs.Int("regions", 2, "regions, 1 or 2")
 	nodes := fs.Int("nodes", 3, "gateway nodes per region (1 to 5); -regions 1 -nodes 1 runs a single node: no cluster, no lease group")
+	verbose := fs.Bool("v", false, "after the summary, print the details: the bound each client was checked against over every interval "+
+		"(r·Δ + B + S + timing + F, and the terms of the ring changes), the nodes' counters per rule, every canary")
 	addr := fs.String("addr", "127.0.0.1:0", "loopback host for every listener, as host:port (the port is ignored: ports are picked free)")
 	if err := fs.Parse(args); err != nil {
 		return options{}, false
@@ -147,7 +167,7 @@ func parseFlags(args []string, stderr io.Writer) (options, bool) {
 	if host == "localhost" {
 		host = "127.0.0.1" // memberlist binds an IP
 	}
-	return options{duration: *duration, regions: *regions, nodes: *nodes, host: host}, true
+	return options{duration: *duration, regions: *regions, nodes: *nodes, host: host, verbose: *verbose}, true
 }
 
 // bringUp starts every node of the fleet and, in a cluster, waits until the
