@@ -366,8 +366,8 @@ func (s *scheduler) killLeader() {
 	if maxFallback > 0 {
 		meanwhile += "; an identity the killed node owned moved to a new owner, which enforces the fallback until its first grant"
 	}
-	s.out.event("lease leader %s killed at t=%.1fs (its gateway closed; Raft gets no leadership transfer, so the others see a crash): %s elected %v later; %s",
-		ldr, t0.Sub(s.start).Seconds(), next, took.Round(time.Millisecond), meanwhile)
+	s.out.event("%s elected lease leader %v after %s was killed at t=%.1fs (its gateway closed; Raft gets no leadership transfer, so the others see a crash); %s",
+		next, took.Round(time.Millisecond), ldr, t0.Sub(s.start).Seconds(), meanwhile)
 }
 
 func (s *scheduler) restartVoter() {
