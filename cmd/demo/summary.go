@@ -486,6 +486,19 @@ func (sm *summary) plainAccuracy(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "accuracy contract: BROKEN for %s — see PROBLEM below and -v\n", strings.Join(broken, ", "))
 	}
+	// Why weir may admit more than the exact limit, on the client where it
+	// shows most.
+	var most *client
+	for _, c := range sm.clients {
+		if over := c.admitted.Load() - sm.refs[c.name]; over > 0 && (most == nil || over > most.admitted.Load()-sm.refs[most.name]) {
+			most = c
+		}
+	}
+	if sm.f.clustered && most != nil {
+		fmt.Fprintf(w, "  more than the exact limit: a node that does not own a client's bucket may admit its requests within its slack (an allowance of the\n"+
+			"  rule's accuracy × limit, split among the region's nodes) before the owner's count reaches it; %s shows it most: %d against %d\n",
+			most.name, most.admitted.Load(), sm.refs[most.name])
+	}
 	for _, c := range sm.clients {
 		if s := c.sample429.Load(); s != nil && c.name == "abusive" {
 			fmt.Fprintf(w, "what a rejected client sees (abusive's first 429): %s\n", *s)
