@@ -602,16 +602,17 @@ type expected struct {
 
 // expectation is one kind of expected warning.
 type expectation struct {
-	prefix string    // the start of the records' message
-	what   string    // what the summary calls them
-	until  time.Time // zero while the step runs; then the end of the grace
-	n      int
+	prefix    string    // the start of the records' message
+	one, many string    // what the summary calls one of them, and several
+	until     time.Time // zero while the step runs; then the end of the grace
+	n         int
 }
 
 // expect opens an expectation of records whose message starts with prefix;
-// what says, in the summary, what they are.
-func (e *expected) expect(prefix, what string) *expectation {
-	x := &expectation{prefix: prefix, what: what}
+// one and many say, in the summary, what one of them is and what several
+// are.
+func (e *expected) expect(prefix, one, many string) *expectation {
+	x := &expectation{prefix: prefix, one: one, many: many}
 	e.mu.Lock()
 	e.list = append(e.list, x)
 	e.mu.Unlock()
@@ -647,7 +648,7 @@ func (e *expected) counts() []string {
 	var out []string
 	for _, x := range e.list {
 		if x.n > 0 {
-			out = append(out, fmt.Sprintf("%d %s", x.n, x.what))
+			out = append(out, plural(x.n, x.one, x.many))
 		}
 	}
 	return out

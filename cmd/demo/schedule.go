@@ -219,7 +219,8 @@ func (s *scheduler) tighten() {
 	url := via.base + "/v1/rules/" + tightRule
 	// Without the token: refused, nothing changes. The node's warning
 	// about it is expected.
-	x := s.f.expected.expect("unauthenticated admin request refused", "refused PUT without a token (the demo's check that the admin API wants one)")
+	x := s.f.expected.expect("unauthenticated admin request refused", "refused PUT without a token (the demo's check that the admin API wants one)",
+		"refused PUTs without a token (the demo's check that the admin API wants one)")
 	code, _, err := putRule(url, "", s.f.tag)
 	s.f.expected.end(x, time.Second)
 	if err != nil || code != http.StatusUnauthorized {
@@ -318,7 +319,8 @@ func (s *scheduler) killLeader() {
 	// warnings are expected, for as long as a report in flight at the
 	// election may take to fail.
 	s.out.event("the lease leader %s is killed; lease reports fail until a new leader is elected — expected (their warnings are counted, not shown)", ldr)
-	x := s.f.expected.expect("lease group: report failed", "warnings of lease reports that failed while the lease leader was down")
+	x := s.f.expected.expect("lease group: report failed", "warning of lease reports failing while the lease leader was down",
+		"warnings of lease reports failing while the lease leader was down")
 	defer s.f.expected.end(x, 3*leaseRefresh)
 	t0 := time.Now()
 	if err := s.f.stop(ldr); err != nil {

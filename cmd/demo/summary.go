@@ -423,10 +423,18 @@ func (sm *summary) plainClients(w io.Writer) {
 		}
 		fmt.Fprintf(w, "; the exact limit would have admitted %d — %s", sm.refs[c.name], c.about)
 		if c.honour && c.backoffs.Load() > 0 {
-			fmt.Fprintf(w, "; it backed off %d times as Retry-After said", c.backoffs.Load())
+			fmt.Fprintf(w, "; it backed off %s as Retry-After said", plural(c.backoffs.Load(), "time", "times"))
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// plural is "1 one" or "n many".
+func plural[N int | int64](n N, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 func percent(a, b int64) float64 { return 100 * float64(a) / float64(max(b, 1)) }
@@ -441,6 +449,10 @@ func (sm *summary) partnerWhy() string {
 		sum += s.share[0] + s.share[1]
 	}
 	avg := float64(sum) / float64(max(len(sm.samples), 1))
+	if len(sm.f.regions) == 1 {
+		return fmt.Sprintf("its limit is leased to %s, whose share follows its traffic at its reports (every %v): the share grows only once the reports\n"+
+			"  show demand, so it averaged %.0f %% of the limit (docs/global.md)", sm.f.regions[0], leaseRefresh, 100*avg/float64(sm.global.Limit))
+	}
 	return fmt.Sprintf("its limit is split into the regions' shares, which follow its traffic there at their reports (every %v): a region's share grows only once\n"+
 		"  its reports show demand, and a region whose traffic falls gives capacity back at its next reports, so the shares summed to %.0f %% of the limit\n"+
 		"  on average (docs/global.md)", leaseRefresh, 100*avg/float64(sm.global.Limit))
@@ -457,8 +469,12 @@ func (sm *summary) plainGlobal(w io.Writer) {
 			fmt.Fprintf(w, "%s: one limit of %v per customer; one node and no lease group, so this node enforces it at the full limit\n", r.ID, lim)
 			continue
 		}
-		fmt.Fprintf(w, "%s: one limit of %v per customer across %s, leased to the regions: their shares summed to at most %d",
-			r.ID, lim, strings.Join(sm.f.regions, " and "), sm.maxSum)
+		if len(sm.f.regions) == 1 {
+			fmt.Fprintf(w, "%s: one limit of %v per customer, leased to %s: its share reached at most %d", r.ID, lim, sm.f.regions[0], sm.maxSum)
+		} else {
+			fmt.Fprintf(w, "%s: one limit of %v per customer across %s, leased to the regions: their shares summed to at most %d",
+				r.ID, lim, strings.Join(sm.f.regions, " and "), sm.maxSum)
+		}
 		if sm.maxSum > r.Limit {
 			fmt.Fprintf(w, " — ABOVE the limit at t=%.1fs\n", sm.maxAt.Seconds())
 			sm.o.bad("Σ shares reached %d > L = %d at t=%.1fs (sampled from the holders, node by node)", sm.maxSum, r.Limit, sm.maxAt.Seconds())
