@@ -385,8 +385,8 @@ func (sm *summary) globalDetails(w io.Writer) {
 }
 
 // globalHeld reports whether the global rule's envelope held: for its
-// clients and, in a cluster, Σ shares ≤ L in every sample (a problem is
-// recorded once, on the first call).
+// clients and, in a cluster, Σ shares ≤ L in every sample (plainGlobal
+// records the problem of a sample above L).
 func (sm *summary) globalHeld() bool {
 	held := true
 	for _, c := range sm.clients {
