@@ -17,8 +17,12 @@ type Hitter struct {
 	// ("ip", "user", "header:X-User") when it is not the chain's first,
 	// under key format 2 (docs/security.md, "Identity namespaces"); empty
 	// for the first source. IdentityQuery.Key takes it as it is.
-	Source string  `json:"source,omitempty"`
-	Count  float64 `json:"count"`
+	Source string `json:"source,omitempty"`
+	// Count is the identity's recent rejections (or shadow rejections),
+	// each counting 1 and halving every minute since: an estimate, never
+	// below that decayed count and possibly above it, so 3 rejections
+	// a few seconds ago read about 2.9. Round it to show it as a count.
+	Count float64 `json:"count"`
 }
 
 // topThrottled returns the identities most rejected recently, per rule,

@@ -46,7 +46,7 @@ type IdentityReport struct {
 	At           time.Time `json:"at"`
 	RulesVersion uint64    `json:"rules_version"`
 	// RecentSince is how far back the recent counts reach (one to two
-	// 30-second periods).
+	// 30-second periods, or the node's age when it is younger).
 	RecentSince string `json:"recent_since"`
 	// Throttled lists the rules whose bucket cannot pay the rule's cost now
 	// or that rejected the identity recently.
@@ -183,11 +183,20 @@ func (n *Node) lookupIdentity(ctx context.Context, id string, q IdentityQuery) (
 		}
 		rep.Rules = append(rep.Rules, ir)
 	}
-	if since == 0 {
-		since = 2 * recentPeriod
+	if since == 0 { // no rule applies: what the counts would reach
+		since = min(2*recentPeriod, time.Duration(now-n.ops.recent.started))
 	}
-	rep.RecentSince = since.Round(time.Second).String()
+	rep.RecentSince = roundSince(since).String()
 	return rep, nil
+}
+
+// roundSince rounds how far back the recent counts reach for display: to
+// the second, or to a tenth of one on a node younger than 10 seconds.
+func roundSince(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
 }
 
 // bucketReport reads p's bucket where it is decided.

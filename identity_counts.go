@@ -46,7 +46,10 @@ type recentSlot struct {
 
 // recentCounts is the sketch. The zero value is ready to use.
 type recentCounts struct {
-	slots [2]recentSlot
+	// started is when the node began counting (unix ns): the counts reach
+	// back no further.
+	started int64
+	slots   [2]recentSlot
 	// cur is the slot the latest period claimed (its period's parity), for
 	// prefetch: set when a period takes its slot over, read without order.
 	cur atomic.Int32
@@ -94,7 +97,8 @@ func (rc *recentCounts) prefetch(key uint64) {
 }
 
 // estimate returns key's allowed and rejected counts over the current and
-// the previous period at now, and how far back that reaches.
+// the previous period at now, and how far back that reaches: to the
+// previous period's start, or to the node's start when that is later.
 func (rc *recentCounts) estimate(key uint64, now int64) (allowed, rejected uint64, since time.Duration) {
 	p := now / int64(recentPeriod)
 	a, b := recentCells(key)
@@ -107,6 +111,6 @@ func (rc *recentCounts) estimate(key uint64, now int64) (allowed, rejected uint6
 		allowed += min(ca&(recentRejected-1), cb&(recentRejected-1))
 		rejected += min(ca>>32, cb>>32)
 	}
-	since = time.Duration(now - (p-1)*int64(recentPeriod)) // the previous period's start
+	since = time.Duration(now - max((p-1)*int64(recentPeriod), rc.started)) // the previous period's start
 	return allowed, rejected, since
 }

@@ -2,10 +2,12 @@ package weir
 
 import (
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/weir-dev/weir/bucket"
+	"github.com/weir-dev/weir/quota"
 )
 
 // TestRecentCountsNeverUndercount: the count-min estimate of every key is at
@@ -143,5 +145,27 @@ func TestRecentCountsPrefetch(t *testing.T) {
 		if a1 != a2 || r1 != r2 || s1 != s2 {
 			t.Fatalf("key %d: %d/%d over %v with prefetching, %d/%d over %v without", key, a1, r1, s1, a2, r2, s2)
 		}
+	}
+}
+
+// TestRecentSinceNodeAge: the recent counts of a node younger than a period
+// reach back to its start, not to the start of the period before.
+func TestRecentSinceNodeAge(t *testing.T) {
+	var now atomic.Int64
+	now.Store(int64(100*recentPeriod) + int64(time.Second))
+	rules := []quota.Rule{{ID: "per-key", Key: []quota.KeySource{{Kind: quota.KeyHeader, Name: "X-Api-Key"}}, Limit: 10, Window: time.Minute, Burst: 5}}
+	n, err := New(Config{Clock: func() time.Time { return time.Unix(0, now.Load()) }, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	now.Add(int64(1500 * time.Millisecond))
+	rep, err := n.lookupIdentity(t.Context(), "k", IdentityQuery{})
+	if err != nil || rep.RecentSince != "1.5s" {
+		t.Fatalf("RecentSince = %q (%v), want 1.5s: the node's age", rep.RecentSince, err)
+	}
+	var rc recentCounts
+	if _, _, since := rc.estimate(1, int64(100*recentPeriod)+int64(time.Second)); since != recentPeriod+time.Second {
+		t.Fatalf("since = %v on an old node, want one period and a second", since)
 	}
 }

@@ -127,6 +127,12 @@ type Config struct {
 	// TopK is the length of the top throttled identities lists. Zero means 20.
 	TopK int
 
+	// Name and Region name a node without a Cluster in its Overview (the
+	// status page, `weir status`) and its identity reports; with a Cluster,
+	// Cluster.Name and Cluster.Region name it and these are ignored. An
+	// empty Name means "node"; an empty Region, none.
+	Name, Region string
+
 	// Cluster, when set, makes the node a member of its region's cluster:
 	// shared and exact rules are then decided together with the other
 	// nodes. Nil: every rule is enforced on this node alone.
@@ -237,7 +243,7 @@ func New(cfg Config) (*Node, error) {
 	if topK == 0 {
 		topK = 20
 	}
-	n.ops.recent = new(recentCounts)
+	n.ops.recent = &recentCounts{started: n.now()}
 	// The sketches' seeds come from the node's hasher: per process unless
 	// Config.HashSeed, so that no one can choose colliding identities.
 	n.throttled = hitters.New(hitters.Config{K: topK, Seed: n.hasher.Sum("\x00seed: throttled")})

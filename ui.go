@@ -134,8 +134,11 @@ type RuleView struct {
 
 // Overview is the JSON the status page polls (GET v1/status of UIHandler).
 type Overview struct {
-	Node    string       `json:"node"`
-	Region  string       `json:"region"`
+	Node   string `json:"node"`
+	Region string `json:"region"`
+	// Cluster is true when the node is a member of its region's cluster
+	// (Config.Cluster); false for a node on its own.
+	Cluster bool         `json:"cluster"`
 	At      time.Time    `json:"at"`
 	Status  Status       `json:"status"`
 	Behind  uint64       `json:"rules_versions_behind"`
@@ -187,10 +190,11 @@ func (n *Node) overview() Overview {
 		ov.Rules = append(ov.Rules, rv)
 	}
 	if n.cluster == nil {
-		ov.Members = append(ov.Members, MemberView{Name: ov.Node, Health: "self", RulesVersion: ov.Status.RulesVersion, InRing: true, RingShare: 1})
+		ov.Region = n.cfg.Region
+		ov.Members = append(ov.Members, MemberView{Name: ov.Node, Region: ov.Region, Health: "self", RulesVersion: ov.Status.RulesVersion, InRing: true, RingShare: 1})
 		return ov
 	}
-	ov.Region = n.cluster.region
+	ov.Region, ov.Cluster = n.cluster.region, true
 	ring := n.cluster.shell.Ring()
 	share := map[string]float64{}
 	if ring != nil && ring.Len() > 0 {
@@ -221,10 +225,14 @@ func (n *Node) overview() Overview {
 	return ov
 }
 
-// nodeName is the node's cluster name, or "node" without a cluster.
+// nodeName is the node's cluster name; without a cluster Config.Name, else
+// its lease voter's name, else "node".
 func (n *Node) nodeName() string {
 	if n.cfg.Cluster != nil {
 		return n.cfg.Cluster.Name
+	}
+	if n.cfg.Name != "" {
+		return n.cfg.Name
 	}
 	if n.cfg.Lease != nil && n.cfg.Lease.Voter != nil && n.cfg.Lease.Voter.Name != "" {
 		return n.cfg.Lease.Voter.Name

@@ -32,8 +32,10 @@
 // medians of rounds that alternate the systems, each a ratio to keyed
 // x/time/rate in the same round.
 //
-// The results are also written as JSON (-out, default results/latest.json).
-// Everything listens on 127.0.0.1 only.
+// With -out FILE the results are also written to FILE as JSON; by default
+// they are only printed. The JSON files under results/ are tracked by git
+// (the figures docs/performance.md quotes): write one only on purpose, as
+// in -out results/latest.json. Everything listens on 127.0.0.1 only.
 package main
 
 import (
@@ -52,7 +54,7 @@ import (
 func main() {
 	testing.Init() // testing.Benchmark reads the test.* flags
 	quick := flag.Bool("quick", false, "short run (under two minutes): fewer rounds, shorter phases")
-	out := flag.String("out", filepath.Join("results", "latest.json"), "where to write the JSON results (empty: nowhere)")
+	out := flag.String("out", "", "also write the results as JSON to this file (empty, the default: only print them; the files under results/ are tracked by git, so name one only to replace it on purpose)")
 	sections := flag.String("sections", "local,dist,user", "sections to run (comma-separated): local, dist, user (the user's way: default settings, 3 nodes walked round robin)")
 	only := flag.String("only", "", "distributed and user sections: measure only the systems whose name contains this (several: comma-separated; the user section keeps its reference)")
 	phases := flag.String("phases", "lat,sat,hot,pair", "distributed section: the phases to run: lat (fixed offered load), sat (saturation), hot (hot identity), pair (weir exact and Redis at the fixed load at once, calls alternated)")

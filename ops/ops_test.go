@@ -107,3 +107,18 @@ func ExampleUIHandler() {
 	}
 	// Output: per-ip allowed 0 rejected 0
 }
+
+// TestOverviewNamesANodeWithoutCluster: Config.Name and Config.Region name
+// a node on its own in its Overview, as `weir serve` names it in its ready
+// line.
+func TestOverviewNamesANodeWithoutCluster(t *testing.T) {
+	n, err := weir.New(weir.Config{Name: "edge-1", Region: "eu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ov := ops.Overview(n)
+	if ov.Node != "edge-1" || ov.Region != "eu" || ov.Cluster || len(ov.Members) != 1 || ov.Members[0].Region != "eu" {
+		t.Fatalf("Overview: node %q region %q cluster %v members %+v", ov.Node, ov.Region, ov.Cluster, ov.Members)
+	}
+}

@@ -192,6 +192,7 @@ func (c *client) send(ctx context.Context, hc *http.Client, f *fleet, region int
 			// for a GET); nothing reached the gateway then.
 			req.Header.Set("Idempotency-Key", strconv.FormatInt(c.count.Load(), 10))
 		}
+		req.Header.Set(demoHeader, f.tag)
 		if c.key != "" {
 			req.Header.Set("X-API-Key", c.key)
 		}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,6 +103,13 @@ type fleet struct {
 	quiet     atomic.Bool // set while everything shuts down: errors then are expected
 	logLines  atomic.Int64
 	logHidden atomic.Int64
+	expected  expected // the warnings the schedule's own steps cause
+
+	// tag is the value of demoHeader on every request the demo itself
+	// sends; a request without it came from outside (someone trying a
+	// gateway address the demo printed) and is counted apart.
+	tag     string
+	outside atomic.Int64 // requests from outside the demo, to any gateway
 
 	mu   sync.Mutex
 	live map[string]*gateway
@@ -124,11 +132,7 @@ func newFleet(host string, regions, perRegion int, rules []quota.Rule, upstream 
 	if !f.clustered {
 		return f, nil
 	}
-	tok := make([]byte, 16)
-	if _, err := rand.Read(tok); err != nil {
-		return nil, err
-	}
-	f.token = hex.EncodeToString(tok)
+	f.token = randomHex()
 	dir, err := os.MkdirTemp("", "weir-demo-*")
 	if err != nil {
 		return nil, err
@@ -174,6 +178,14 @@ func (f *fleet) closeListeners() {
 		l.Close()
 	}
 	f.raftLis, f.rpcLis = map[string]net.Listener{}, map[string]net.Listener{}
+}
+
+// randomHex returns 16 random bytes in hex: the admin token, the demo's
+// tag.
+func randomHex() string {
+	b := make([]byte, 16)
+	rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }
 
 // isVoter reports whether name is one of the lease group's voters.
@@ -222,7 +234,7 @@ func (f *fleet) start(name string) (*gateway, error) {
 	}
 	f.mu.Unlock()
 	cfg.Logger = slog.New(&quietHandler{Handler: slog.NewTextHandler(f.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}),
-		quiet: &f.quiet, closing: &g.closing, lines: &f.logLines, hidden: &f.logHidden})
+		quiet: &f.quiet, closing: &g.closing, lines: &f.logLines, hidden: &f.logHidden, expected: &f.expected})
 	if !f.clustered {
 		cfg.Rules = f.rules
 	} else {
@@ -271,7 +283,9 @@ func (f *fleet) start(name string) (*gateway, error) {
 	}
 	g.node = node
 	counting := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		g.admitted.Add(1)
+		if f.ours(r) {
+			g.admitted.Add(1)
+		}
 		f.upstream.ServeHTTP(w, r)
 	})
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, "0"))
@@ -281,7 +295,11 @@ func (f *fleet) start(name string) (*gateway, error) {
 	}
 	mux := gatewayMux(node, counting)
 	g.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		g.served.Add(1)
+		if f.ours(r) {
+			g.served.Add(1)
+		} else {
+			f.outside.Add(1)
+		}
 		mux.ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go g.srv.Serve(ln)
@@ -518,16 +536,29 @@ func (f *fleet) retire(g *gateway) {
 	_ = g.node.Close()
 }
 
+// demoHeader marks the requests the demo itself sends, with the fleet's
+// tag as its value.
+const demoHeader = "X-Weir-Demo"
+
+// ours reports whether r was sent by the demo itself (its clients or its
+// schedule), not from outside.
+func (f *fleet) ours(r *http.Request) bool {
+	return f.tag != "" && r.Header.Get(demoHeader) == f.tag
+}
+
 // quietHandler passes a node's error records to Handler (stderr, or above
 // the live table on a terminal), the first maxLogLines of the fleet's
 // only; the others are counted in hidden. A node that closes, and the
-// fleet as it shuts down, log nothing: their errors are expected.
+// fleet as it shuts down, log nothing: their errors are expected. Nor do
+// the warnings a scheduled step expects (see expected): they are counted
+// there and the summary explains them.
 type quietHandler struct {
 	slog.Handler
-	quiet   *atomic.Bool // the whole fleet shuts down
-	closing *atomic.Bool // this node closes
-	lines   *atomic.Int64
-	hidden  *atomic.Int64
+	quiet    *atomic.Bool // the whole fleet shuts down
+	closing  *atomic.Bool // this node closes
+	lines    *atomic.Int64
+	hidden   *atomic.Int64
+	expected *expected
 }
 
 // maxLogLines is how many of the nodes' error lines reach stderr.
@@ -540,6 +571,9 @@ func (h *quietHandler) Enabled(ctx context.Context, l slog.Level) bool {
 
 // Handle implements slog.Handler.
 func (h *quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	if h.expected.match(r.Message, r.Time) {
+		return nil
+	}
 	if h.lines.Add(1) > maxLogLines {
 		h.hidden.Add(1)
 		return nil
@@ -549,12 +583,75 @@ func (h *quietHandler) Handle(ctx context.Context, r slog.Record) error {
 
 // WithAttrs implements slog.Handler.
 func (h *quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &quietHandler{Handler: h.Handler.WithAttrs(as), quiet: h.quiet, closing: h.closing, lines: h.lines, hidden: h.hidden}
+	return &quietHandler{Handler: h.Handler.WithAttrs(as), quiet: h.quiet, closing: h.closing, lines: h.lines, hidden: h.hidden, expected: h.expected}
 }
 
 // WithGroup implements slog.Handler.
 func (h *quietHandler) WithGroup(name string) slog.Handler {
-	return &quietHandler{Handler: h.Handler.WithGroup(name), quiet: h.quiet, closing: h.closing, lines: h.lines, hidden: h.hidden}
+	return &quietHandler{Handler: h.Handler.WithGroup(name), quiet: h.quiet, closing: h.closing, lines: h.lines, hidden: h.hidden, expected: h.expected}
+}
+
+// expected is the warnings the schedule's own steps cause (a refused
+// request it sends on purpose, reports failing while it has killed the
+// lease leader): while one is open, and for a grace period after it ends,
+// the nodes' records with its message are counted instead of shown.
+type expected struct {
+	mu   sync.Mutex
+	list []*expectation
+}
+
+// expectation is one kind of expected warning.
+type expectation struct {
+	prefix    string    // the start of the records' message
+	one, many string    // what the summary calls one of them, and several
+	until     time.Time // zero while the step runs; then the end of the grace
+	n         int
+}
+
+// expect opens an expectation of records whose message starts with prefix;
+// one and many say, in the summary, what one of them is and what several
+// are.
+func (e *expected) expect(prefix, one, many string) *expectation {
+	x := &expectation{prefix: prefix, one: one, many: many}
+	e.mu.Lock()
+	e.list = append(e.list, x)
+	e.mu.Unlock()
+	return x
+}
+
+// end closes x: records that match it are still expected for grace (one
+// already in flight when the step ended).
+func (e *expected) end(x *expectation, grace time.Duration) {
+	e.mu.Lock()
+	x.until = time.Now().Add(grace)
+	e.mu.Unlock()
+}
+
+// match reports whether a record with message msg, made at t, is expected,
+// and counts it if so.
+func (e *expected) match(msg string, t time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, x := range e.list {
+		if strings.HasPrefix(msg, x.prefix) && (x.until.IsZero() || !t.After(x.until)) {
+			x.n++
+			return true
+		}
+	}
+	return false
+}
+
+// counts returns "n what" for every expectation that matched a record.
+func (e *expected) counts() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, x := range e.list {
+		if x.n > 0 {
+			out = append(out, plural(x.n, x.one, x.many))
+		}
+	}
+	return out
 }
 
 // globalKeys counts, over the live nodes, the global identities enforcing

@@ -497,9 +497,13 @@ func (c *cli) status(args []string) int {
 	}
 	region := ov.Region
 	if region == "" {
-		region = "(no cluster)"
+		region = "(none)"
 	}
-	fmt.Fprintf(c.stdout, "node %s, region %s\n", ov.Node, region)
+	fmt.Fprintf(c.stdout, "node %s, region %s", ov.Node, region)
+	if !ov.Cluster {
+		fmt.Fprint(c.stdout, ", no cluster")
+	}
+	fmt.Fprintln(c.stdout)
 	fmt.Fprintf(c.stdout, "rules: version %d (%s), %d rules", ov.Status.RulesVersion, short(ov.Status.RulesDigest), len(ov.Rules))
 	if ov.Behind > 0 {
 		fmt.Fprintf(c.stdout, ", %d versions behind", ov.Behind)

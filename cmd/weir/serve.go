@@ -112,7 +112,7 @@ func startDaemon(cfg *Config, log *slog.Logger) (_ *daemon, err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	wc := weir.Config{Registerer: reg, Logger: log, TrustedProxies: cfg.TrustedProxies, MaxKeys: cfg.MaxKeys,
-		RulesFile: cfg.Rules.File}
+		RulesFile: cfg.Rules.File, Name: cfg.Node.Name, Region: cfg.Node.Region}
 	var envoyCfg *envoyconf.Config
 	if cfg.servesEnvoy() {
 		if envoyCfg, err = d.loadEnvoy(); err != nil {

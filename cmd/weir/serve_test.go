@@ -235,6 +235,7 @@ func TestEnvoyInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startTestDaemon(t, `
+node: {name: edge-1, region: eu}
 envoy: {listen: 127.0.0.1:0, descriptors: [`+desc+`]}
 http: {listen: 127.0.0.1:0}
 `)
@@ -262,5 +263,9 @@ http: {listen: 127.0.0.1:0}
 	code, out, _ = cliRun(t, env, "status")
 	if code != 0 || !strings.Contains(out, "envoy.edge.api_key") || !strings.Contains(out, "degraded decisions: 0") {
 		t.Fatalf("status: %s", out)
+	}
+	// A node with no cluster: status names it as its ready line does.
+	if d.addrs.Name != "edge-1" || d.addrs.Region != "eu" || !strings.Contains(out, "node edge-1, region eu, no cluster\n") {
+		t.Fatalf("ready line %+v; status: %s", d.addrs, out)
 	}
 }

@@ -158,9 +158,15 @@ function drawChart(canvas, series, unit) {
   ctx.setLineDash([]);
 }
 
+// aboutCount shows a decayed count of events (a top-throttled estimate) as
+// the whole number it is about.
+function aboutCount(c) {
+  return c < 0.5 ? "< 1" : String(Math.round(c));
+}
+
 function renderThrottled(ov) {
   const rows = ov.top_throttled.map(h => el("tr", {},
-    el("td", {text: h.rule}), el("td", {text: (h.identity || "(global)") + (h.source ? " (" + h.source + ")" : "")}), el("td", {text: h.count.toFixed(1)}),
+    el("td", {text: h.rule}), el("td", {text: (h.identity || "(global)") + (h.source ? " (" + h.source + ")" : "")}), el("td", {text: aboutCount(h.count), title: h.count.toFixed(2) + ", a decayed estimate"}),
     el("td", {}, el("button", {text: "look up", onclick: () => lookup(h.identity, h.source)}))));
   if (!rows.length) rows.push(el("tr", {}, el("td", {colSpan: 4, class: "note", text: "nobody throttled recently"})));
   setRows(document.getElementById("throttled"), rows);
