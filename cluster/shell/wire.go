@@ -316,14 +316,17 @@ func decodeBlindReplies(b *peerpb.Batch, m *cluster.Message) error {
 
 // decodeBlinds converts and validates a batch's blind reports, of n items
 // in all, into blind items (blindColumns says what a report must be). The
-// items of a rule share its id's string.
+// items of a rule share its id's string, and a report's identities are
+// substrings of one string: the coordinator copies an identity it keeps
+// (a bucket made for it), so a report's string lives no longer than the
+// step that charges it.
 func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) {
 	out := make([]cluster.BlindItem, 0, n)
 	for i, r := range in {
 		if err := blindColumns(i, r); err != nil {
 			return nil, err
 		}
-		ids := r.Identities
+		ids := string(r.Identities)
 		for j, l := range r.IdentityLengths {
 			switch x, c := r.RuleIndex[j], r.Costs[j]; {
 			case int64(x) >= int64(len(r.Rules)):
@@ -333,7 +336,7 @@ func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) 
 			case c < 0:
 				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, c))
 			}
-			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: r.Rules[r.RuleIndex[j]], Identity: string(ids[:l]), Cost: r.Costs[j]})
+			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: r.Rules[r.RuleIndex[j]], Identity: ids[:l], Cost: r.Costs[j]})
 			ids = ids[l:]
 		}
 	}
