@@ -349,8 +349,9 @@ func (n *Node) reportOnce(offCycle bool) bool {
 	return true
 }
 
-// logGrants writes, at debug level, each lease of res as this region holds
-// it: the reporter (this node) and sequence number of the report rep it
+// logGrants writes, at debug level, each item of the report rep (its
+// demand, the epoch it acknowledges, its debt and cap) and each lease of res
+// as this region holds it: the reporter (this node) and sequence number of the report rep it
 // answers, sent when the report left, at when the region took the lease,
 // and until when it stops using it (send time + lifetime − skew); unix ns.
 // The voters log the same grant, under the same reporter and sequence
@@ -361,12 +362,17 @@ func (gp *globalPart) logGrants(rep lease.Report, sentAt int64, res lease.Result
 		return
 	}
 	at := gp.now()
+	for _, it := range rep.Items {
+		gp.log.Debug("lease report", "region", rep.Region, "reporter", rep.Reporter, "seq", rep.Seq,
+			"rule", it.Rule, "identity", it.Identity, "demand", it.Demand, "ack_epoch", it.AckEpoch,
+			"debt", it.Debt, "capped", it.Capped, "cap", it.Cap, "sent", sentAt)
+	}
 	for _, g := range res.Grants {
 		if g.Epoch == 0 {
 			continue
 		}
 		gp.log.Debug("lease accepted", "region", rep.Region, "reporter", rep.Reporter, "seq", rep.Seq,
-			"rule", g.Rule, "identity", g.Identity, "epoch", g.Epoch, "share", g.Share,
+			"rule", g.Rule, "identity", g.Identity, "epoch", g.Epoch, "share", g.Share, "pending", g.Pending,
 			"sent", sentAt, "at", at, "until", sentAt+g.Lifetime-gp.skew)
 	}
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"math"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -574,11 +575,11 @@ func (c *Coordinator) chargeBlind(now int64, from string, r *RuleParams, rule, i
 			r.bs.raise(&idx, int64(tat))
 			return
 		}
-		oe = c.ownedEntry(now, r, k, h) // at est: ownedEntry
+		oe = c.ownedEntry(now, r, kept(k), h) // at est: ownedEntry
 	} else if oe == nil {
 		// A warm-up: the identity's state may be on its way from its
 		// previous owner; its bucket here decides as any other.
-		oe = c.ownedEntry(now, r, k, h)
+		oe = c.ownedEntry(now, r, kept(k), h)
 	}
 	c.chargeOwned(now, r, k, oe, cost)
 	c.watchOwned(oe)
@@ -587,6 +588,15 @@ func (c *Coordinator) chargeBlind(now int64, from string, r *RuleParams, rule, i
 		m.Tracks = appendItem(m.Tracks, &c.pools.tracks, TrackItem{Rule: rule, Identity: identity, Debt: ownerDebt(now, r, oe)})
 		c.stats.BlindTracks++
 	}
+}
+
+// kept is k with its identity copied, for a bucket that keeps it: a blind
+// item's identity is a substring of its whole report's (the shell decodes
+// a report's identities as one string), which a bucket must not hold on
+// to for its lifetime.
+func kept(k entryKey) entryKey {
+	k.identity = strings.Clone(k.identity)
+	return k
 }
 
 // mayWarm reports whether a bucket of identity made now would warm up:

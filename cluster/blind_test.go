@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/weir-dev/weir/bucket"
 	"github.com/weir-dev/weir/quota"
@@ -311,5 +312,34 @@ func BenchmarkTATSketchCharge(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestBlindBucketCopiesIdentity: the shell decodes a blind report's
+// identities as substrings of one string; a bucket the owner makes for one
+// of them keeps a copy, so that it does not hold the whole report's string.
+func TestBlindBucketCopiesIdentity(t *testing.T) {
+	rule := gcraRule("api", quota.ModeShared, 100, time.Second, 100)
+	h := newHarness(t, 3, time.Millisecond, rule)
+	report := "cold-onehot-two"
+	hot := report[5:11]
+	owner := h.ring.OwnerName(hot)
+	oc := h.nodes[owner]
+	from := thirdNode(h, owner, "")
+	items := []BlindItem{
+		{Stream: 7, Seq: 1, Rule: "api", Identity: report[:4], Cost: 1},
+		{Stream: 7, Seq: 1, Rule: "api", Identity: hot, Cost: 60}, // past half of 100: a bucket
+	}
+	oc.takeBlinds(t0, from, items)
+	r := oc.rules["api"]
+	oe := oc.ownedOf(r).GetH(hashID(hot), hot)
+	if oe == nil {
+		t.Fatal("no bucket for an identity charged past half its burst")
+	}
+	if oe.key.identity != hot {
+		t.Fatalf("the bucket's identity is %q, want %q", oe.key.identity, hot)
+	}
+	if unsafe.StringData(oe.key.identity) == unsafe.StringData(hot) {
+		t.Fatal("the bucket holds the report's string, not a copy of its identity")
 	}
 }

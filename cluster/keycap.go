@@ -125,13 +125,13 @@ func (c *Coordinator) wake(e *nodeEntry) int64 {
 	if e.grant.extra > 0 {
 		w = e.grant.until
 	}
-	if e.spent > e.acked || e.grant.unreported() {
+	if e.spent > e.acked || e.grant.unreported() || e.rejected > e.rejSent {
 		w = min(w, e.lastSync+c.interval)
 	}
 	if e.refunded > e.refundBase {
 		w = min(w, e.lastSync+c.interval, e.refundAt+c.timeout)
 	}
-	if e.spent == e.acked && e.pending == 0 && e.grant.idle() {
+	if e.spent == e.acked && e.pending == 0 && e.grant.idle() && e.rejected == e.rejSent {
 		w = min(w, max(e.view, int64(e.fallback)))
 	}
 	return w
@@ -242,7 +242,7 @@ func (c *Coordinator) scanNodes(now int64, rk *ruleKeys, due []*nodeEntry) []*no
 		e.grant.lapse(now)
 		c.settleRefunds(now, e)
 		switch {
-		case (e.spent > e.acked || e.grant.unreported() || e.refunded > e.refundBase) && now-e.lastSync >= c.interval:
+		case (e.spent > e.acked || e.grant.unreported() || e.refunded > e.refundBase || e.rejected > e.rejSent) && now-e.lastSync >= c.interval:
 			due = append(due, e)
 		case e.idle(now):
 			c.dropEntry(e)

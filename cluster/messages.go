@@ -191,6 +191,15 @@ type SyncItem struct {
 	// never gives back twice. An owner that does not know the fields
 	// gives nothing back.
 	Refunded, RefundBase int64
+	// Rejected is the cumulative tokens of this generation's requests the
+	// node rejected on its view of the owner's bucket, for a rule leased
+	// from the lease group (CoordinatorConfig.Shares): the owner observes
+	// what is new of it as rejected demand, so that the demand its region
+	// reports counts every request of the region, not only those the
+	// owner decided and the spend it was charged. A lost sync loses only
+	// its part of that count: demand is what the region asks for, never
+	// what it may admit.
+	Rejected int64
 }
 
 // AckItem acknowledges a SyncItem: the highest Total the owner has charged

@@ -55,6 +55,9 @@ type report struct {
 	// refunded is the node's cumulative refund count of generation gen
 	// that the owner has taken (refund.go).
 	refunded int64
+	// rejected is the node's cumulative count of rejected tokens of
+	// generation gen that the owner has observed (SyncItem.Rejected).
+	rejected int64
 }
 
 // TableID returns oe's identity, its key in its strTable.
@@ -369,7 +372,7 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 		// A new generation starts from zero: the node only starts one
 		// once the previous generation was fully acknowledged (and its
 		// demand grant given back), so the old grant goes too.
-		p.gen, p.total, p.refunded = s.Gen, 0, 0
+		p.gen, p.total, p.refunded, p.rejected = s.Gen, 0, 0, 0
 		p.grant = grantState{demand: p.grant.demand, demandAt: p.grant.demandAt, decided: p.grant.decided}
 		spent = s.Total
 		// Before its first acknowledgement a generation's total is
@@ -391,6 +394,12 @@ func (c *Coordinator) charge(now int64, from string, s *SyncItem) {
 		p.total = s.Total
 		c.stats.ReportsCharged++
 		c.watchOwned(oe)
+	}
+	if s.Gen == p.gen && s.Rejected > p.rejected {
+		if r.leased {
+			c.cfg.Shares.Observe(now, k.rule, k.identity, s.Rejected-p.rejected, false, oe.tat)
+		}
+		p.rejected = s.Rejected
 	}
 	total, refunded := p.total, p.refunded
 	if s.Gen < p.gen {

@@ -34,6 +34,11 @@ type nodeEntry struct {
 	// or given up), refundAt when the oldest unsettled refund was asked
 	// (refund.go).
 	refunded, refundBase, refundAt int64
+
+	// rejected is the cumulative tokens of this generation this node
+	// rejected on its view, for a leased rule, and rejSent the part of it
+	// reported (SyncItem.Rejected).
+	rejected, rejSent int64
 }
 
 // TableID returns e's identity, its key in its strTable.
@@ -43,7 +48,7 @@ func (e *nodeEntry) TableID() string { return e.key.identity }
 // spend is acknowledged, nothing is pending, and its view of the owner's
 // bucket, its fallback bucket and its grant are spent out.
 func (e *nodeEntry) idle(now int64) bool {
-	return e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now && e.grant.idle()
+	return e.spent == e.acked && e.pending == 0 && e.view <= now && int64(e.fallback) <= now && e.grant.idle() && e.rejected == e.rejSent
 }
 
 // pendingReq is a forwarded request awaiting its owner's result, in the
@@ -129,9 +134,9 @@ func (c *Coordinator) entry(now int64, k entryKey, h uint64, r *RuleParams, owne
 func (c *Coordinator) sync(now int64, k entryKey, e *nodeEntry) {
 	m := c.outbox(e.owner)
 	m.Syncs = appendItem(m.Syncs, &c.pools.syncs, SyncItem{Rule: k.rule, Identity: k.identity, Gen: e.gen, Total: e.spent,
-		GrantEpoch: e.grant.epoch, Grant: e.grant.extra, Refunded: e.refunded, RefundBase: e.refundBase})
+		GrantEpoch: e.grant.epoch, Grant: e.grant.extra, Refunded: e.refunded, RefundBase: e.refundBase, Rejected: e.rejected})
 	e.grant.repEpoch, e.grant.repExtra = e.grant.epoch, e.grant.extra
-	e.sent = e.spent
+	e.sent, e.rejSent = e.spent, e.rejected
 	e.lastSync = now
 	c.stats.SyncsSent++
 }
@@ -349,6 +354,10 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 	// reject a request the owner could still admit).
 	if v-now > tau && r.Mode != quota.ModeExact {
 		c.stats.ViewRejects++
+		if r.leased {
+			// The owner counts it as its region's demand (SyncItem.Rejected).
+			e.rejected += cost
+		}
 		c.watch(e)
 		c.lastView = ViewReject{Rule: k.rule, Identity: k.identity, Cost: cost, View: e.view, Unconfirmed: unconf, Interval: t, Tau: tau, Burst: r.Burst}
 		*out = Outcome{Source: SourceView, Decision: bucket.Decision{

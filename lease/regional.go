@@ -20,12 +20,12 @@ import (
 //
 // Demand. What a region was asked, tokens per window, is measured on the
 // owner: its own decisions (admitted and rejected), the decisions it made
-// for requests other nodes forwarded, and the spend other nodes admitted
-// within their slack and reported in syncs, all scaled from the time since
-// the last report to the rule's window. A non-owner rejects locally, unseen
-// by the owner, only when its view of the owner's bucket says the owner
-// would reject too; the owner then rejects its own and forwarded requests
-// as well, so a throttled region always shows rejections on its owner.
+// for requests other nodes forwarded, the spend other nodes admitted
+// within their slack and the requests they rejected on their view of the
+// owner's bucket, both reported in syncs (cluster.SyncItem's Total and
+// Rejected), all scaled from the time since the last report to the rule's
+// window. So a throttled region shows every rejection on its owner, a
+// sync interval late.
 // While it does (any rejection since the last report), the region reports
 // max(observed, share + rejected, ⌈3·share ÷ 2⌉): its share grows by at least
 // half per report until it is no longer throttled, or the allocation (max-min

@@ -624,8 +624,15 @@ type SyncItem struct {
 	// of it the owner must not give back (acknowledged, or given up): the
 	// owner gives back what of (refund_base, refunded] it has not given back
 	// yet. An owner that does not know the fields gives nothing back.
-	Refunded      int64 `protobuf:"varint,7,opt,name=refunded,proto3" json:"refunded,omitempty"`
-	RefundBase    int64 `protobuf:"varint,8,opt,name=refund_base,json=refundBase,proto3" json:"refund_base,omitempty"`
+	Refunded   int64 `protobuf:"varint,7,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	RefundBase int64 `protobuf:"varint,8,opt,name=refund_base,json=refundBase,proto3" json:"refund_base,omitempty"`
+	// rejected (>= 0) is the cumulative tokens of this generation's requests
+	// the node rejected on its view of the owner's bucket, for a rule whose
+	// region holds a leased share of a global limit: the owner counts them
+	// as the region's demand, which it reports to the lease group. An owner
+	// that does not know the field counts only what it decided and was
+	// charged.
+	Rejected      int64 `protobuf:"varint,9,opt,name=rejected,proto3" json:"rejected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -712,6 +719,13 @@ func (x *SyncItem) GetRefunded() int64 {
 func (x *SyncItem) GetRefundBase() int64 {
 	if x != nil {
 		return x.RefundBase
+	}
+	return 0
+}
+
+func (x *SyncItem) GetRejected() int64 {
+	if x != nil {
+		return x.Rejected
 	}
 	return 0
 }
@@ -1289,7 +1303,7 @@ const file_peer_proto_rawDesc = "" +
 	"\tTrackItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x12\n" +
-	"\x04debt\x18\x03 \x01(\x12R\x04debt\"\xd6\x01\n" +
+	"\x04debt\x18\x03 \x01(\x12R\x04debt\"\xf2\x01\n" +
 	"\bSyncItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +
@@ -1300,7 +1314,8 @@ const file_peer_proto_rawDesc = "" +
 	"\x05grant\x18\x06 \x01(\x03R\x05grant\x12\x1a\n" +
 	"\brefunded\x18\a \x01(\x03R\brefunded\x12\x1f\n" +
 	"\vrefund_base\x18\b \x01(\x03R\n" +
-	"refundBase\"\xc8\x01\n" +
+	"refundBase\x12\x1a\n" +
+	"\brejected\x18\t \x01(\x03R\brejected\"\xc8\x01\n" +
 	"\aAckItem\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\fR\bidentity\x12\x10\n" +

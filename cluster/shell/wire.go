@@ -31,7 +31,7 @@ func encodeBatch(from string, m *cluster.Message) *peerpb.Batch {
 		for i, s := range m.Syncs {
 			it := &items[i]
 			it.Rule, it.Identity, it.Gen, it.Total, it.GrantEpoch, it.Grant = s.Rule, []byte(s.Identity), s.Gen, s.Total, s.GrantEpoch, s.Grant
-			it.Refunded, it.RefundBase = s.Refunded, s.RefundBase
+			it.Refunded, it.RefundBase, it.Rejected = s.Refunded, s.RefundBase, s.Rejected
 			b.Syncs[i] = it
 		}
 	}
@@ -160,7 +160,7 @@ func encodeBlinds(blinds []cluster.BlindItem) []*peerpb.BlindReport {
 //   - an identity over MaxIdentityBytes (identities are any bytes, and may
 //     be empty: a global rule's);
 //   - a negative Total, Cost, Remaining, Reset, RetryAfter, Delay, Grant,
-//     Refunded, Count, or handoff Limit, Window, Burst or MaxDelay;
+//     Refunded, Rejected, Count, or handoff Limit, Window, Burst or MaxDelay;
 //   - a sync's RefundBase negative or above its Refunded;
 //   - a zero Ticket (tickets start at 1);
 //   - a blind report or acknowledgement whose stream or sequence number
@@ -316,14 +316,17 @@ func decodeBlindReplies(b *peerpb.Batch, m *cluster.Message) error {
 
 // decodeBlinds converts and validates a batch's blind reports, of n items
 // in all, into blind items (blindColumns says what a report must be). The
-// items of a rule share its id's string.
+// items of a rule share its id's string, and a report's identities are
+// substrings of one string: the coordinator copies an identity it keeps
+// (a bucket made for it), so a report's string lives no longer than the
+// step that charges it.
 func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) {
 	out := make([]cluster.BlindItem, 0, n)
 	for i, r := range in {
 		if err := blindColumns(i, r); err != nil {
 			return nil, err
 		}
-		ids := r.Identities
+		ids := string(r.Identities)
 		for j, l := range r.IdentityLengths {
 			switch x, c := r.RuleIndex[j], r.Costs[j]; {
 			case int64(x) >= int64(len(r.Rules)):
@@ -333,7 +336,7 @@ func decodeBlinds(in []*peerpb.BlindReport, n int) ([]cluster.BlindItem, error) 
 			case c < 0:
 				return nil, itemErr("blinds", i, fmt.Sprintf("item %d: negative cost %d", j, c))
 			}
-			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: r.Rules[r.RuleIndex[j]], Identity: string(ids[:l]), Cost: r.Costs[j]})
+			out = append(out, cluster.BlindItem{Stream: r.Stream, Seq: r.Seq, Rule: r.Rules[r.RuleIndex[j]], Identity: ids[:l], Cost: r.Costs[j]})
 			ids = ids[l:]
 		}
 	}
@@ -497,8 +500,11 @@ func decodeSyncs(in []*peerpb.SyncItem) ([]cluster.SyncItem, error) {
 		if s.RefundBase < 0 || s.Refunded < s.RefundBase {
 			return nil, itemErr("syncs", i, fmt.Sprintf("refund base %d not within 0..refunded %d", s.RefundBase, s.Refunded))
 		}
+		if s.Rejected < 0 {
+			return nil, itemErr("syncs", i, fmt.Sprintf("negative rejected %d", s.Rejected))
+		}
 		out[i] = cluster.SyncItem{Rule: s.Rule, Identity: string(s.Identity), Gen: s.Gen, Total: s.Total,
-			GrantEpoch: s.GrantEpoch, Grant: s.Grant, Refunded: s.Refunded, RefundBase: s.RefundBase}
+			GrantEpoch: s.GrantEpoch, Grant: s.Grant, Refunded: s.Refunded, RefundBase: s.RefundBase, Rejected: s.Rejected}
 	}
 	return out, nil
 }

@@ -22,7 +22,7 @@ func fullMessage() *cluster.Message {
 	return &cluster.Message{
 		Epoch: math.MaxUint64 - 1,
 		Syncs: []cluster.SyncItem{
-			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Refunded: 4, RefundBase: 1},
+			{Rule: "api", Identity: "user:1", Gen: 1, Total: 5, Refunded: 4, RefundBase: 1, Rejected: 7},
 			{Rule: "api", Identity: "ключ/✓", Gen: math.MaxUint64, Total: math.MaxInt64, GrantEpoch: math.MaxUint64, Grant: math.MaxInt64,
 				Refunded: math.MaxInt64, RefundBase: math.MaxInt64},
 		},
@@ -115,6 +115,7 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"negative ack grant", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Grant: -3}}}, "acks[0]: negative grant -3"},
 		{"negative ack refunded", &peerpb.Batch{From: "n", Acks: []*peerpb.AckItem{{Rule: "r", Identity: []byte("i"), Refunded: -2}}}, "acks[0]: negative refunded -2"},
 		{"sync refund base above refunded", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Refunded: 1, RefundBase: 2}}}, "syncs[0]: refund base 2 not within 0..refunded 1"},
+		{"negative sync rejected", &peerpb.Batch{From: "n", Syncs: []*peerpb.SyncItem{{Rule: "r", Identity: []byte("i"), Rejected: -4}}}, "syncs[0]: negative rejected -4"},
 		{"negative cost", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Ticket: 1, Rule: "r", Identity: []byte("i"), Cost: -1}}}, "decides[0]: negative cost -1"},
 		{"zero decide ticket", &peerpb.Batch{From: "n", Decides: []*peerpb.DecideItem{{Rule: "r", Identity: []byte("i")}}}, "decides[0]: zero ticket"},
 		{"zero result ticket", &peerpb.Batch{From: "n", Results: []*peerpb.ResultItem{{}}}, "results[0]: zero ticket"},

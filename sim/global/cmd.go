@@ -41,6 +41,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&c.Load, "load", 1.5, "offered demand per identity as a multiple of L")
 	fs.DurationVar(&c.MoveEvery, "move-every", 20*time.Second, "demand move: how long demand stays in one region")
 	fs.StringVar(&schedule, "schedule", "", "demand schedule: rates per region over time (see below)")
+	fs.BoolVar(&c.Poisson, "poisson", false, "Poisson arrivals at the rates of demand constant, move or schedule (evenly spaced without)")
 	fs.IntVar(&c.DoormanClients, "doorman-clients", 0, "demand doorman: clients per region (0: 45 ÷ regions)")
 	fs.StringVar(&c.Fallback, "fallback", FallbackShare, "what a region enforces in fallback: share, open or closed")
 	fs.StringVar(&faults, "faults", "none", "faults to inject (see below)")

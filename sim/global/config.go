@@ -103,6 +103,11 @@ type Config struct {
 	Load      float64
 	MoveEvery time.Duration
 	Schedule  []Shift
+	// Poisson makes the arrivals of DemandConstant, DemandMove and
+	// DemandSchedule Poisson at their rates instead of evenly spaced (as
+	// DemandPoisson's are): the demand a region measures over a report's
+	// period is then noisy, as real clients' is.
+	Poisson bool
 	// DoormanClients is the number of Doorman clients per region under
 	// DemandDoorman (0: 45 ÷ Regions).
 	DoormanClients int
@@ -207,6 +212,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("demand %q: want one of %s", c.Demand, strings.Join(DemandKinds, ", "))
 	case c.Demand == DemandSchedule && len(c.Schedule) == 0:
 		return errors.New("demand schedule: -schedule is empty")
+	case c.Poisson && (c.Demand == DemandBursty || c.Demand == DemandDoorman):
+		return fmt.Errorf("poisson: demand %s has arrivals of its own", c.Demand)
 	case c.Fallback != FallbackShare && c.Fallback != FallbackOpen && c.Fallback != FallbackClosed:
 		return fmt.Errorf("fallback %q: want share, open or closed", c.Fallback)
 	case c.Duration <= 0:
@@ -243,6 +250,9 @@ func (c Config) Flags() string {
 	}
 	if d.Demand == DemandDoorman {
 		fmt.Fprintf(&b, " -doorman-clients %d", d.DoormanClients)
+	}
+	if d.Poisson {
+		b.WriteString(" -poisson")
 	}
 	fmt.Fprintf(&b, " -fallback %s -faults '%s' -duration %v -warmup %v -sample %v -seed %d", d.Fallback, FormatFaults(d.Faults), d.Duration, d.Warmup, d.Sample, d.Seed)
 	if d.Breakdown {

@@ -68,7 +68,8 @@ func (r *run) demand(rng *rand.Rand) {
 }
 
 // arrival is the request process of one (identity, region): evenly spaced
-// at the offered rate, Poisson, or a second's worth at once (bursty).
+// at the offered rate, Poisson (DemandPoisson, or Config.Poisson), or a
+// second's worth at once (bursty).
 type arrival struct {
 	g     *region
 	id    int
@@ -99,6 +100,11 @@ func (a *arrival) Fire(s *engine.Sim) {
 		a.g.request(a.id, c)
 		gap = s.Rand().ExpFloat64() * float64(c) / perNs
 	default:
+		if r.cfg.Poisson {
+			a.g.request(a.id, c)
+			gap = s.Rand().ExpFloat64() * float64(c) / perNs
+			break
+		}
 		a.g.request(a.id, c)
 		gap = float64(c) / perNs
 	}

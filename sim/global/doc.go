@@ -62,8 +62,9 @@
 //     clock plus a constant offset drawn in ±Config.Skew/2; no drift. The
 //     checks use the virtual clock; each Holder is asked on its region's.
 //   - Demand: piecewise-constant rates per (identity, region), with evenly
-//     spaced, Poisson or once-a-second arrivals; moves, schedules and
-//     Doorman's random walk change the rates at given times.
+//     spaced, Poisson (DemandPoisson, or any rate kind with Config.Poisson)
+//     or once-a-second arrivals; moves, schedules and Doorman's random walk
+//     change the rates at given times.
 //
 // Nothing here reads the wall clock, draws from the global math/rand or
 // ranges over a map: the same seed gives the same bytes.

@@ -193,6 +193,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"-faults", "quake@1s"}, "unknown kind"},
 		{[]string{"-demand", "heavy"}, `demand "heavy"`},
 		{[]string{"-schedule", "0s=x"}, "-schedule"},
+		{[]string{"-demand", "bursty", "-poisson"}, "poisson: demand bursty"},
 		{[]string{"-skew", "2s"}, "skew 2s"},
 		{[]string{"-refresh", "20s"}, "refresh 20s"},
 		{[]string{"-sweep", "regions=1"}, "regions="},
@@ -206,22 +207,30 @@ func TestFlagErrors(t *testing.T) {
 	}
 }
 
-// TestFlagsReproduce: a config's Flags parse back to the same run.
+// TestFlagsReproduce: a config's Flags parse back to the same run, with
+// evenly spaced and with Poisson arrivals (which give another run).
 func TestFlagsReproduce(t *testing.T) {
-	c := Config{Regions: 4, Limit: 300, Demand: DemandSchedule, Schedule: mustSchedule(t, "0s=100,0,200,50;5s=0,300,0,10"),
-		Faults: mustFaults(t, "partition:r2@3s-9s,loss:0.01@2s-4s"), Duration: 12 * time.Second, Seed: 8}
-	res, err := Run(c)
-	if err != nil {
-		t.Fatal(err)
+	var runs []string
+	for _, poisson := range []bool{false, true} {
+		c := Config{Regions: 4, Limit: 300, Demand: DemandSchedule, Schedule: mustSchedule(t, "0s=100,0,200,50;5s=0,300,0,10"),
+			Faults: mustFaults(t, "partition:r2@3s-9s,loss:0.01@2s-4s"), Duration: 12 * time.Second, Seed: 8, Poisson: poisson}
+		res, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want, got, errs bytes.Buffer
+		res.Summary(&want)
+		args := strings.Fields(strings.ReplaceAll(strings.TrimPrefix(c.Flags(), "-global "), "'", ""))
+		if code := Main(args, &got, &errs); code != 0 {
+			t.Fatalf("exit %d: %s", code, errs.String())
+		}
+		if got.String() != want.String() {
+			t.Fatalf("flags %q do not reproduce the run:\n%s\n---\n%s", c.Flags(), want.String(), got.String())
+		}
+		runs = append(runs, want.String())
 	}
-	var want, got, errs bytes.Buffer
-	res.Summary(&want)
-	args := strings.Fields(strings.ReplaceAll(strings.TrimPrefix(c.Flags(), "-global "), "'", ""))
-	if code := Main(args, &got, &errs); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs.String())
-	}
-	if got.String() != want.String() {
-		t.Fatalf("flags %q do not reproduce the run:\n%s\n---\n%s", c.Flags(), want.String(), got.String())
+	if runs[0] == runs[1] {
+		t.Fatal("Poisson arrivals gave the same run as evenly spaced ones")
 	}
 }
 
