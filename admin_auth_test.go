@@ -37,7 +37,8 @@ func (s *syncBuffer) String() string {
 }
 
 // TestAdminDoors: on a node with Config.Lease.AdminTokens, the three
-// operator APIs (RulesAdminHandler, AdminHandler, IdentityHandler) answer a
+// operator APIs (RulesAdminHandler, AdminHandler, IdentityHandler, and the
+// status page's identity lookup in UIHandler) answer a
 // request with no token or a wrong one with 401 and a WWW-Authenticate
 // challenge; nothing changes (the rule version stays); every attempt is
 // counted and logged at warn through Config.Logger with the remote address
@@ -61,6 +62,7 @@ func TestAdminDoors(t *testing.T) {
 	mux.Handle("/v1/rules/", ops.RulesAdminHandler(n))
 	mux.Handle("/admin/report", ops.AdminHandler(n))
 	mux.Handle("/v1/identities/", ops.IdentityHandler(n))
+	mux.Handle("/ops/", http.StripPrefix("/ops", ops.UIHandler(n)))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -95,7 +97,8 @@ func TestAdminDoors(t *testing.T) {
 			attempt{"DELETE", "/v1/rules/login", tok},
 			attempt{"GET", "/v1/rules", tok},
 			attempt{"GET", "/admin/report", tok},
-			attempt{"GET", "/v1/identities/10.0.0.1", tok})
+			attempt{"GET", "/v1/identities/10.0.0.1", tok},
+			attempt{"GET", "/ops/v1/identities/10.0.0.1", tok}) // the status page's lookup
 	}
 	for _, a := range attempts {
 		resp := do(a.method, a.path, a.token, `{"limit": 1, "window": "1m", "key": ["ip"]}`)
@@ -121,7 +124,7 @@ func TestAdminDoors(t *testing.T) {
 		t.Errorf("weir_admin_unauthorized_total = %v, want %d", exported, len(attempts))
 	}
 	// The token opens the read-only doors as well.
-	for _, p := range []string{"/admin/report", "/v1/identities/10.0.0.1"} {
+	for _, p := range []string{"/admin/report", "/v1/identities/10.0.0.1", "/ops/v1/identities/10.0.0.1"} {
 		if c := do("GET", p, adminToken, "").StatusCode; c != 200 {
 			t.Errorf("GET %s with the token: %d", p, c)
 		}

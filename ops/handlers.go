@@ -24,12 +24,13 @@ var uiAssets embed.FS
 //	     /v1/rules, /v1/rules/…  the authenticated rules API (RulesAdminHandler)
 //
 // The page and its JSON use relative addresses, so the handler may be
-// mounted under a prefix with http.StripPrefix. Like AdminHandler, the
-// status and identity JSON name identities and are not authenticated:
-// mount the handler where only operators reach it. Rule changes go
-// through the rules API, which authenticates every request: the page asks
-// the operator for a bearer token and sends it with each change, keeping
-// it in the page's memory only (nothing is stored on the server or in the
+// mounted under a prefix with http.StripPrefix. The status JSON names the
+// top throttled identities and is not authenticated: mount the handler
+// where only operators reach it. The identity lookup and the rules API
+// authenticate every request on a node with weir.LeaseConfig.AdminTokens,
+// as IdentityHandler and RulesAdminHandler do: the page asks the operator
+// for a bearer token and sends it with each lookup and change, keeping it
+// in the page's memory only (nothing is stored on the server or in the
 // browser's storage).
 func UIHandler(n *weir.Node) http.Handler {
 	v := of(n)
@@ -47,7 +48,7 @@ func UIHandler(n *weir.Node) http.Handler {
 		http.ServeFileFS(w, r, assets, "index.html")
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, v.Overview()) })
-	mux.HandleFunc("GET /v1/identities/{id...}", identity(v))
+	mux.Handle("GET /v1/identities/{id...}", v.Guard(identity(v)))
 	rules := v.RulesAdminHandler()
 	mux.Handle("/v1/rules", rules)
 	mux.Handle("/v1/rules/", rules)
@@ -105,7 +106,7 @@ func AdminHandler(n *weir.Node) http.Handler {
 // AdminHandler it names identities, and like it it authenticates every
 // request on a node with weir.LeaseConfig.AdminTokens (elsewhere: a
 // raftgroup.Guard, or a place only operators reach). UIHandler serves the
-// lookup too, unauthenticated.
+// lookup too, authenticated the same way.
 func IdentityHandler(n *weir.Node) http.Handler {
 	v := of(n)
 	mux := http.NewServeMux()

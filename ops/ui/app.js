@@ -295,7 +295,13 @@ async function runLookup(key) {
   if (method) q.set("method", method);
   if (typeof key === "string" && key) q.set("key", key);
   try {
-    const r = await fetch("v1/identities/" + encodeURIComponent(id) + (q.toString() ? "?" + q : ""), {cache: "no-store"});
+    const t = token();
+    const r = await fetch("v1/identities/" + encodeURIComponent(id) + (q.toString() ? "?" + q : ""),
+      {cache: "no-store", headers: t ? {"Authorization": "Bearer " + t} : {}});
+    if (r.status === 401) {
+      out.replaceChildren(el("p", {class: "error", text: t ? "the admin token was refused" : "this node authenticates lookups: enter the admin token first"}));
+      return;
+    }
     const rep = await r.json();
     if (!r.ok) { out.replaceChildren(el("p", {class: "error", text: rep.detail || r.status})); return; }
     const head = rep.throttled.length
