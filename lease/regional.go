@@ -24,13 +24,19 @@ import (
 // within their slack and the requests they rejected on their view of the
 // owner's bucket, both reported in syncs (cluster.SyncItem's Total and
 // Rejected), all scaled from the time since the last report to the rule's
-// window. So a throttled region shows every rejection on its owner, a
-// sync interval late.
-// While it does (any rejection since the last report), the region reports
-// max(observed, share + rejected, ⌈3·share ÷ 2⌉): its share grows by at least
-// half per report until it is no longer throttled, or the allocation (max-min
-// fair against the other regions' demands) stops it. A region that is not
-// throttled reports what it observed, so an unused share shrinks.
+// window: the owner sees every request of its region, a sync interval
+// late, so what it was asked is the region's demand. A report less than an
+// interval after the last measures over an interval all the same, the rest
+// of it taken from the last measurement in proportion (unless the demand
+// changed, see ReportDue): at the rates of one identity, counts over a
+// tenth of a second are mostly noise. While at least a quarter of what it
+// was asked was rejected, the region reports at least ⌈3·share ÷ 2⌉:
+// clients that back off when throttled hide part of their demand, and the
+// share grows by at least half per report until the region is no longer
+// throttled that much, or the allocation (max-min fair against the other
+// regions' demands) stops it. A region otherwise reports what it was
+// asked, so an unused share shrinks and a rejection or two in what the
+// share nearly serves moves nothing.
 //
 // Debt. The first report that acknowledges an epoch carries how long the
 // owner's bucket, at that epoch's share, needs to be out of debt (0 tokens
@@ -156,6 +162,12 @@ type regKey struct {
 	ackNext     int64  // a shrink in a reply to a report sent before then waits for the periodic report
 	refusedAt   int64  // the last rejection
 	capSeq      uint64 // the first report that carried the cap in force (Holder.Capped)
+
+	// The measurement the last report closed (tokens asked, of which
+	// rejected, over period ns): a report whose own period is shorter
+	// than an interval is measured over an interval, the rest of it from
+	// this one (see item).
+	prevAsked, prevRefused, prevPeriod int64
 }
 
 type regRule struct {
@@ -573,7 +585,19 @@ func (r *Regional) item(rr *regRule, kk key, k *regKey, now int64, seq uint64, o
 	if !k.reported {
 		least = int64(r.cfg.Interval)
 	}
-	d := demand(rr.Rule, k, share, max(now-k.from, least))
+	asked, refused, period := k.asked, k.refused, max(now-k.from, least)
+	if iv := int64(r.cfg.Interval); !k.changed && k.prevPeriod > 0 && now-k.from < iv {
+		// Counts over less than an interval are mostly noise at the
+		// rates global identities see (6 requests a second over 100 ms
+		// are 0.6 on average): the last measurement makes up the rest of
+		// an interval, in proportion. A change of demand (changed)
+		// measures the new demand alone.
+		take := min(iv-(now-k.from), k.prevPeriod)
+		asked += mulDiv(k.prevAsked, take, k.prevPeriod)
+		refused += mulDiv(k.prevRefused, take, k.prevPeriod)
+		period = now - k.from + take
+	}
+	d := demand(rr.Rule, asked, refused, share, period)
 	// Off cycle, a key whose demand did not change (an acknowledgement, or
 	// a throttled key asking for pending capacity) measures over a period
 	// that may be too short for its demand (the pause between two bursts):
@@ -598,6 +622,7 @@ func (r *Regional) item(rr *regRule, kk key, k *regKey, now int64, seq uint64, o
 		it.Capped, it.Cap = true, c
 	}
 	if !keep {
+		k.prevAsked, k.prevRefused, k.prevPeriod = asked, refused, period
 		k.asked, k.refused, k.from = 0, 0, now
 	}
 	k.reported, k.due, k.changed, k.demand = true, false, false, d
@@ -623,15 +648,26 @@ func ceilScale(x, w, period int64) int64 {
 }
 
 // demand is a key's demand, tokens per window: what it was asked over the
-// period (> 0, ns), scaled to the window and rounded up, raised while it
-// was throttled (see the file comment).
-func demand(rule Rule, k *regKey, share, period int64) int64 {
-	w := int64(rule.Window)
-	d := ceilScale(k.asked, w, period)
-	if k.refused > 0 {
-		d = max(d, share+ceilScale(k.refused, w, period), (3*share+1)/2)
+// period (> 0, ns), asked tokens of which refused were rejected, scaled to
+// the window and rounded up. The owner sees every request of its region
+// (the others' rejections come in their syncs), so that is the demand;
+// only when at least a quarter of it was rejected is it raised to at
+// least half as much again as the share: clients that back off when
+// throttled (Retry-After) hide part of theirs, and the share grows by at
+// least half per report until the region is no longer throttled that
+// much, or the allocation stops it (see the file comment).
+func demand(rule Rule, asked, refused, share, period int64) int64 {
+	d := ceilScale(asked, int64(rule.Window), period)
+	if refused > 0 && 4*refused >= asked {
+		d = max(d, (3*share+1)/2)
 	}
 	return d
+}
+
+// mulDiv is x·a ÷ b rounded down, for 0 ≤ a ≤ b, b > 0, without
+// overflow.
+func mulDiv(x, a, b int64) int64 {
+	return int64(float64(x) * float64(a) / float64(b))
 }
 
 // Accept takes the grants that answer the report numbered seq, sent at

@@ -60,8 +60,8 @@ func TestRegionalDemand(t *testing.T) {
 	if d := rep.Items[0].Demand; d != 500 {
 		t.Fatalf("demand %d, want 500", d)
 	}
-	// Throttled: a share of 200 granted, 40 asked over 1s of which 10 were
-	// rejected: max(400, 200 + 100, 300) = 400.
+	// Throttled: a share of 200 granted, 40 asked over 1s of which 10 (a
+	// quarter) were rejected: max(400, 300) = 400.
 	r.Accept(0, 2*sec, Result{Grants: []Grant{{Rule: "g", Identity: "x", Epoch: 1, Share: 200, Burst: 20, Lifetime: 10 * sec}}})
 	for i := range 40 {
 		r.Observe(2*sec, "g", "x", 1, i >= 10, tat)
@@ -80,6 +80,41 @@ func TestRegionalDemand(t *testing.T) {
 	rep, _ = r.Report(5*sec, nil)
 	if d := rep.Items[0].Demand; d != 0 {
 		t.Fatalf("idle demand %d", d)
+	}
+	// A rejection or two in what a share nearly serves is the noise of the
+	// count, not hidden demand: what was asked, 20 over 1s.
+	for i := range 20 {
+		r.Observe(5*sec, "g", "x", 1, i > 0, tat)
+	}
+	rep, _ = r.Report(6*sec, nil)
+	if d := rep.Items[0].Demand; d != 200 {
+		t.Fatalf("demand %d, want 200 (what was asked: 1 rejection in 20)", d)
+	}
+}
+
+// TestRegionalShortPeriod: a report less than an interval after the last
+// one measures over an interval, the rest of it from the last measurement:
+// three requests in 100 ms after 10 a second are not a demand of 30 a
+// second.
+func TestRegionalShortPeriod(t *testing.T) {
+	r := newTestRegional(t, "eu", FallbackShare)
+	var tat bucket.TAT
+	r.Share(0, "g", "x", &tat)
+	r.Report(0, nil) // starts the period
+	for range 10 {
+		r.Observe(sec/2, "g", "x", 1, true, tat)
+	}
+	rep, _ := r.Report(sec, nil)
+	if d := rep.Items[0].Demand; d != 100 { // 10 over 1s, window 10s
+		t.Fatalf("demand %d, want 100", d)
+	}
+	for range 3 {
+		r.Observe(sec+sec/20, "g", "x", 1, true, tat)
+	}
+	// 3 over the last 100 ms and 9 over the 900 ms before: 12 over 1s.
+	rep, _ = r.Report(sec+sec/10, nil)
+	if d := rep.Items[0].Demand; d != 120 {
+		t.Fatalf("demand %d 100 ms after the last report, want 120 (measured over an interval)", d)
 	}
 }
 
