@@ -453,9 +453,9 @@ func (sm *summary) partnerWhy() string {
 		return fmt.Sprintf("its limit is leased to %s, whose share follows its traffic at its reports (every %v): the share grows only once the reports\n"+
 			"  show demand, so it averaged %.0f %% of the limit (docs/global.md)", sm.f.regions[0], leaseRefresh, 100*avg/float64(sm.global.Limit))
 	}
-	return fmt.Sprintf("its limit is split into the regions' shares, which follow its traffic there at their reports (every %v): a region's share grows only once\n"+
-		"  its reports show demand, and a region whose traffic falls gives capacity back at its next reports, so the shares summed to %.0f %% of the limit\n"+
-		"  on average (docs/global.md)", leaseRefresh, 100*avg/float64(sm.global.Limit))
+	return fmt.Sprintf("its limit is split into the regions' shares, which follow its traffic there at their reports (every %v): a share follows the demand\n"+
+		"  its region measured, and its requests arrive at random, so each count is noisy and capacity swings between the regions; the\n"+
+		"  shares summed to %.0f %% of the limit on average (docs/global.md, \"Try it\")", leaseRefresh, 100*avg/float64(sm.global.Limit))
 }
 
 // plainGlobal prints one sentence per global rule.
