@@ -15,8 +15,8 @@
 #     me", "helper", "session", "stop 12.", "of ours", "other engineers";
 #   - lab-notebook phrasing: "was tried", "earlier attempt", "tried and
 #     dropped", "lab notebook", "it used to", "used to be", "before this change",
-#     "review fixes", "after the merge", "a first run", "first saw", "issue 7",
-#     "yesterday".
+#     "review fixes", "after the merge", "a first run", "first saw", "the same
+#     day", "the latest run", "**Fixed:", "issue 7", "yesterday".
 # Not history, and not matched: "round trip", "round robin", "rounds to zero",
 # "the other way round", and a benchmark's rounds as its method ("medians of 3
 # rounds", "each round", "the same round", "rounds interleave the systems"):
@@ -57,6 +57,7 @@ BEGIN {
 	pat[n++] = B "review fix(es)?" E
 	pat[n++] = B "((after|before) the merge|this page\047s work)" E
 	pat[n++] = B "(a first run|first saw|not yet been run|was run again|were run again)" E
+	pat[n++] = B "(the same day|that day|the latest (full )?runs?|\\*\\*fixed:)" 
 	pat[n++] = B "issue #?[0-9]+" E
 	pat[n++] = B "(yesterday|this morning|last night|last week)" E
 	pat[n++] = B "20[0-9][0-9]-[01][0-9]-[0-3][0-9]([^t0-9]|$)"
