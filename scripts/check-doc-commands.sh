@@ -16,7 +16,8 @@
 #
 # How it runs. Each file is one reader's session, its blocks in order: every
 # block starts at the root of a copy of the working tree (kept in the git
-# directory, so that the Go build cache is reused from run to run), with the
+# directory, or in DOC_COMMANDS_DIR, a path that stays the same from run to
+# run, so that the Go build cache is reused), with the
 # variables the earlier blocks of the file exported, and the processes an
 # earlier block left running (a server started with &) keep running until the
 # file is done. A `weir` built from the tree is on PATH, as docs/weir.md's
@@ -44,8 +45,10 @@
 #   <!-- not run: REASON -->    not run (it needs something absent here, such
 #                               as a package install, a browser or a running
 #                               cluster); REASON is printed.
-# A block whose go test prints "no tests to run" fails too: its -run pattern
-# names no test. Exit status 1 if any block failed (its output's tail is
+# A block whose go test prints "no tests to run" fails too, and before a block
+# runs, every -run or -bench pattern of its go test commands must name a test
+# or benchmark of their packages (go test -list; this also builds them, so
+# that a long block's time is spent running it). Exit status 1 if any block failed (its output's tail is
 # printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +66,11 @@ else
 	files=(README.md docs/*.md)
 fi
 
-work="$(git rev-parse --absolute-git-dir 2>/dev/null || true)"
-if [ -n "$work" ]; then work="$work/doc-commands"; else work="$(mktemp -d)"; fi
+work="${DOC_COMMANDS_DIR:-}"
+if [ -z "$work" ]; then
+	work="$(git rev-parse --absolute-git-dir 2>/dev/null || true)"
+	if [ -n "$work" ]; then work="$work/doc-commands"; else work="$(mktemp -d)"; fi
+fi
 tree="$work/tree"
 rm -rf "$work"
 mkdir -p "$tree" "$work/blocks" "$work/bin"
@@ -156,6 +162,66 @@ trap stop_groups EXIT
 
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
+# list_check BLOCK: for every `go test` of the block with a -run or -bench
+# pattern, `go test -list` must name at least one test or benchmark in its
+# packages (a pattern that matches nothing otherwise passes silently, and a
+# long block is stopped before it would show). It also builds the test
+# binaries, so that a long block then starts within its time. Handles the
+# forms the docs use: VAR=value prefixes, `cd DIR &&`, `(cd DIR && ...)`.
+# Prints the first failure and returns 1.
+list_check() {
+	local line seg dir w pat alt i j out prefix
+	local -a words segs pats kinds pkgs alts
+	while IFS= read -r line || [ -n "$line" ]; do
+		case "$line" in *'go test'*) ;; *) continue ;; esac
+		line="${line#"${line%%[! ]*}"}"
+		line="${line#(}"
+		dir=.
+		IFS=$'\n' read -r -d '' -a segs < <(printf '%s' "${line//&&/$'\n'}"; printf '\0') || true
+		for seg in "${segs[@]}"; do
+			seg="${seg%)}"
+			set -f +u
+			eval "words=($seg"$'\n'")" 2>/dev/null || { set +f -u; continue; }
+			set +f -u
+			i=0
+			while [ "$i" -lt "${#words[@]}" ] && [[ "${words[$i]}" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do i=$((i + 1)); done
+			if [ "${words[$i]:-}" = cd ]; then dir="${words[$((i + 1))]:-.}"; continue; fi
+			[ "${words[$i]:-}" = go ] && [ "${words[$((i + 1))]:-}" = test ] || continue
+			pats=(); kinds=(); pkgs=()
+			i=$((i + 2))
+			while [ "$i" -lt "${#words[@]}" ]; do
+				w="${words[$i]}"
+				case "$w" in
+				-run | -bench) pats+=("${words[$((i + 1))]:-}"); kinds+=("$w"); i=$((i + 1)) ;;
+				-run=* | -bench=*) pats+=("${w#*=}"); kinds+=("${w%%=*}") ;;
+				-benchtime | -count | -timeout | -cpuprofile | -memprofile | -blockprofile | -coverprofile | -tags | -p | -parallel | -o | -exec) i=$((i + 1)) ;;
+				-*) ;;
+				*) pkgs+=("$w") ;;
+				esac
+				i=$((i + 1))
+			done
+			for j in "${!pats[@]}"; do
+				[ "${pats[$j]}" = '^$' ] && continue
+				IFS='|' read -r -a alts <<<"${pats[$j]}"
+				pat=""
+				for alt in "${alts[@]}"; do pat="${pat:+$pat|}${alt%%/*}"; done
+				prefix='^(Test|Example|Fuzz)'
+				[ "${kinds[$j]}" = -bench ] && prefix='^Benchmark'
+				if ! out="$(cd "$tree/$dir" && go test -list "$pat" "${pkgs[@]}" 2>&1)"; then
+					echo "go test -list '$pat' ${pkgs[*]} (in $dir) failed:"
+					tail -n 15 <<<"$out"
+					return 1
+				fi
+				if ! grep -Eq "$prefix" <<<"$out"; then
+					echo "${kinds[$j]} '${pats[$j]}' matches nothing in ${pkgs[*]:-.} (in $dir): see go test -list"
+					return 1
+				fi
+			done
+		done
+	done <"$1"
+	return 0
+}
+
 failures=0
 ran=0
 skipped=0
@@ -183,6 +249,12 @@ while IFS=$'\t' read -r n mode where arg; do
 		echo "export -p | grep -Ev '^declare -x (PWD|OLDPWD|SHLVL|_)=' >\"$work/env.new\" || true"
 	} >"$driver"
 	log="$work/blocks/$n.log"
+	if ! why="$(list_check "$work/blocks/$n.sh")"; then
+		printf 'FAIL  %s (%s): %s\n' "$where" "$mode" "$(head -n 1 <<<"$why")"
+		tail -n +2 <<<"$why" | sed 's/^/      > /'
+		failures=$((failures + 1))
+		continue
+	fi
 	if [ "$mode" = background ] && port_open "${arg%:*}" "${arg##*:}"; then
 		printf 'FAIL  %s (background): %s is already in use by another process\n' "$where" "$arg"
 		failures=$((failures + 1))
