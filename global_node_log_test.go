@@ -28,7 +28,8 @@ func (a *answerReporter) Report(_ context.Context, r lease.Report) (lease.Result
 // region's owner takes names the report it answers (reporter, sequence
 // number), the send time, and when the region stops using it (send +
 // lifetime − skew): what the voters' "lease granted" line of that report
-// is matched by (TestPausedGlobalOwner, cmd/weir).
+// is matched by (TestPausedGlobalOwner, cmd/weir); the "lease report" line
+// before it names the report and the demand of its item.
 func TestLeaseAcceptedNamesItsReport(t *testing.T) {
 	const skew = int64(500 * time.Millisecond)
 	clock := int64(1_000_000_000_000)
@@ -56,15 +57,26 @@ func TestLeaseAcceptedNamesItsReport(t *testing.T) {
 	if !n.reportOnce(false) || len(rep.got) != 1 {
 		t.Fatalf("no report sent (%d reports)", len(rep.got))
 	}
-	var l struct {
+	type line struct {
 		Msg, Region, Reporter, Rule, Identity string
 		Seq, Epoch                            uint64
-		Share, Sent, At, Until                int64
+		Demand, Share, Sent, At, Until        int64
 	}
-	if err := json.Unmarshal(bytes.TrimSpace(buf.Bytes()), &l); err != nil {
-		t.Fatalf("log %q: %v", buf.String(), err)
+	var lines []line
+	for _, raw := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
+		var l line
+		if err := json.Unmarshal(raw, &l); err != nil {
+			t.Fatalf("log %q: %v", buf.String(), err)
+		}
+		lines = append(lines, l)
 	}
 	r := rep.got[0]
+	// First the report's item, then the lease it got.
+	if len(lines) != 2 || lines[0].Msg != "lease report" || lines[0].Reporter != r.Reporter || lines[0].Seq != r.Seq ||
+		lines[0].Identity != "k" || lines[0].Demand != r.Items[0].Demand || lines[0].Sent != sent {
+		t.Fatalf("logged %+v for report %s seq %d sent at %d, want its item and then its lease", lines, r.Reporter, r.Seq, sent)
+	}
+	l := lines[1]
 	if l.Msg != "lease accepted" || l.Reporter != r.Reporter || l.Seq != r.Seq || r.Seq != 42 || l.Region != "eu" ||
 		l.Rule != "world" || l.Identity != "k" || l.Epoch != 3 || l.Share != 10 || l.Sent != sent || l.At != sent ||
 		l.Until != sent+int64(2*time.Second)-skew {
