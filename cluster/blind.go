@@ -282,6 +282,7 @@ type blindSender struct {
 func (c *Coordinator) setBlind(o, r *RuleParams, now int64) {
 	r.blind = !r.leased && r.SpendsBlind()
 	r.salt = xxhash.Sum64String(r.ID) | 1
+	r.bseed = bucket.Splitmix64(c.cfg.SketchSeed+blindGolden) ^ r.salt
 	r.trackAt = min(r.gcra.Interval().Nanoseconds()*r.Burst/2, int64(blindHorizon))
 	r.blindMax = r.Burst - r.Burst/2
 	r.bs = nil // a RuleParams from another coordinator carries its sketch
@@ -306,13 +307,26 @@ func (p *RuleParams) SpendsBlind() bool {
 	return p.Algorithm == quota.AlgorithmGCRA && p.Mode == quota.ModeShared && p.Sketch.Threshold == 0 && !p.TrackAll
 }
 
-// blindSpend returns the blind spend of the identity whose hashID is h
-// under r that its owner has not acknowledged.
-func (c *Coordinator) blindSpend(r *RuleParams, h uint64) int64 {
+// blindHash is identity's hash in r's blind-spend sketch and the key of
+// its unacknowledged blind spend: xxhash seeded by the rule and
+// CoordinatorConfig.SketchSeed, not the tables' per-process hash, so that
+// a run of the simulator makes the same collisions every time (a sketch
+// cell shared is a decision changed), while a node's own seed keeps
+// identities chosen to collide out of reach.
+func (r *RuleParams) blindHash(identity string) uint64 {
+	return bucket.Splitmix64(xxhash.Sum64String(identity) ^ r.bseed)
+}
+
+// blindGolden separates the blind sketch's seed from the gated sketches'.
+const blindGolden = 0x6a09e667f3bcc909
+
+// blindSpend returns the blind spend of identity under r that its owner
+// has not acknowledged.
+func (c *Coordinator) blindSpend(r *RuleParams, identity string) int64 {
 	if len(c.blindU) == 0 {
 		return 0
 	}
-	return c.blindU[h^r.salt]
+	return c.blindU[r.blindHash(identity)]
 }
 
 // blindAdmit admits a request of cost tokens of k (hashID h, no entry
@@ -323,7 +337,7 @@ func (c *Coordinator) blindAdmit(now int64, r *RuleParams, k entryKey, h uint64,
 	if cost < 0 || cost > s || cost > r.blindMax {
 		return Outcome{}, false
 	}
-	key := h ^ r.salt
+	key := r.blindHash(k.identity)
 	u := c.blindU[key]
 	if u+cost > s {
 		return Outcome{}, false
@@ -551,7 +565,7 @@ const blindAhead = 8
 // prefetchBlind starts loading the sketch cells of the blind item it.
 func (c *Coordinator) prefetchBlind(it *BlindItem) {
 	if r, ok := c.rule(it.Rule); ok && r.bs != nil {
-		r.bs.prefetch(hashID(it.Identity))
+		r.bs.prefetch(r.blindHash(it.Identity))
 	}
 }
 
@@ -566,7 +580,7 @@ func (c *Coordinator) chargeBlind(now int64, from string, r *RuleParams, rule, i
 	oe := c.ownedOf(r).GetH(h, identity)
 	if oe == nil && r.bs != nil && !c.mayWarm(now, identity) {
 		var idx tatSlots
-		r.bs.slots(h, &idx)
+		r.bs.slots(r.blindHash(identity), &idx)
 		est := r.bs.estimate(&idx)
 		tat := bucket.TAT(est)
 		r.gcra.Charge(&tat, now, cost)
@@ -625,9 +639,9 @@ func (c *Coordinator) trackIfKept(now int64, from string, r *RuleParams, rule, i
 // (hashID h) it keeps no bucket of, on r's sketch: ok is false when the
 // decision would leave the bucket more than half spent (the caller makes
 // the bucket, which starts at the sketch's estimate: ownedEntry).
-func (c *Coordinator) blindOwn(now int64, r *RuleParams, h uint64, cost int64) (bucket.Decision, bool) {
+func (c *Coordinator) blindOwn(now int64, r *RuleParams, identity string, cost int64) (bucket.Decision, bool) {
 	var idx tatSlots
-	r.bs.slots(h, &idx)
+	r.bs.slots(r.blindHash(identity), &idx)
 	tat := bucket.TAT(r.bs.estimate(&idx))
 	d := r.gcra.Step(&tat, now, cost)
 	if !d.Allowed || int64(tat)-now > r.trackAt {
@@ -660,7 +674,7 @@ func (c *Coordinator) track(now int64, from string, t *TrackItem) {
 // refundBlind gives back cost tokens of blind spend of k (hashID h) while
 // they are still in an open report, and reports whether it did.
 func (c *Coordinator) refundBlind(r *RuleParams, k entryKey, h uint64, cost int64) bool {
-	key := h ^ r.salt
+	key := r.blindHash(k.identity)
 	for _, d := range c.blindTo {
 		// Only the newest items: a refund follows its admission closely.
 		for i := len(d.open) - 1; i >= 0 && i >= len(d.open)-64; i-- {

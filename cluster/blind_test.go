@@ -133,7 +133,7 @@ func TestBlindReportChargedOnce(t *testing.T) {
 	oc := h.nodes[owner]
 	r := oc.rules["api"]
 	var idx tatSlots
-	r.bs.slots(hashID(id), &idx)
+	r.bs.slots(r.blindHash(id), &idx)
 	// Charged once: 5 tokens of 1/1200 s each from the first charge's
 	// time; a second charge of the resent report would add 5 more.
 	got := r.bs.estimate(&idx) - (t0 + int64(time.Millisecond))
@@ -206,7 +206,7 @@ func TestBlindRefund(t *testing.T) {
 		t.Fatalf("source %d, want a slack admission", o.Source)
 	}
 	c.Refund(h.now, "api", id, 3, SourceSlack)
-	if u := c.blindSpend(c.rules["api"], hashID(id)); u != 1 {
+	if u := c.blindSpend(c.rules["api"], id); u != 1 {
 		t.Fatalf("unacknowledged blind spend %d after the refund, want 1", u)
 	}
 }

@@ -543,7 +543,7 @@ func (c *Coordinator) DecideInto(out *Outcome, now int64, ruleID string, key Key
 			// apart, off the common path. An identity far from its limit
 			// is decided on the rule's sketch, with no bucket (blind.go).
 			if oe == nil && r.blind && !c.mayWarm(now, identity) {
-				if d, ok := c.blindOwn(now, r, h, cost); ok {
+				if d, ok := c.blindOwn(now, r, identity, cost); ok {
 					*out = Outcome{Decision: d, Source: SourceOwner}
 					return nil
 				}

@@ -96,12 +96,11 @@ func (c *Coordinator) Inspect(now int64, ruleID, identity string) (BucketState, 
 		st.Unconfirmed = e.spent - e.acked
 	}
 	if r.blind {
-		h := hashID(identity)
-		st.Unconfirmed += c.blindSpend(r, h)
+		st.Unconfirmed += c.blindSpend(r, identity)
 		if oe == nil && (st.Owner == "" || st.Owner == c.cfg.Self) {
 			// Decided on the sketch: its estimate stands for the bucket.
 			var idx tatSlots
-			r.bs.slots(h, &idx)
+			r.bs.slots(r.blindHash(identity), &idx)
 			oe = &ownerEntry{tat: bucket.TAT(r.bs.estimate(&idx))}
 		}
 	}

@@ -203,7 +203,7 @@ func (c *Coordinator) newOwnerEntry(now int64, k entryKey, h uint64) *ownerEntry
 		// The blind spend charged to the rule's sketch comes with the
 		// bucket, whatever makes it (blind.go).
 		var idx tatSlots
-		r.bs.slots(h, &idx)
+		r.bs.slots(r.blindHash(k.identity), &idx)
 		oe.tat = bucket.TAT(max(r.bs.estimate(&idx), 0))
 	}
 	c.watchOwned(oe) // an empty bucket is full: dropped at the next scan unless charged

@@ -64,12 +64,14 @@ type RuleParams struct {
 	// blind: a shared plain gcra rule with no sketch gating and TrackAll
 	// unset, whose identities far from their limit are spent blind
 	// (blind.go, SetRules sets it); salt tells its identities' keys in
-	// Coordinator.blindU from other rules', trackAt (ns) is how spent
+	// Coordinator.blindU from other rules', bseed seeds blindHash (the
+	// salt and CoordinatorConfig.SketchSeed), trackAt (ns) is how spent
 	// (TAT − now) the owner lets a bucket get on its sketch before it
 	// keeps the bucket, blindMax the largest cost admitted blind, and bs
 	// the owner's TAT sketch of the identities it keeps no bucket of.
 	blind    bool
 	salt     uint64
+	bseed    uint64
 	trackAt  int64
 	blindMax int64
 	bs       *tatSketch

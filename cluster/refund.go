@@ -65,7 +65,7 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 	switch src {
 	case SourceOwner:
 		oe := c.owned.get(k)
-		if oe == nil && r.bs != nil && !r.bs.idle(now, hashID(identity)) {
+		if oe == nil && r.bs != nil && !r.bs.idle(now, r.blindHash(identity)) {
 			// Decided on the sketch (blindOwn): the identity gets a
 			// bucket at the sketch's estimate, never below its own, and
 			// the refund comes off that bucket.

@@ -339,7 +339,7 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 	t := r.gcra.Interval().Nanoseconds()
 	tau := t * r.Burst
 	// Blind spend not yet acknowledged is unconfirmed too (blind.go).
-	unconf := e.spent - e.acked + c.blindSpend(r, h)
+	unconf := e.spent - e.acked + c.blindSpend(r, k.identity)
 	// The view: the owner's state as last seen plus this node's
 	// unconfirmed spend, which the owner has not charged yet.
 	v := max(e.view, now) + (unconf+cost)*t

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,6 +23,41 @@ func TestCommandDeterministic(t *testing.T) {
 	if !strings.Contains(a.String(), "reference") || !strings.Contains(a.String(), "within the envelope") {
 		t.Fatalf("summary lacks the table:\n%s", a.String())
 	}
+}
+
+// TestSameBytesAcrossProcesses: two processes print the same bytes for one
+// seed. Each process seeds its own hashes (the coordinators' tables, as Go's
+// maps are), so this catches a decision that depends on them, which one
+// process run twice cannot: a run with a key cap far below its identities
+// keeps the blind-spend sketches small and crowded, where such a
+// dependence shows at once.
+func TestSameBytesAcrossProcesses(t *testing.T) {
+	if os.Getenv("WEIR_SIM_CHILD") != "" {
+		t.Skip("a child process of this test runs the simulator instead")
+	}
+	var outs []string
+	for range 2 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestSimChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "WEIR_SIM_CHILD=1")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		outs = append(outs, string(out))
+	}
+	if outs[0] != outs[1] {
+		t.Fatalf("two processes printed different bytes for one seed:\n%s\n---\n%s", outs[0], outs[1])
+	}
+}
+
+// TestSimChild is TestSameBytesAcrossProcesses's child: it prints one run.
+func TestSimChild(t *testing.T) {
+	if os.Getenv("WEIR_SIM_CHILD") == "" {
+		t.Skip("runs only as a child of TestSameBytesAcrossProcesses")
+	}
+	var out, errs bytes.Buffer
+	run([]string{"-quiet", "-nodes", "3", "-traffic", "saturate", "-ids", "400", "-keycap", "200", "-duration", "3s", "-seed", "1"}, &out, &errs)
+	os.Stdout.WriteString("\n" + out.String() + errs.String() + "\n")
 }
 
 // TestFlagErrors: bad flags exit 2 with a message naming the problem.
