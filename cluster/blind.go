@@ -329,10 +329,10 @@ func (c *Coordinator) blindSpend(r *RuleParams, identity string) int64 {
 	return c.blindU[r.blindHash(identity)]
 }
 
-// blindAdmit admits a request of cost tokens of k (hashID h, no entry
-// here) that owner owns, within this node's slack, as blind spend: ok is
+// blindAdmit admits a request of cost tokens of k (no entry here) that
+// owner owns, within this node's slack, as blind spend: ok is
 // false when it does not fit (the caller makes an entry).
-func (c *Coordinator) blindAdmit(now int64, r *RuleParams, k entryKey, h uint64, owner string, cost int64) (Outcome, bool) {
+func (c *Coordinator) blindAdmit(now int64, r *RuleParams, k entryKey, owner string, cost int64) (Outcome, bool) {
 	s := c.slack(r)
 	if cost < 0 || cost > s || cost > r.blindMax {
 		return Outcome{}, false
@@ -671,9 +671,9 @@ func (c *Coordinator) track(now int64, from string, t *TrackItem) {
 	c.watch(e)
 }
 
-// refundBlind gives back cost tokens of blind spend of k (hashID h) while
+// refundBlind gives back cost tokens of blind spend of k while
 // they are still in an open report, and reports whether it did.
-func (c *Coordinator) refundBlind(r *RuleParams, k entryKey, h uint64, cost int64) bool {
+func (c *Coordinator) refundBlind(r *RuleParams, k entryKey, cost int64) bool {
 	key := r.blindHash(k.identity)
 	for _, d := range c.blindTo {
 		// Only the newest items: a refund follows its admission closely.

@@ -86,7 +86,7 @@ func (c *Coordinator) Refund(now int64, ruleID, identity string, cost int64, src
 			} else if src == SourceSlack && r.blind {
 				// Blind spend is given back while its report is open;
 				// once sent, the owner charges it (never too little).
-				c.refundBlind(r, k, hashID(identity), cost)
+				c.refundBlind(r, k, cost)
 			}
 			return RefundRange{}, false
 		}

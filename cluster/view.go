@@ -323,7 +323,7 @@ func (c *Coordinator) decideAsNode(out *Outcome, now int64, r *RuleParams, k ent
 			}
 		}
 		if r.blind && !down && c.table != nil {
-			if o, ok := c.blindAdmit(now, r, k, h, owner, cost); ok {
+			if o, ok := c.blindAdmit(now, r, k, owner, cost); ok {
 				*out = o
 				return
 			}

@@ -100,13 +100,11 @@ func (a *arrival) Fire(s *engine.Sim) {
 		a.g.request(a.id, c)
 		gap = s.Rand().ExpFloat64() * float64(c) / perNs
 	default:
-		if r.cfg.Poisson {
-			a.g.request(a.id, c)
-			gap = s.Rand().ExpFloat64() * float64(c) / perNs
-			break
-		}
 		a.g.request(a.id, c)
 		gap = float64(c) / perNs
+		if r.cfg.Poisson {
+			gap = s.Rand().ExpFloat64() * float64(c) / perNs
+		}
 	}
 	s.After(max(int64(gap), 1), a)
 }
